@@ -1,0 +1,36 @@
+"""Box sets shared by the tests: ordinary ones and the nasty cases every kernel must survive."""
+
+from __future__ import annotations
+
+import torch
+
+
+def random_boxes(n_images: int, count: int, width: float, height: float, generator: torch.Generator,
+                 dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """[count, 5] boxes with x1 <= x2, y1 <= y2, inside an image of width x height pixels."""
+    idx = torch.randint(0, n_images, (count, 1), generator=generator).to(dtype)
+    xy = torch.rand(count, 4, generator=generator, dtype=torch.float64)
+    x = torch.sort(xy[:, [0, 2]] * width, dim=1).values
+    y = torch.sort(xy[:, [1, 3]] * height, dim=1).values
+    return torch.cat([idx, torch.stack([x[:, 0], y[:, 0], x[:, 1], y[:, 1]], 1).to(dtype)], 1)
+
+
+def nasty_boxes(n_images: int, width: float, height: float, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Outside the map, negative, zero and sub-pixel size, larger than the map, inverted,
+    exactly on the border, in image pixels for a width x height image."""
+    w, h = width, height
+    rows = [
+        [0, -3.0, -2.0, 4.5, 3.5],            # straddles the top-left corner
+        [0, w + 2, h + 3, w + 9, h + 7],      # entirely outside (bottom-right)
+        [0, -20.0, -20.0, -5.0, -8.0],        # entirely outside (negative)
+        [0, -0.6, -0.9, w - 0.5, h - 0.1],    # just inside the border rule's -1 limit
+        [0, 2.0, 3.0, 2.0, 3.0],              # zero size
+        [0, 1.2, 1.4, 1.5, 1.6],              # sub-pixel
+        [0, -w, -h, 2 * w, 2 * h],            # larger than the map
+        [0, 5.0, 6.0, 1.0, 2.0],              # inverted
+        [0, 0.0, 0.0, w - 1, h - 1],          # exactly the map
+        [0, w - 1.5, h - 1.5, w + 0.5, h + 0.5],  # over the last row and column
+    ]
+    out = torch.tensor(rows, dtype=dtype)
+    out[:, 0] = torch.arange(len(rows)) % n_images
+    return out

@@ -1,0 +1,242 @@
+"""The registered ops on the default CPU kernels, checked against the reference oracle,
+torchvision, gradcheck and opcheck."""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+
+import pytest
+import torch
+import torchvision
+
+import roiops
+from boxes import nasty_boxes, random_boxes
+
+N, C, H, W = 2, 5, 11, 13
+SCALE = 0.5  # boxes are in image pixels of a 26 x 22 image
+
+OPS = {
+    "align_avg": lambda x, b, size, sr, al: roiops.roi_align(x, b, size, SCALE, sr, al),
+    "align_max": lambda x, b, size, sr, al: roiops.roi_align(x, b, size, SCALE, sr, al, mode="max"),
+    "pool_caffe": lambda x, b, size, sr, al: roiops.roi_pool(x, b, size, SCALE),
+    "pool_mmdet": lambda x, b, size, sr, al: roiops.roi_pool(x, b, size, SCALE, convention="mmdet"),
+}
+ALIGN_OPS = ["align_avg", "align_max"]
+
+
+def boxes_for(dtype=torch.float32, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.cat([random_boxes(N, 6, W / SCALE, H / SCALE, g, dtype), nasty_boxes(N, W / SCALE, H / SCALE, dtype)])
+
+
+def feature(dtype=torch.float32, channels_last=False, seed=0):
+    x = torch.randn(N, C, H, W, generator=torch.Generator().manual_seed(seed), dtype=torch.float64).to(dtype)
+    return x.contiguous(memory_format=torch.channels_last) if channels_last else x
+
+
+def run(op, x, boxes, size, sr=2, aligned=False, backend=None, seed=1):
+    """Output and input gradient for a fixed random upstream gradient."""
+    x = x.detach().clone().requires_grad_()
+    with roiops.use_backend(backend) if backend else contextlib.nullcontext():
+        out = OPS[op](x, boxes, size, sr, aligned)
+        g = torch.randn(out.shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64).to(out.dtype)
+        out.backward(g)
+    return out.detach(), x.grad
+
+
+def close(a, b, dtype):
+    tol = {torch.float64: 1e-12, torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}[dtype]
+    torch.testing.assert_close(a.double(), b.double(), atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize("op", list(OPS))
+@pytest.mark.parametrize("aligned", [False, True])
+@pytest.mark.parametrize("sr", [-1, 0, 1, 2, 3])
+@pytest.mark.parametrize("size", [1, (2, 3), (7, 7)])
+def test_matches_reference(op, aligned, sr, size):
+    if op.startswith("pool") and (aligned or sr != 2):
+        pytest.skip("roi_pool has no aligned or sampling_ratio")
+    for dtype, channels_last in itertools.product([torch.float32, torch.float64], [False, True]):
+        x, boxes = feature(dtype, channels_last), boxes_for(dtype)
+        out, grad = run(op, x, boxes, size, sr, aligned)
+        ref_out, ref_grad = run(op, x, boxes, size, sr, aligned, backend="reference")
+        if op.startswith("pool"):
+            assert torch.equal(out, ref_out) and torch.equal(grad, ref_grad)
+        else:
+            close(out, ref_out, dtype)
+            close(grad, ref_grad, dtype)
+        fmt = torch.channels_last if channels_last else torch.contiguous_format
+        assert out.is_contiguous(memory_format=fmt) and grad.is_contiguous(memory_format=fmt)
+        assert out.dtype == grad.dtype == dtype
+
+
+@pytest.mark.parametrize("op", list(OPS))
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_half_types_native(op, dtype, channels_last):
+    x, boxes = feature(dtype, channels_last), boxes_for()
+    out, grad = run(op, x, boxes, (3, 4), 2, True)
+    ref_out, ref_grad = run(op, x, boxes, (3, 4), 2, True, backend="reference")
+    assert out.dtype == grad.dtype == dtype
+    close(out, ref_out, dtype)
+    close(grad, ref_grad, dtype)
+
+
+def _tv_boxes(dtype):
+    # torchvision crashes or differs on inverted boxes with aligned=True and adaptive sampling.
+    b = boxes_for(dtype)
+    return b[(b[:, 3] >= b[:, 1]) & (b[:, 4] >= b[:, 2])]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("aligned", [False, True])
+@pytest.mark.parametrize("sr", [-1, 0, 2, 3])
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_roi_align_matches_torchvision(dtype, aligned, sr, channels_last):
+    x, boxes = feature(dtype, channels_last), _tv_boxes(dtype)
+    out, grad = run("align_avg", x, boxes, (3, 5), sr, aligned)
+    xt = x.detach().clone().requires_grad_()
+    ref = torchvision.ops.roi_align(xt, boxes, (3, 5), SCALE, sr, aligned)
+    ref.backward(torch.randn(ref.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64).to(dtype))
+    close(out, ref.detach(), dtype)
+    close(grad, xt.grad, dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("size", [1, (2, 3), (7, 7)])
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_roi_pool_bit_exact_with_torchvision(dtype, size, channels_last):
+    x, boxes = feature(dtype, channels_last), boxes_for(dtype)
+    out, grad = run("pool_caffe", x, boxes, size)
+    xt = x.detach().clone().requires_grad_()
+    ref = torchvision.ops.roi_pool(xt, boxes, size, SCALE)
+    ref.backward(torch.randn(ref.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64).to(dtype))
+    assert torch.equal(out, ref) and torch.equal(grad, xt.grad)
+
+
+@pytest.mark.parametrize("op", list(OPS))
+def test_gradcheck(op):
+    x = feature(torch.float64)[:, :2].detach().requires_grad_()
+    boxes = boxes_for(torch.float64)
+    fn = lambda t: OPS[op](t, boxes, (2, 3), 2, op == "align_max")  # noqa: E731
+    assert torch.autograd.gradcheck(fn, (x,), atol=1e-8)
+    xcl = x.detach().contiguous(memory_format=torch.channels_last).requires_grad_()
+    assert torch.autograd.gradcheck(fn, (xcl,), atol=1e-8)
+
+
+def _op_samples():
+    x = feature()
+    rois = boxes_for()
+    grad = torch.randn(len(rois), C, 2, 3)
+    _, am = torch.ops.roiops.roi_align_max(x, rois, SCALE, 2, 3, 2, True)
+    _, pm = torch.ops.roiops.roi_pool(x, rois, SCALE, 2, 3, False)
+    return [
+        (torch.ops.roiops.roi_align.default, (x.requires_grad_(), rois, SCALE, 2, 3, 2, True)),
+        (torch.ops.roiops.roi_align_max.default, (x, rois, SCALE, 2, 3, -1, False)),
+        (torch.ops.roiops.roi_pool.default, (x, rois, SCALE, 2, 3, False)),
+        (torch.ops.roiops.roi_pool.default, (x, rois, SCALE, 2, 3, True)),
+        (torch.ops.roiops._roi_align_backward.default, (grad, rois, SCALE, 2, 3, N, C, H, W, 2, True, False)),
+        (torch.ops.roiops._roi_align_max_backward.default, (grad, am, rois, SCALE, 2, 3, N, C, H, W, 2, True, True)),
+        (torch.ops.roiops._roi_pool_backward.default, (grad, pm, rois, N, C, H, W, False)),
+    ]
+
+
+@pytest.mark.parametrize("case", range(7))
+def test_opcheck(case):
+    op, args = _op_samples()[case]
+    torch.library.opcheck(op, args)
+
+
+@pytest.mark.parametrize("op", list(OPS))
+def test_empty_boxes(op):
+    x = feature().requires_grad_()
+    out = OPS[op](x, torch.zeros(0, 5), (3, 4), 2, True)
+    assert out.shape == (0, C, 3, 4)
+    out.sum().backward()
+    assert torch.equal(x.grad, torch.zeros_like(x))
+
+
+@pytest.mark.parametrize("op", list(OPS))
+def test_list_of_boxes_equals_tensor(op):
+    x, boxes = feature(), boxes_for()
+    per_image = [boxes[boxes[:, 0] == i, 1:] for i in range(N)]
+    ordered = torch.cat([boxes[boxes[:, 0] == i] for i in range(N)])
+    assert torch.equal(OPS[op](x, per_image, 3, 2, True), OPS[op](x, ordered, 3, 2, True))
+
+
+def test_inverted_box_aligned_adaptive_gives_zero():
+    x = feature().requires_grad_()
+    box = torch.tensor([[0, 10.0, 12.0, 4.0, 6.0]])
+    for mode in ("avg", "max"):
+        out = roiops.roi_align(x, box, 3, SCALE, 0, aligned=True, mode=mode)
+        assert torch.equal(out, torch.zeros_like(out))
+        out.sum().backward()
+        assert torch.equal(x.grad, torch.zeros_like(x))
+
+
+def test_hand_computed_align():
+    # One 2x2 bin over a 3x3 ramp: sample (0.5, 0.5) of a bilinear ramp is its mean.
+    x = torch.arange(9.0).reshape(1, 1, 3, 3)
+    out = roiops.roi_align(x, torch.tensor([[0, 0.0, 0.0, 1.0, 1.0]]), 1, 1.0, 1, aligned=False)
+    assert out.item() == pytest.approx(2.0)  # value at (y, x) = (0.5, 0.5): 3*0.5 + 0.5
+    out = roiops.roi_align(x, torch.tensor([[0, 0.0, 0.0, 2.0, 2.0]]), 1, 1.0, 2, aligned=True, mode="max")
+    # aligned: samples at -0.5+{0.5,1.5} -> (0,0),(0,1),(1,0),(1,1) -> max is 4.
+    assert out.item() == pytest.approx(4.0)
+
+
+def test_hand_computed_pool_conventions():
+    x = torch.arange(16.0).reshape(1, 1, 4, 4)
+    box = torch.tensor([[0, 0.4, 0.4, 1.6, 1.6]])
+    # Caffe: rounds to cells 0..2 (inclusive), one bin -> max of x[0:3, 0:3] = 10.
+    assert roiops.roi_pool(x, box, 1).item() == 10.0
+    # mmdet: [0.4, 2.6) -> floor/ceil to cells 0..2 as well -> 10; with scale 0.5: [0.2, 1.3) -> cells 0..1 -> 5.
+    assert roiops.roi_pool(x, box, 1, convention="mmdet").item() == 10.0
+    assert roiops.roi_pool(x, box, 1, 0.5, convention="mmdet").item() == 5.0
+    # mmdet: a box whose width (x2 + 1 - x1) * s <= 0 gives 0.
+    assert roiops.roi_pool(x, torch.tensor([[0, 3.0, 0.0, 1.0, 2.0]]), 1, convention="mmdet").item() == 0.0
+
+
+def test_backward_deterministic_across_threads():
+    x, boxes = feature(channels_last=True), boxes_for()
+    prev = torch.get_num_threads()
+    try:
+        results = []
+        for threads in (1, 2, 2):
+            torch.set_num_threads(threads)
+            for op in OPS:
+                results.append((op, threads, run(op, x, boxes, (3, 4), 2, True)[1]))
+    finally:
+        torch.set_num_threads(prev)
+    for op in OPS:
+        grads = [g for o, _, g in results if o == op]
+        assert all(torch.equal(grads[0], g) for g in grads[1:])
+
+
+def test_direct_op_call_rejects_bad_rows():
+    x = feature()
+    for bad in ([2.0, 0, 0, 4, 4], [-1.0, 0, 0, 4, 4], [0.5, 0, 0, 4, 4], [0.0, float("nan"), 0, 4, 4],
+                [0.0, 0, 0, float("inf"), 4]):
+        rois = torch.tensor([bad])
+        with pytest.raises(ValueError, match="row 0"):
+            torch.ops.roiops.roi_align(x, rois, 1.0, 2, 2, 2, False)
+        with pytest.raises(ValueError, match="row 0"):
+            torch.ops.roiops.roi_align_max(x, rois, 1.0, 2, 2, 2, False)
+        with pytest.raises(ValueError, match="row 0"):
+            torch.ops.roiops.roi_pool(x, rois, 1.0, 2, 2, False)
+        with pytest.raises(ValueError, match="row 0"):
+            torch.ops.roiops._roi_align_backward(torch.ones(1, C, 2, 2), rois, 1.0, 2, 2, N, C, H, W, 2, False, False)
+    with pytest.raises(ValueError, match="argmax"):
+        torch.ops.roiops._roi_pool_backward(torch.ones(1, C, 2, 2), torch.full((1, C, 2, 2), H * W, dtype=torch.int32),
+                                            torch.tensor([[0.0, 0, 0, 4, 4]]), N, C, H, W, False)
+
+
+def test_more_than_2_31_elements():
+    # 2 x 1 x 32768 x 32769 float16 > 2^31 elements: image 1 starts past int32 offsets.
+    x = torch.zeros(2, 1, 32768, 32769, dtype=torch.float16)
+    x[1, 0, -8:, -8:] = torch.arange(64, dtype=torch.float16).reshape(8, 8)
+    box = torch.tensor([[1, 32761.0, 32760.0, 32767.0, 32766.0]])
+    crop = x[1:, :, -8:, -8:].contiguous()
+    crop_box = torch.tensor([[0, 0.0, 0.0, 6.0, 6.0]])
+    for fn in (lambda t, b: roiops.roi_align(t, b, 3, 1.0, 2, True), lambda t, b: roiops.roi_pool(t, b, 3)):
+        assert torch.equal(fn(x, box), fn(crop, crop_box))
