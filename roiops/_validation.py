@@ -101,7 +101,7 @@ def _box_tensor(b: object, input: Tensor, width: int, name: str) -> None:
 
 
 def _check_values(rois: Tensor, batch_size: int, scale: float) -> None:
-    if rois.shape[0] == 0:
+    if rois.shape[0] == 0 or rois.device.type == "meta":  # meta tensors hold no values
         return
     index, coords = rois[:, 0], rois[:, 1:]
     bad_index = ~torch.isfinite(index) | (index != index.floor()) | (index < 0) | (index >= batch_size)
