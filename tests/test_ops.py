@@ -50,13 +50,13 @@ def close(a, b, dtype):
     torch.testing.assert_close(a.double(), b.double(), atol=tol, rtol=tol)
 
 
-@pytest.mark.parametrize("op", list(OPS))
-@pytest.mark.parametrize("aligned", [False, True])
-@pytest.mark.parametrize("sr", [-1, 0, 1, 2, 3])
-@pytest.mark.parametrize("size", [1, (2, 3), (7, 7)])
+CASES = [(op, al, sr, size) for op in ALIGN_OPS for al in (False, True) for sr in (-1, 0, 1, 2, 3)
+         for size in (1, (2, 3), (7, 7))]
+CASES += [(op, False, 2, size) for op in ("pool_caffe", "pool_mmdet") for size in (1, (2, 3), (7, 7))]
+
+
+@pytest.mark.parametrize("op, aligned, sr, size", CASES)
 def test_matches_reference(op, aligned, sr, size):
-    if op.startswith("pool") and (aligned or sr != 2):
-        pytest.skip("roi_pool has no aligned or sampling_ratio")
     for dtype, channels_last in itertools.product([torch.float32, torch.float64], [False, True]):
         x, boxes = feature(dtype, channels_last), boxes_for(dtype)
         out, grad = run(op, x, boxes, size, sr, aligned)
@@ -117,12 +117,13 @@ def test_roi_pool_bit_exact_with_torchvision(dtype, size, channels_last):
 
 @pytest.mark.parametrize("op", list(OPS))
 def test_gradcheck(op):
-    x = feature(torch.float64)[:, :2].detach().requires_grad_()
-    boxes = boxes_for(torch.float64)
+    x = torch.randn(N, 1, 6, 7, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+    g = torch.Generator().manual_seed(4)
+    boxes = torch.cat([random_boxes(N, 3, 14, 12, g, torch.float64), nasty_boxes(N, 14, 12, torch.float64)[:6]])
     fn = lambda t: OPS[op](t, boxes, (2, 3), 2, op == "align_max")  # noqa: E731
-    assert torch.autograd.gradcheck(fn, (x,), atol=1e-8)
-    xcl = x.detach().contiguous(memory_format=torch.channels_last).requires_grad_()
-    assert torch.autograd.gradcheck(fn, (xcl,), atol=1e-8)
+    assert torch.autograd.gradcheck(fn, (x.clone().requires_grad_(),), atol=1e-8)
+    xcl = x.expand(N, 2, 6, 7).contiguous(memory_format=torch.channels_last)  # C=2: truly channels_last
+    assert torch.autograd.gradcheck(fn, (xcl.requires_grad_(),), atol=1e-8)
 
 
 def _op_samples():
@@ -232,11 +233,13 @@ def test_direct_op_call_rejects_bad_rows():
 
 
 def test_more_than_2_31_elements():
-    # 2 x 1 x 32768 x 32769 float16 > 2^31 elements: image 1 starts past int32 offsets.
-    x = torch.zeros(2, 1, 32768, 32769, dtype=torch.float16)
-    x[1, 0, -8:, -8:] = torch.arange(64, dtype=torch.float16).reshape(8, 8)
-    box = torch.tensor([[1, 32761.0, 32760.0, 32767.0, 32766.0]])
-    crop = x[1:, :, -8:, -8:].contiguous()
-    crop_box = torch.tensor([[0, 0.0, 0.0, 6.0, 6.0]])
-    for fn in (lambda t, b: roiops.roi_align(t, b, 3, 1.0, 2, True), lambda t, b: roiops.roi_pool(t, b, 3)):
-        assert torch.equal(fn(x, box), fn(crop, crop_box))
+    # Image 2 of a 3 x 1 x 32768 x 32768 float16 map starts at element 2^31: every offset the
+    # box reads overflows int32. torch.empty: only the corner the box reads is ever touched.
+    x = torch.empty(3, 1, 32768, 32768, dtype=torch.float16)
+    corner = torch.randn(1, 1, 16, 16, generator=torch.Generator().manual_seed(0)).half()
+    x[2:, :, :16, :16] = corner
+    box = torch.tensor([[2, 1.5, 2.25, 9.0, 12.0]])
+    crop_box = torch.tensor([[0, 1.5, 2.25, 9.0, 12.0]])
+    for fn in (lambda t, b: roiops.roi_align(t, b, 3, 1.0, 2, True), lambda t, b: roiops.roi_pool(t, b, 3),
+               lambda t, b: roiops.roi_align(t, b, 3, 1.0, 2, False, mode="max")):
+        assert torch.equal(fn(x, box), fn(corner, crop_box))

@@ -1,0 +1,541 @@
+"""Pure-PyTorch reference kernels: the test oracle and the fallback for any device.
+
+Written from ``shared/design.md`` sections 2-6 and the kernel contract in
+``docs/architecture.md``; each step below names the formula it implements, so the code
+can be checked line by line against them.  Speed is not a goal: boxes are processed one
+at a time in Python, and everything inside a box (channels, bins, sample points) is a
+handful of tensor ops.
+
+Conventions shared by all six functions:
+
+* ``rois`` is ``[K, 5]`` with rows ``(batch_index, x1, y1, x2, y2)``; it is converted to
+  the opmath type (float32 for half/bfloat16/float32 inputs, float64 for float64), in
+  which all coordinate arithmetic and all accumulation happen.
+* Results have the input's (or grad's) dtype and are channels_last when the input is
+  (for backward: when ``channels_last`` is true), contiguous otherwise.
+* ``argmax`` is int32 with the shape of ``out``; -1 marks a bin with nothing to pool.
+* A batch index that is not an integer in ``[0, N)``, or a non-finite coordinate, raises
+  ``ValueError`` naming the row, before any indexing happens.
+* The forward functions are differentiable by autograd with respect to ``input``, and
+  autograd gives exactly the gradient the explicit backward functions compute (the
+  tests check one against the other); boxes get no gradient.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+__all__ = [
+    "roi_align_forward",
+    "roi_align_backward",
+    "roi_align_max_forward",
+    "roi_align_max_backward",
+    "roi_pool_forward",
+    "roi_pool_backward",
+]
+
+
+# --------------------------------------------------------------------------------------
+# Shared helpers
+# --------------------------------------------------------------------------------------
+
+
+def _opmath(dtype: torch.dtype) -> torch.dtype:
+    if dtype == torch.float64:
+        return torch.float64
+    if dtype in (torch.float32, torch.float16, torch.bfloat16):
+        return torch.float32
+    raise TypeError(f"roiops: unsupported dtype {dtype}; expected a floating dtype")
+
+
+def _channels_last(t: Tensor) -> bool:
+    # Ambiguous layouts (C == 1, or H == W == 1) count as contiguous.
+    return t.is_contiguous(memory_format=torch.channels_last) and not t.is_contiguous()
+
+
+def _layout(t: Tensor, channels_last: bool) -> Tensor:
+    fmt = torch.channels_last if channels_last else torch.contiguous_format
+    return t.contiguous(memory_format=fmt)
+
+
+def _check_pooled(pooled_height: int, pooled_width: int) -> None:
+    if int(pooled_height) <= 0 or int(pooled_width) <= 0:
+        raise ValueError(
+            f"roiops: output size must be positive, got ({pooled_height}, {pooled_width})"
+        )
+
+
+def _prepare_rois(rois: Tensor, batch_size: int, opmath: torch.dtype, device) -> tuple[Tensor, list[int]]:
+    """Validate ``rois`` (design.md sec. 2) and return them in opmath with the batch indices.
+
+    Runs before any indexing, so a bad row can never cause an out-of-bounds access.
+    """
+    if rois.dim() != 2 or rois.size(1) != 5:
+        raise ValueError(f"roiops: rois must have shape [K, 5], got {tuple(rois.shape)}")
+    if not rois.is_floating_point():
+        raise ValueError(f"roiops: rois must be floating point, got {rois.dtype}")
+    rois = rois.detach().to(device=device, dtype=opmath)
+    if rois.size(0) == 0:
+        return rois, []
+    idx = rois[:, 0]
+    idx_ok = torch.isfinite(idx) & (idx == torch.floor(idx)) & (idx >= 0) & (idx < batch_size)
+    coords_ok = torch.isfinite(rois[:, 1:]).all(dim=1)
+    bad = ~(idx_ok & coords_ok)
+    if bool(bad.any()):
+        row = int(bad.nonzero()[0, 0])
+        values = rois[row].tolist()
+        if not bool(idx_ok[row]):
+            raise ValueError(
+                f"roiops: rois row {row}: batch index {values[0]!r} is not an integer "
+                f"in [0, {batch_size}) (row = {values})"
+            )
+        raise ValueError(f"roiops: rois row {row}: coordinates must be finite (row = {values})")
+    return rois, [int(b) for b in idx.tolist()]
+
+
+def _check_grad(grad: Tensor, k: int, channels: int, ph: int | None = None, pw: int | None = None) -> None:
+    ok = grad.dim() == 4 and grad.size(0) == k and grad.size(1) == channels
+    if ok and ph is not None:
+        ok = grad.size(2) == ph and grad.size(3) == pw
+    if not ok:
+        raise ValueError(
+            f"roiops: grad must have shape [K={k}, C={channels}, {ph or 'ph'}, {pw or 'pw'}], "
+            f"got {tuple(grad.shape)}"
+        )
+
+
+def _require_finite(rois: Tensor, quantities: list[Tensor], spatial_scale: float) -> None:
+    # Finite coordinates can still overflow once scaled (float32 x * s); refuse those rows
+    # too rather than let an infinity reach a grid size or an index.
+    ok = torch.isfinite(torch.stack(quantities, dim=1)).all(dim=1)
+    if not bool(ok.all()):
+        row = int((~ok).nonzero()[0, 0])
+        raise ValueError(
+            f"roiops: rois row {row}: coordinates are not finite after spatial_scale "
+            f"{spatial_scale} (row = {rois[row].tolist()})"
+        )
+
+
+def _attach(out: Tensor, input: Tensor) -> Tensor:
+    # When no box samples anything, ``out`` is built from fresh zeros and is cut off from
+    # ``input``; hook it back on (adding an exact 0) so autograd yields a zero gradient
+    # instead of complaining that the output does not require grad.
+    if torch.is_grad_enabled() and input.requires_grad and not out.requires_grad:
+        out = out + input.reshape(-1)[:0].sum().to(out.dtype)
+    return out
+
+
+def _first_max(values: Tensor, member: Tensor) -> Tensor:
+    """Index along the last dim of the first maximal member (row-major), or M if none.
+
+    Same result as the scan of the kernel contract: start at the first member, move to a
+    later one only if it is strictly greater, or if it is NaN while the running max is
+    not.  So: any NaN member -> the first NaN; otherwise the first member equal to the
+    max (ties keep the earliest).  ``member`` is a bool tensor broadcastable to ``values``.
+    """
+    m = values.size(-1)
+    running = torch.where(member, values, float("-inf")).amax(dim=-1, keepdim=True)
+    best = member & ((values == running) | (torch.isnan(values) & torch.isnan(running)))
+    position = torch.arange(m, device=values.device)
+    return torch.where(best, position, m).amin(dim=-1)
+
+
+# --------------------------------------------------------------------------------------
+# roi_align geometry (design.md sec. 3), shared by the avg and max modes
+# --------------------------------------------------------------------------------------
+
+
+class _AlignBox:
+    """Sampling geometry of one box: the bins, the grid and, per axis, the sample points.
+
+    Axis y has ``P = pooled_height * grid_h`` sample rows, ordered (bin i, sample iy);
+    axis x has ``Q = pooled_width * grid_w`` sample columns, ordered (bin j, sample ix).
+    Sample ``(iy, ix)`` of bin ``(i, j)`` is the point (row ``i*grid_h + iy``, column
+    ``j*grid_w + ix``).  Bilinear weights factor per axis: ``w1 = hy*hx, w2 = hy*lx,
+    w3 = ly*hx, w4 = ly*lx``.
+    """
+
+    def __init__(self, y_start, x_start, bin_h, bin_w, grid_h, grid_w, ph, pw, height, width):
+        self.grid_h, self.grid_w = grid_h, grid_w
+        self.empty = grid_h <= 0 or grid_w <= 0  # no sample points (design.md sec. 3)
+        self.count = max(grid_h * grid_w, 1)
+        if self.empty:
+            return
+        self.y = _axis_samples(y_start, bin_h, ph, grid_h, height)
+        self.x = _axis_samples(x_start, bin_w, pw, grid_w, width)
+
+    def corners(self):
+        """The four bilinear neighbours: (weight [P, Q], row index [P], column index [Q])."""
+        (y_lo, y_hi, ly, hy, _), (x_lo, x_hi, lx, hx, _) = self.y, self.x
+        return (
+            (hy[:, None] * hx[None, :], y_lo, x_lo),
+            (hy[:, None] * lx[None, :], y_lo, x_hi),
+            (ly[:, None] * hx[None, :], y_hi, x_lo),
+            (ly[:, None] * lx[None, :], y_hi, x_hi),
+        )
+
+    def valid(self) -> Tensor:
+        """[P, Q]: the point lies inside [-1, H] x [-1, W] (otherwise its value is 0)."""
+        return self.y[4][:, None] & self.x[4][None, :]
+
+
+def _axis_samples(start: Tensor, bin_size: Tensor, pooled: int, grid: int, size: int):
+    """Sample coordinates along one axis and their 1-D bilinear terms.
+
+    Returns (low index, high index, l, h = 1 - l, inside) for the ``pooled * grid`` points.
+    """
+    opmath, device = start.dtype, start.device
+    i = torch.arange(pooled, dtype=opmath, device=device).repeat_interleave(grid)
+    k = torch.arange(grid, dtype=opmath, device=device).repeat(pooled)
+    # y = y_start + i*bin_h + (iy + 0.5) * bin_h / grid_h, evaluated left to right as
+    # torchvision does so float32 results agree to rounding.
+    coord = start + i * bin_size + (k + 0.5) * bin_size / grid
+
+    # Border rule: outside [-1, size] the point is 0; otherwise clamp below at 0, and at
+    # or past the last row/column snap to it.  An empty map (size 0) has no inside point.
+    inside = (coord >= -1) & (coord <= size) & (size > 0)
+    last = max(size - 1, 0)
+    c = coord.clamp(min=0)
+    low = torch.floor(c)
+    at_edge = low >= last
+    low = torch.where(at_edge, torch.full_like(low, last), low)
+    c = torch.where(at_edge, low, c)
+    high = torch.where(at_edge, low, low + 1)
+    l = c - low
+    h = 1 - l
+    # low/high are in [0, size-1] even for outside points, so indexing is always safe.
+    return low.long(), high.long(), l, h, inside
+
+
+def _align_boxes(rois, spatial_scale, ph, pw, sampling_ratio, aligned, height, width):
+    """Per-box geometry of design.md sec. 3 for all boxes (rois already validated, opmath)."""
+    opmath = rois.dtype
+    s = torch.tensor(spatial_scale, dtype=opmath, device=rois.device)
+    o = 0.5 if aligned else 0.0
+    # Scale first, then shift by 0.5.
+    x_start = rois[:, 1] * s - o
+    y_start = rois[:, 2] * s - o
+    roi_w = (rois[:, 3] * s - o) - x_start
+    roi_h = (rois[:, 4] * s - o) - y_start
+    if not aligned:
+        roi_w = roi_w.clamp(min=1)
+        roi_h = roi_h.clamp(min=1)
+    bin_w = roi_w / pw
+    bin_h = roi_h / ph
+
+    _require_finite(rois, [x_start, y_start, roi_w, roi_h], spatial_scale)
+
+    if sampling_ratio > 0:
+        grid_h = [int(sampling_ratio)] * rois.size(0)
+        grid_w = [int(sampling_ratio)] * rois.size(0)
+    else:
+        # Adaptive: ceil(roi / pooled) from the possibly negative size (aligned=True).
+        grid_h = [int(g) for g in torch.ceil(roi_h / ph).tolist()]
+        grid_w = [int(g) for g in torch.ceil(roi_w / pw).tolist()]
+
+    return [
+        _AlignBox(y_start[k], x_start[k], bin_h[k], bin_w[k], grid_h[k], grid_w[k],
+                  ph, pw, height, width)
+        for k in range(rois.size(0))
+    ]
+
+
+def _sample_values(plane: Tensor, box: _AlignBox) -> Tensor:
+    """Bilinear value of every sample point of the box, for all channels: [C, P, Q].
+
+    ``plane`` is one image ``[C, H, W]`` in opmath.  Per point, as torchvision orders it:
+    ``w1*v1 + w2*v2 + w3*v3 + w4*v4``; a point outside the map is exactly 0.
+    """
+    c, height, width = plane.shape
+    if height == 0 or width == 0:  # every point is outside an empty map
+        return plane.new_zeros((c, box.y[0].numel(), box.x[0].numel()))
+    value = None
+    for weight, rows, cols in box.corners():
+        term = weight * plane[:, rows[:, None], cols[None, :]]
+        value = term if value is None else value + term
+    return torch.where(box.valid(), value, 0.0)
+
+
+# --------------------------------------------------------------------------------------
+# roi_align, mode "avg" (design.md sec. 3)
+# --------------------------------------------------------------------------------------
+
+
+def roi_align_forward(input: Tensor, rois: Tensor, spatial_scale: float, pooled_height: int,
+                      pooled_width: int, sampling_ratio: int, aligned: bool) -> Tensor:
+    """RoIAlign average: ``out[k, c, i, j]`` = mean of the bin's bilinear samples."""
+    _check_pooled(pooled_height, pooled_width)
+    ph, pw = int(pooled_height), int(pooled_width)
+    n, c, height, width = input.shape
+    opmath = _opmath(input.dtype)
+    rois, batch = _prepare_rois(rois, n, opmath, input.device)
+    boxes = _align_boxes(rois, spatial_scale, ph, pw, int(sampling_ratio), bool(aligned), height, width)
+    x = input.to(opmath)
+
+    outs = []
+    for b, box in zip(batch, boxes):
+        if box.empty:  # grid <= 0: no sample points, the bin is 0
+            outs.append(x.new_zeros((c, ph, pw)))
+            continue
+        v = _sample_values(x[b], box).view(c, ph, box.grid_h, pw, box.grid_w)
+        outs.append(v.sum(dim=(2, 4)) / box.count)
+    out = torch.stack(outs) if outs else x.new_zeros((0, c, ph, pw))
+    out = _attach(out, input)
+    return _layout(out.to(input.dtype), _channels_last(input))
+
+
+def roi_align_backward(grad: Tensor, rois: Tensor, spatial_scale: float, pooled_height: int,
+                       pooled_width: int, batch_size: int, channels: int, height: int, width: int,
+                       sampling_ratio: int, aligned: bool, channels_last: bool) -> Tensor:
+    """Adjoint of :func:`roi_align_forward`: each sample scatters ``grad * w / count``."""
+    _check_pooled(pooled_height, pooled_width)
+    ph, pw = int(pooled_height), int(pooled_width)
+    opmath = _opmath(grad.dtype)
+    rois, batch = _prepare_rois(rois, batch_size, opmath, grad.device)
+    _check_grad(grad, rois.size(0), channels, ph, pw)
+    boxes = _align_boxes(rois, spatial_scale, ph, pw, int(sampling_ratio), bool(aligned), height, width)
+    g_all = grad.to(opmath)
+
+    grad_input = torch.zeros((batch_size, channels, height, width), dtype=opmath, device=grad.device)
+    for k, (b, box) in enumerate(zip(batch, boxes)):
+        if box.empty or height * width == 0:  # no sample point inside the map: no gradient
+            continue
+        gh, gw = box.grid_h, box.grid_w
+        # Every sample of bin (i, j) receives that bin's gradient.
+        g = g_all[k][:, :, None, :, None].expand(channels, ph, gh, pw, gw).reshape(channels, ph * gh, pw * gw)
+        valid = box.valid()
+        plane = grad_input[b].view(channels, height * width)
+        for weight, rows, cols in box.corners():
+            contrib = torch.where(valid, g * weight / box.count, 0.0)
+            flat = (rows[:, None] * width + cols[None, :]).reshape(-1)
+            plane.index_add_(1, flat, contrib.reshape(channels, flat.numel()))
+    return _layout(grad_input.to(grad.dtype), bool(channels_last))
+
+
+# --------------------------------------------------------------------------------------
+# roi_align, mode "max" (design.md sec. 4)
+# --------------------------------------------------------------------------------------
+
+
+def roi_align_max_forward(input: Tensor, rois: Tensor, spatial_scale: float, pooled_height: int,
+                          pooled_width: int, sampling_ratio: int, aligned: bool) -> tuple[Tensor, Tensor]:
+    """RoIAlign max: the largest bilinear sample of the bin (outside points count as 0).
+
+    ``argmax`` is ``iy * grid_w + ix`` of the first largest sample, -1 for a bin with no
+    sample points (whose value is 0).
+    """
+    _check_pooled(pooled_height, pooled_width)
+    ph, pw = int(pooled_height), int(pooled_width)
+    n, c, height, width = input.shape
+    opmath = _opmath(input.dtype)
+    rois, batch = _prepare_rois(rois, n, opmath, input.device)
+    boxes = _align_boxes(rois, spatial_scale, ph, pw, int(sampling_ratio), bool(aligned), height, width)
+    x = input.to(opmath)
+
+    outs, argmaxes = [], []
+    for b, box in zip(batch, boxes):
+        if box.empty:
+            outs.append(x.new_zeros((c, ph, pw)))
+            argmaxes.append(torch.full((c, ph, pw), -1, dtype=torch.int64, device=x.device))
+            continue
+        gh, gw = box.grid_h, box.grid_w
+        # [C, ph, pw, gh*gw]: the samples of each bin in row-major (iy, ix) order.
+        v = _sample_values(x[b], box).view(c, ph, gh, pw, gw).permute(0, 1, 3, 2, 4).reshape(c, ph, pw, gh * gw)
+        best = _first_max(v, torch.ones((), dtype=torch.bool, device=v.device))
+        # Gather rather than amax so autograd sends the gradient to the winner only.
+        outs.append(v.gather(-1, best.unsqueeze(-1)).squeeze(-1))
+        argmaxes.append(best)
+    if outs:
+        out, argmax = torch.stack(outs), torch.stack(argmaxes)
+    else:
+        out = x.new_zeros((0, c, ph, pw))
+        argmax = torch.zeros((0, c, ph, pw), dtype=torch.int64, device=x.device)
+    out = _attach(out, input)
+    cl = _channels_last(input)
+    return _layout(out.to(input.dtype), cl), _layout(argmax.to(torch.int32), cl)
+
+
+def roi_align_max_backward(grad: Tensor, argmax: Tensor, rois: Tensor, spatial_scale: float,
+                           pooled_height: int, pooled_width: int, batch_size: int, channels: int,
+                           height: int, width: int, sampling_ratio: int, aligned: bool,
+                           channels_last: bool) -> Tensor:
+    """Adjoint of :func:`roi_align_max_forward`: the winning sample sends ``grad * w`` to
+    each of its four bilinear neighbours (no division by the sample count)."""
+    _check_pooled(pooled_height, pooled_width)
+    ph, pw = int(pooled_height), int(pooled_width)
+    opmath = _opmath(grad.dtype)
+    rois, batch = _prepare_rois(rois, batch_size, opmath, grad.device)
+    _check_grad(grad, rois.size(0), channels, ph, pw)
+    if argmax.shape != grad.shape:
+        raise ValueError(f"roiops: argmax shape {tuple(argmax.shape)} != grad shape {tuple(grad.shape)}")
+    boxes = _align_boxes(rois, spatial_scale, ph, pw, int(sampling_ratio), bool(aligned), height, width)
+    g_all = grad.to(opmath)
+    am_all = argmax.long()
+
+    grad_input = torch.zeros((batch_size, channels, height, width), dtype=opmath, device=grad.device)
+    i = torch.arange(ph, device=grad.device)[:, None]
+    j = torch.arange(pw, device=grad.device)[None, :]
+    chan = torch.arange(channels, device=grad.device)[:, None, None] * (height * width)
+    for k, (b, box) in enumerate(zip(batch, boxes)):
+        am = am_all[k]
+        limit = 0 if box.empty else box.grid_h * box.grid_w
+        if bool(((am < -1) | (am >= limit)).any()):
+            raise ValueError(f"roiops: argmax of box {k} is outside [-1, {limit})")
+        if box.empty or height * width == 0:
+            continue
+        won = am >= 0
+        a = am.clamp(min=0)
+        # Row/column of the winning sample in the box's sample grid.
+        p = i * box.grid_h + a // box.grid_w  # [C, ph, pw]
+        q = j * box.grid_w + a % box.grid_w
+        (y_lo, y_hi, ly, hy, y_in), (x_lo, x_hi, lx, hx, x_in) = box.y, box.x
+        live = won & y_in[p] & x_in[q]  # an outside winner has value 0 and no gradient
+        g = g_all[k]
+        plane = grad_input[b].view(-1)
+        for wy, rows, wx, cols in ((hy, y_lo, hx, x_lo), (hy, y_lo, lx, x_hi),
+                                   (ly, y_hi, hx, x_lo), (ly, y_hi, lx, x_hi)):
+            contrib = torch.where(live, g * (wy[p] * wx[q]), 0.0)
+            flat = chan + rows[p] * width + cols[q]
+            plane.index_add_(0, flat.reshape(-1), contrib.reshape(-1))
+    return _layout(grad_input.to(grad.dtype), bool(channels_last))
+
+
+# --------------------------------------------------------------------------------------
+# roi_pool (design.md sec. 5)
+# --------------------------------------------------------------------------------------
+
+
+def _round_half_away(v: Tensor) -> Tensor:
+    # C's round(); torch.round rounds halves to even.  v - trunc(v) is exact.
+    t = torch.trunc(v)
+    return torch.where((v - t).abs() >= 0.5, t + torch.sign(v), t)
+
+
+def _pool_bins(rois, spatial_scale, ph, pw, continuous, height, width):
+    """Bin limits [K, ph] rows and [K, pw] columns, clipped to the map, as int64.
+
+    Computed in the opmath type in torchvision's order (floor/ceil of ``j * bin`` and
+    ``(j + 1) * bin``), so float32/float64 results are bit-identical to it; values stay
+    floating until clipped, so huge coordinates cannot overflow an integer (a sum that
+    overflows to +-inf just clips to the map edge).
+    """
+    opmath, device = rois.dtype, rois.device
+    s = torch.tensor(spatial_scale, dtype=opmath, device=device)
+    jh = torch.arange(ph, dtype=opmath, device=device)
+    jw = torch.arange(pw, dtype=opmath, device=device)
+    if not continuous:
+        # Caffe / torchvision: round the scaled corners, force malformed boxes to 1x1.
+        x1 = _round_half_away(rois[:, 1] * s)[:, None]
+        y1 = _round_half_away(rois[:, 2] * s)[:, None]
+        x2 = _round_half_away(rois[:, 3] * s)[:, None]
+        y2 = _round_half_away(rois[:, 4] * s)[:, None]
+        roi_w = (x2 - x1 + 1).clamp(min=1)
+        roi_h = (y2 - y1 + 1).clamp(min=1)
+        _require_finite(rois, [x1[:, 0], y1[:, 0], roi_w[:, 0], roi_h[:, 0]], spatial_scale)
+        bin_w = roi_w / pw
+        bin_h = roi_h / ph
+        w_start = torch.floor(jw * bin_w) + x1
+        w_end = torch.ceil((jw + 1) * bin_w) + x1
+        h_start = torch.floor(jh * bin_h) + y1
+        h_end = torch.ceil((jh + 1) * bin_h) + y1
+        box_empty = torch.zeros(rois.size(0), dtype=torch.bool, device=device)
+    else:
+        # mmdetection: no rounding, the box ends at (x2 + 1) * s.
+        x_start = (rois[:, 1] * s)[:, None]
+        y_start = (rois[:, 2] * s)[:, None]
+        roi_w = (rois[:, 3] + 1) * s - x_start[:, 0]
+        roi_h = (rois[:, 4] + 1) * s - y_start[:, 0]
+        _require_finite(rois, [x_start[:, 0], y_start[:, 0], roi_w, roi_h], spatial_scale)
+        box_empty = (roi_w <= 0) | (roi_h <= 0)
+        bin_w = (roi_w / pw)[:, None]
+        bin_h = (roi_h / ph)[:, None]
+        w_start = torch.floor(jw * bin_w + x_start)
+        w_end = torch.ceil((jw + 1) * bin_w + x_start)
+        h_start = torch.floor(jh * bin_h + y_start)
+        h_end = torch.ceil((jh + 1) * bin_h + y_start)
+
+    def clip(t, size):
+        return t.clamp(0, size).long()
+
+    h_start, h_end = clip(h_start, height), clip(h_end, height)
+    w_start, w_end = clip(w_start, width), clip(w_end, width)
+    # An empty box (continuous mode) has every bin empty.
+    h_end = torch.where(box_empty[:, None], h_start, h_end)
+    return h_start, h_end, w_start, w_end
+
+
+def roi_pool_forward(input: Tensor, rois: Tensor, spatial_scale: float, pooled_height: int,
+                     pooled_width: int, continuous: bool) -> tuple[Tensor, Tensor]:
+    """RoIPool: max over each bin's pixels; ``argmax`` is ``h * W + w`` in the image plane.
+
+    ``continuous=False`` is Caffe/torchvision, ``True`` is mmdetection (design.md sec. 5).
+    An empty bin gives 0 and argmax -1.
+    """
+    _check_pooled(pooled_height, pooled_width)
+    ph, pw = int(pooled_height), int(pooled_width)
+    n, c, height, width = input.shape
+    opmath = _opmath(input.dtype)
+    rois, batch = _prepare_rois(rois, n, opmath, input.device)
+    h_start, h_end, w_start, w_end = _pool_bins(rois, spatial_scale, ph, pw, bool(continuous), height, width)
+    x = input.to(opmath)
+    device = x.device
+
+    outs, argmaxes = [], []
+    for k, b in enumerate(batch):
+        hs, he, ws, we = h_start[k], h_end[k], w_start[k], w_end[k]
+        empty = (he <= hs)[:, None] | (we <= ws)[None, :]  # [ph, pw]
+        out = x.new_zeros((c, ph, pw))
+        argmax = torch.full((c, ph, pw), -1, dtype=torch.int64, device=device)
+        if not bool(empty.all()):
+            # Only look at the window the bins cover; membership of each pixel per bin.
+            r0, r1 = int(hs.min()), int(he.max())
+            c0, c1 = int(ws.min()), int(we.max())
+            rows = torch.arange(r0, r1, device=device)
+            cols = torch.arange(c0, c1, device=device)
+            in_row = (rows >= hs[:, None]) & (rows < he[:, None])  # [ph, R]
+            in_col = (cols >= ws[:, None]) & (cols < we[:, None])  # [pw, S]
+            member = (in_row[:, None, :, None] & in_col[None, :, None, :]).reshape(ph, pw, -1)
+            window = x[b, :, r0:r1, c0:c1].reshape(c, 1, 1, (r1 - r0) * (c1 - c0))
+            pos = _first_max(window, member)  # [C, ph, pw], row-major inside the window
+            flat = (r0 + pos // (c1 - c0)) * width + (c0 + pos % (c1 - c0))
+            flat = torch.where(empty, 0, flat)  # any in-range index; masked below
+            picked = x[b].reshape(c, height * width).gather(1, flat.reshape(c, ph * pw)).view(c, ph, pw)
+            out = torch.where(empty, 0.0, picked)
+            argmax = torch.where(empty, -1, flat)
+        outs.append(out)
+        argmaxes.append(argmax)
+    if outs:
+        out, argmax = torch.stack(outs), torch.stack(argmaxes)
+    else:
+        out = x.new_zeros((0, c, ph, pw))
+        argmax = torch.zeros((0, c, ph, pw), dtype=torch.int64, device=device)
+    out = _attach(out, input)
+    cl = _channels_last(input)
+    return _layout(out.to(input.dtype), cl), _layout(argmax.to(torch.int32), cl)
+
+
+def roi_pool_backward(grad: Tensor, argmax: Tensor, rois: Tensor, batch_size: int, channels: int,
+                      height: int, width: int, channels_last: bool) -> Tensor:
+    """Adjoint of :func:`roi_pool_forward`: each bin's grad goes to its argmax element."""
+    opmath = _opmath(grad.dtype)
+    rois, batch = _prepare_rois(rois, batch_size, opmath, grad.device)
+    _check_grad(grad, rois.size(0), channels)
+    if argmax.shape != grad.shape:
+        raise ValueError(f"roiops: argmax shape {tuple(argmax.shape)} != grad shape {tuple(grad.shape)}")
+    g_all = grad.to(opmath)
+    am_all = argmax.long()
+
+    grad_input = torch.zeros((batch_size, channels, height, width), dtype=opmath, device=grad.device)
+    chan = torch.arange(channels, device=grad.device)[:, None, None] * (height * width)
+    for k, b in enumerate(batch):
+        am = am_all[k]
+        if bool(((am < -1) | (am >= height * width)).any()):
+            raise ValueError(f"roiops: argmax of box {k} is outside [-1, {height * width})")
+        if height * width == 0:
+            continue
+        won = am >= 0
+        contrib = torch.where(won, g_all[k], 0.0)
+        flat = chan + am.clamp(min=0)
+        grad_input[b].view(-1).index_add_(0, flat.reshape(-1), contrib.reshape(-1))
+    return _layout(grad_input.to(grad.dtype), bool(channels_last))
