@@ -18,6 +18,6 @@ def main(argv: list[str] | None = None) -> int:
     rest = argv[1:]
     if args.command in ("demo", "explain"):
         from . import demo
-        return demo.main(rest)
+        return demo.main(rest, prog=f"roiops {args.command}")
     from . import bench
     return bench.main(rest)

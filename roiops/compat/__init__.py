@@ -1,0 +1,21 @@
+"""Drop-in classes with the signatures of the systems people port from.
+
+Each module mirrors one project's RoI layer API (class names, argument order,
+defaults, box format) and reproduces its numbers on top of roiops:
+
+- ``roiops.compat.maskrcnn_benchmark``: ``ROIAlign``, ``ROIPool``, ``roi_align``,
+  ``roi_pool`` of facebookresearch/maskrcnn-benchmark (``maskrcnn_benchmark.layers``).
+- ``roiops.compat.faster_rcnn_pytorch``: ``RoIAlign``, ``RoIAlignAvg``,
+  ``RoIAlignMax`` (that project's own corner-sampling rule) and ``RoIPool`` of
+  jwyang/faster-rcnn.pytorch.
+- ``roiops.compat.simple_faster_rcnn``: ``RoIPooling2D`` of
+  chenyuntc/simple-faster-rcnn-pytorch.
+- ``roiops.compat.mmdet``: ``RoIPool`` and ``roi_pool`` of mmdetection v1
+  (``mmdet.ops``), continuous-coordinate RoIPool.
+
+The modules are imported on demand (``from roiops.compat import mmdet``) so that
+importing roiops does not pay for them. ``docs/porting.md`` lists, per system,
+the old import, the new one and every behavioural difference.
+"""
+
+__all__ = ["faster_rcnn_pytorch", "maskrcnn_benchmark", "mmdet", "simple_faster_rcnn"]

@@ -1,0 +1,66 @@
+"""facebookresearch/maskrcnn-benchmark RoI layers (``maskrcnn_benchmark.layers``).
+
+``ROIAlign(output_size, spatial_scale, sampling_ratio)``, ``ROIPool(output_size,
+spatial_scale)`` and the functions ``roi_align(input, rois, output_size, spatial_scale,
+sampling_ratio)`` and ``roi_pool(input, rois, output_size, spatial_scale)``, with the
+original argument order, reprs and numbers: RoIAlign is the legacy (``aligned=False``)
+Mask R-CNN RoIAlign, RoIPool the Caffe one. ``rois`` is ``Tensor[K, 5]`` of rows
+``(batch_index, x1, y1, x2, y2)`` in image pixels.
+
+Differences from the original, all extensions: float16/bfloat16 run natively and return
+their own dtype (the original's apex ``amp.float_function`` cast them to float32, so its
+output was float32); ``output_size`` may also be an int; ``rois`` may be a list of
+per-image ``Tensor[L, 4]``; CPU tensors work in forward and backward (the original had
+only RoIAlign's forward on CPU); bad arguments raise ``ValueError``/``TypeError`` instead
+of failing inside the extension.
+"""
+
+from __future__ import annotations
+
+from torch import Tensor, nn
+
+import roiops
+
+__all__ = ["ROIAlign", "ROIPool", "roi_align", "roi_pool"]
+
+
+def roi_align(input: Tensor, rois, output_size, spatial_scale: float,
+              sampling_ratio: int) -> Tensor:
+    return roiops.roi_align(input, rois, output_size, spatial_scale, sampling_ratio,
+                            aligned=False)
+
+
+def roi_pool(input: Tensor, rois, output_size, spatial_scale: float) -> Tensor:
+    return roiops.roi_pool(input, rois, output_size, spatial_scale, convention="caffe")
+
+
+class ROIAlign(nn.Module):
+    # Arguments are stored as given, as the original did, so that the repr
+    # (which configs and logs print) is unchanged; roiops checks them per call.
+    def __init__(self, output_size, spatial_scale, sampling_ratio):
+        super().__init__()
+        self.output_size = output_size
+        self.spatial_scale = spatial_scale
+        self.sampling_ratio = sampling_ratio
+
+    def forward(self, input: Tensor, rois) -> Tensor:
+        return roi_align(input, rois, self.output_size, self.spatial_scale,
+                         self.sampling_ratio)
+
+    def __repr__(self) -> str:
+        return (f"{type(self).__name__}(output_size={self.output_size}, "
+                f"spatial_scale={self.spatial_scale}, sampling_ratio={self.sampling_ratio})")
+
+
+class ROIPool(nn.Module):
+    def __init__(self, output_size, spatial_scale):
+        super().__init__()
+        self.output_size = output_size
+        self.spatial_scale = spatial_scale
+
+    def forward(self, input: Tensor, rois) -> Tensor:
+        return roi_pool(input, rois, self.output_size, self.spatial_scale)
+
+    def __repr__(self) -> str:
+        return (f"{type(self).__name__}(output_size={self.output_size}, "
+                f"spatial_scale={self.spatial_scale})")

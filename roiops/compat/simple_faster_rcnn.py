@@ -1,0 +1,68 @@
+"""chenyuntc/simple-faster-rcnn-pytorch RoI pooling (``model.roi_module.RoIPooling2D``).
+
+``RoIPooling2D(outh, outw, spatial_scale)`` computes the Caffe RoIPool, the same numbers
+as chainer's ``roi_pooling_2d`` that the original tested itself against (forward and
+backward equal bit for bit, for boxes with ``x1 <= x2`` and ``y1 <= y2``).
+
+``forward`` accepts both forms the project used:
+
+- ``forward(x, rois)``: the original module's form, ``rois`` a ``Tensor[R, 5]`` of rows
+  ``(index, x1, y1, x2, y2)``, already in x-y order;
+- ``forward(x, rois, roi_indices)``: the form its ``VGG16RoIHead.forward`` received, and
+  chainer >= 4's: ``rois`` ``[R, 4]`` in the project's **(y_min, x_min, y_max, x_max)**
+  order and ``roi_indices`` ``[R]`` the image of each box (tensors or numpy arrays). The
+  head's ``yx -> xy`` column swap happens here.
+
+Differences from the original (which ran float32 CUDA tensors only):
+
+- An inverted box (``x2 < x1`` or ``y2 < y1`` after rounding) is pooled as a 1x1 box at
+  ``(x1, y1)`` in both. The original backward then gave *no* gradient (its "pixel inside
+  the box" test rejects every pixel of an inverted box) although the forward read a pixel;
+  roiops sends the gradient to the pixel the forward read, the exact adjoint.
+- The original started each max at ``-1e37``: a bin whose values are all below that
+  returned ``-1e37`` with no gradient; roiops returns the true maximum.
+- Any float dtype and device; the output has the input's dtype.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+import roiops
+
+from .. import _validation as v
+from ._util import as_int
+
+__all__ = ["RoIPooling2D"]
+
+
+class RoIPooling2D(nn.Module):
+    def __init__(self, outh, outw, spatial_scale):
+        super().__init__()
+        self.outh = as_int(outh, "outh", 1)
+        self.outw = as_int(outw, "outw", 1)
+        self.spatial_scale = v.spatial_scale(spatial_scale)
+
+    def forward(self, x: Tensor, rois, roi_indices=None) -> Tensor:
+        if roi_indices is not None:
+            rois = _yx_rois_with_indices(x, rois, roi_indices)
+        return roiops.roi_pool(x, rois, (self.outh, self.outw), self.spatial_scale,
+                               convention="caffe")
+
+    def extra_repr(self) -> str:
+        return f"outh={self.outh}, outw={self.outw}, spatial_scale={self.spatial_scale}"
+
+
+def _yx_rois_with_indices(x: Tensor, rois, roi_indices) -> Tensor:
+    dtype = torch.float64 if isinstance(x, Tensor) and x.dtype == torch.float64 else torch.float32
+    device = x.device if isinstance(x, Tensor) else None
+    rois = torch.as_tensor(rois, dtype=dtype, device=device)
+    roi_indices = torch.as_tensor(roi_indices, dtype=dtype, device=device)
+    if rois.dim() != 2 or rois.shape[1] != 4:
+        raise ValueError(f"with roi_indices, rois must be [R, 4] (y_min, x_min, y_max, x_max), "
+                         f"got shape {tuple(rois.shape)}")
+    if roi_indices.shape != (rois.shape[0],):
+        raise ValueError(f"roi_indices must have shape ({rois.shape[0]},) to match rois, "
+                         f"got {tuple(roi_indices.shape)}")
+    return torch.cat([roi_indices[:, None], rois[:, [1, 0, 3, 2]]], 1)
