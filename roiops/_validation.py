@@ -7,7 +7,7 @@ argument (and for box values, the first offending row).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Union
+from typing import TypeGuard, Union
 
 import torch
 from torch import Tensor
@@ -42,7 +42,7 @@ def sampling_ratio(value: object) -> int:
 def choice(name: str, value: object, allowed: tuple[str, ...]) -> str:
     if value not in allowed:
         raise ValueError(f"{name} must be one of {', '.join(map(repr, allowed))}, got {value!r}")
-    return value  # type: ignore[return-value]
+    return value
 
 
 def flag(name: str, value: object) -> bool:
@@ -116,5 +116,5 @@ def _check_values(rois: Tensor, batch_size: int, scale: float) -> None:
                          f"after spatial_scale")
 
 
-def _is_int(v: object) -> bool:
+def _is_int(v: object) -> TypeGuard[int]:
     return isinstance(v, int) and not isinstance(v, bool)

@@ -254,6 +254,7 @@ def _sample_values(plane: Tensor, box: _AlignBox) -> Tensor:
     for weight, rows, cols in box.corners():
         term = weight * plane[:, rows[:, None], cols[None, :]]
         value = term if value is None else value + term
+    assert value is not None  # corners() yields the four corners
     return torch.where(box.valid(), value, 0.0)
 
 

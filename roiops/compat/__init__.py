@@ -12,10 +12,17 @@ defaults, box format) and reproduces its numbers on top of roiops:
   chenyuntc/simple-faster-rcnn-pytorch.
 - ``roiops.compat.mmdet``: ``RoIPool`` and ``roi_pool`` of mmdetection v1
   (``mmdet.ops``), continuous-coordinate RoIPool.
+- ``roiops.compat.torchvision``: ``roi_align``, ``roi_pool``, ``RoIAlign``, ``RoIPool``,
+  ``MultiScaleRoIAlign`` (and ``LevelMapper``) of ``torchvision.ops``, bit for bit.
+- ``roiops.compat.detectron2``: ``ROIAlign`` (``aligned=True`` default) and ``roi_align``
+  of ``detectron2.layers``.
+- ``roiops.compat.mmcv``: ``RoIAlign``, ``RoIPool``, ``roi_align``, ``roi_pool`` of
+  ``mmcv.ops`` (RoIPool in mmcv's continuous convention).
 
 The modules are imported on demand (``from roiops.compat import mmdet``) so that
 importing roiops does not pay for them. ``docs/porting.md`` lists, per system,
 the old import, the new one and every behavioural difference.
 """
 
-__all__ = ["faster_rcnn_pytorch", "maskrcnn_benchmark", "mmdet", "simple_faster_rcnn"]
+__all__ = ["detectron2", "faster_rcnn_pytorch", "maskrcnn_benchmark", "mmcv", "mmdet", "simple_faster_rcnn",
+           "torchvision"]

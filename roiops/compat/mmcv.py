@@ -1,0 +1,105 @@
+"""Drop-in replacement for the RoI layers of ``mmcv.ops`` (mmcv 1.x and 2.x).
+
+Port with one import::
+
+    from mmcv.ops import RoIAlign, RoIPool, roi_align, roi_pool
+    # becomes
+    from roiops.compat.mmcv import RoIAlign, RoIPool, roi_align, roi_pool
+
+Same signatures, defaults (``sampling_ratio=0`` adaptive, ``aligned=True``), ``rois[K, 5]``
+boxes and reprs. Semantics:
+
+- ``roi_align``/``RoIAlign``: ``pool_mode="avg"`` is roiops' average mode, ``"max"`` its
+  max mode (mmcv's CUDA kernel; mmcv's CPU kernel starts its maximum at -10000, so it
+  differs on bins whose samples are all below -10000). ``use_torchvision=True`` calls
+  torchvision's roi_align in mmcv, which always averages: here too, whatever ``pool_mode``.
+- ``roi_pool``/``RoIPool``: mmcv's RoIPool is the continuous (mmdetection) convention,
+  not Caffe's: ``x1 * s`` to ``(x2 + 1) * s`` unrounded, a box of size <= 0 gives zeros
+  (mmcv's CUDA kernel; mmcv has no CPU RoIPool, roiops runs it on CPU too). It is
+  ``roiops.roi_pool(..., convention="mmdet")``. mmcv's running maximum starts at
+  -FLT_MAX and skips NaN; roiops gives ``-inf`` for an all ``-inf`` bin and NaN for a bin
+  holding one.
+"""
+
+from __future__ import annotations
+
+from typing import Union
+
+from torch import Tensor, nn
+
+from .. import _validation as v
+from .. import functional as F
+
+__all__ = ["RoIAlign", "RoIPool", "roi_align", "roi_pool"]
+
+OutputSize = Union[int, tuple[int, int], list[int]]
+
+
+def _pair(value: OutputSize) -> tuple[int, int]:
+    return v.output_size(value)
+
+
+def _sampling_ratio(value: object) -> int:
+    """mmcv applies int(): a whole float from a config (2.0) is accepted, 2.5 refused
+    rather than truncated."""
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    return v.sampling_ratio(value)
+
+
+def roi_align(input: Tensor, rois: Tensor, output_size: OutputSize, spatial_scale: float = 1.0,
+              sampling_ratio: int = 0, pool_mode: str = "avg", aligned: bool = True) -> Tensor:
+    """``mmcv.ops.roi_align``: ``rois[K, 5]`` on ``input[N, C, H, W]`` -> ``Tensor[K, C, h, w]``."""
+    mode = v.choice("pool_mode", pool_mode, ("avg", "max"))
+    return F.roi_align(input, rois, output_size, spatial_scale, sampling_ratio, aligned,
+                       "max" if mode == "max" else "avg")
+
+
+def roi_pool(input: Tensor, rois: Tensor, output_size: OutputSize, spatial_scale: float = 1.0) -> Tensor:
+    """``mmcv.ops.roi_pool``: continuous-coordinate RoIPool -> ``Tensor[K, C, h, w]``."""
+    return F.roi_pool(input, rois, output_size, spatial_scale, "mmdet")
+
+
+class RoIAlign(nn.Module):
+    """``mmcv.ops.RoIAlign(output_size, spatial_scale=1.0, sampling_ratio=0, pool_mode='avg',
+    aligned=True, use_torchvision=False)``.
+
+    Example::
+
+        >>> layer = RoIAlign(7, spatial_scale=1 / 16)       # as in mmdetection's roi_layer
+        >>> layer(features, rois).shape                      # rois [K, 5] -> [K, C, 7, 7]
+    """
+
+    def __init__(self, output_size: OutputSize, spatial_scale: float = 1.0, sampling_ratio: int = 0,
+                 pool_mode: str = "avg", aligned: bool = True, use_torchvision: bool = False) -> None:
+        super().__init__()
+        self.output_size = _pair(output_size)
+        self.spatial_scale = v.spatial_scale(float(spatial_scale))
+        self.sampling_ratio = _sampling_ratio(sampling_ratio)
+        self.pool_mode = v.choice("pool_mode", pool_mode, ("avg", "max"))
+        self.aligned = v.flag("aligned", aligned)
+        self.use_torchvision = v.flag("use_torchvision", use_torchvision)
+
+    def forward(self, input: Tensor, rois: Tensor) -> Tensor:
+        mode = "avg" if self.use_torchvision else self.pool_mode
+        return roi_align(input, rois, self.output_size, self.spatial_scale, self.sampling_ratio, mode, self.aligned)
+
+    def __repr__(self) -> str:
+        return (f"{type(self).__name__}(output_size={self.output_size}, spatial_scale={self.spatial_scale}, "
+                f"sampling_ratio={self.sampling_ratio}, pool_mode={self.pool_mode}, aligned={self.aligned}, "
+                f"use_torchvision={self.use_torchvision})")
+
+
+class RoIPool(nn.Module):
+    """``mmcv.ops.RoIPool(output_size, spatial_scale=1.0)``: continuous-coordinate RoIPool."""
+
+    def __init__(self, output_size: OutputSize, spatial_scale: float = 1.0) -> None:
+        super().__init__()
+        self.output_size = _pair(output_size)
+        self.spatial_scale = v.spatial_scale(float(spatial_scale))
+
+    def forward(self, input: Tensor, rois: Tensor) -> Tensor:
+        return roi_pool(input, rois, self.output_size, self.spatial_scale)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(output_size={self.output_size}, spatial_scale={self.spatial_scale})"

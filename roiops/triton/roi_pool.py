@@ -1,0 +1,309 @@
+"""RoIPool in Triton, both conventions of design.md sec. 5: Caffe/torchvision (default) and
+mmdetection's continuous bins (``continuous=True``).
+
+Work mapping as in roi_align.py: one program per (box, block of bins, block of channels);
+bin edges are [BLOCK_P] vectors computed once per (box, bin) and shared by the channels;
+the loop over a bin's cells is a run-time loop bounded by the tile's largest bin (computed
+in the kernel). channels_last tiles put the channels on the fast axis (coalesced loads),
+NCHW tiles the bins. Rows outermost, then columns, so the first maximum in row-major
+order wins; NaN follows the contract (the first NaN wins).
+
+Backward
+--------
+Fast path: an atomic add of each bin's grad at its argmax cell (float32 scratch for half
+types, then a cast pass); the order of the atomics, hence the last bits, vary per run.
+
+Deterministic path: a gather. The backward contract carries no box geometry (no scale),
+so a first small pass reads argmax once and records, per (box, bin) and per box, the
+bounding rectangle of the argmax cells over all channels (16 bytes per bin of scratch).
+Then one program per (image, 8x8-pixel tile, channel block) walks the boxes in order,
+skips boxes and bins whose rectangle misses its tile, adds the grads whose argmax hits its
+pixels in registers and writes its tile once: one writer per grad address and a fixed
+order of additions, so bit-identical across runs. Cost: the extra footprint pass, an
+O(K) serial scan of box rows and footprints per program, fewer programs than the
+scatter, and a [pixels x channels] compare per bin that reaches a tile.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ._common import (LAUNCH_OPTS, cdiv, check_device, f64_bits, gather_blocks, is_channels_last, kernel,
+                      memory_format, next_pow2, opmath, tile_blocks, use_deterministic)
+from ._jit import along_c as _c  # per-channel vector -> tile axis
+from ._jit import along_p as _p  # per-bin / per-pixel vector -> tile axis
+from ._jit import beats, load_roi, pool_axis, with_flag
+
+_BIG = tl.constexpr(2147483647)
+
+
+@kernel
+def _pool_fwd_kernel(
+    x_ptr, rois_ptr, out_ptr, arg_ptr, scale_bits,
+    N, C, H, W, ph, pw, n_pblocks,
+    sxN, sxC, sxH, sxW, soK, soC, soH, soW,
+    CONTINUOUS: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr, CF: tl.constexpr,
+):
+    T = rois_ptr.dtype.element_ty
+    pid = tl.program_id(0)
+    k = pid // n_pblocks
+    pb = pid - k * n_pblocks
+    cb = tl.program_id(1)
+    scale = scale_bits.to(tl.int64).to(tl.float64, bitcast=True).to(T)
+    ok, b, x1, y1, x2, y2 = load_roi(rois_ptr, k.to(tl.int64), N, scale)
+
+    p = pb * BLOCK_P + tl.arange(0, BLOCK_P)
+    pm = p < ph * pw
+    i = p // pw
+    j = p - i * pw
+    c = cb * BLOCK_C + tl.arange(0, BLOCK_C)
+    cm = c < C
+    hs, he, ney = pool_axis(y1, y2, scale, i, ph, H, CONTINUOUS)
+    ws, we, nex = pool_axis(x1, x2, scale, j, pw, W, CONTINUOUS)
+    live = with_flag(pm, ok & ney & nex)
+    he = tl.where(live, he, hs)
+    we = tl.where(live, we, ws)
+    max_h = tl.max(he - hs, axis=0)
+    max_w = tl.max(we - ws, axis=0)
+
+    x_base = x_ptr + b * sxN + _c(c.to(tl.int64) * sxC, CF)
+    best = _p(tl.zeros([BLOCK_P], dtype=T), CF) + _c(tl.zeros([BLOCK_C], dtype=T), CF)
+    arg = _p(tl.full([BLOCK_P], -1, tl.int32), CF) + _c(tl.zeros([BLOCK_C], dtype=tl.int32), CF)
+    # Rows outermost, then columns: the first maximum in row-major order wins.
+    for dh in range(0, max_h):
+        h = hs + dh
+        mh = h < he
+        oh = h.to(tl.int64) * sxH
+        for dw in range(0, max_w):
+            w = ws + dw
+            m = _p(mh & (w < we), CF) & _c(cm, CF)
+            v = tl.load(x_base + _p(oh + w.to(tl.int64) * sxW, CF), mask=m, other=0.0).to(T)
+            take = m & beats(v, best, arg < 0)
+            best = tl.where(take, v, best)
+            arg = tl.where(take, _p(h * W + w, CF), arg)
+
+    # soH == pw * soW for our outputs: p * soW exposes contiguous NCHW stores (see roi_align).
+    o = k.to(tl.int64) * soK + _c(c.to(tl.int64) * soC, CF) + _p(p.to(tl.int64) * soW, CF)
+    om = _p(pm, CF) & _c(cm, CF)
+    tl.store(out_ptr + o, tl.where(arg >= 0, best, 0.0).to(out_ptr.dtype.element_ty), mask=om)
+    tl.store(arg_ptr + o, arg, mask=om)
+
+
+@kernel
+def _pool_bwd_atomic_kernel(
+    grad_ptr, arg_ptr, rois_ptr, gi_ptr,
+    N, C, H, W, ph, pw, n_pblocks,
+    sgK, sgC, sgH, sgW, saK, saC, saH, saW, siN, siC, siH, siW,
+    BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr, CF: tl.constexpr,
+):
+    T = rois_ptr.dtype.element_ty
+    pid = tl.program_id(0)
+    k = pid // n_pblocks
+    pb = pid - k * n_pblocks
+    cb = tl.program_id(1)
+    # No scale in the backward contract: only the batch index and finiteness are checked.
+    ok, b, x1, y1, x2, y2 = load_roi(rois_ptr, k.to(tl.int64), N, 1.0, False)
+
+    p = pb * BLOCK_P + tl.arange(0, BLOCK_P)
+    pm = p < ph * pw
+    i = p // pw
+    j = p - i * pw
+    c = cb * BLOCK_C + tl.arange(0, BLOCK_C)
+    cm = c < C
+    m = with_flag(_p(pm, CF) & _c(cm, CF), ok)
+    k64 = k.to(tl.int64)
+    c64 = c.to(tl.int64)
+    i64 = i.to(tl.int64)
+    j64 = j.to(tl.int64)
+    a = tl.load(arg_ptr + k64 * saK + _c(c64 * saC, CF) + _p(i64 * saH + j64 * saW, CF), mask=m, other=-1)
+    m = m & (a >= 0) & (a.to(tl.int64) < H.to(tl.int64) * W)
+    g = tl.load(grad_ptr + k64 * sgK + _c(c64 * sgC, CF) + _p(i64 * sgH + j64 * sgW, CF), mask=m, other=0.0)
+    h = tl.where(m, a // W, 0)
+    w = tl.where(m, a - (a // W) * W, 0)
+    dst = gi_ptr + b * siN + _c(c64 * siC, CF) + h.to(tl.int64) * siH + w.to(tl.int64) * siW
+    tl.atomic_add(dst, g.to(T).to(gi_ptr.dtype.element_ty), mask=m, sem="relaxed")
+
+
+@kernel
+def _pool_footprint_kernel(
+    arg_ptr, fbin_ptr, fbox_ptr,
+    C, W, ph, pw,
+    saK, saC, saH, saW,
+    BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr,
+):
+    k = tl.program_id(0)
+    k64 = k.to(tl.int64)
+    P = ph * pw
+    box_rmin = tl.full([], _BIG, tl.int32)
+    box_rmax = tl.full([], -1, tl.int32)
+    box_cmin = tl.full([], _BIG, tl.int32)
+    box_cmax = tl.full([], -1, tl.int32)
+    for p0 in range(0, P, BLOCK_P):
+        p = p0 + tl.arange(0, BLOCK_P)
+        pm = p < P
+        i = p // pw
+        j = p - i * pw
+        rmin = tl.full([BLOCK_P], _BIG, tl.int32)
+        rmax = tl.full([BLOCK_P], -1, tl.int32)
+        cmin = tl.full([BLOCK_P], _BIG, tl.int32)
+        cmax = tl.full([BLOCK_P], -1, tl.int32)
+        for c0 in range(0, C, BLOCK_C):
+            c = c0 + tl.arange(0, BLOCK_C)
+            m = pm[:, None] & (c < C)[None, :]
+            a = tl.load(arg_ptr + k64 * saK + (c.to(tl.int64) * saC)[None, :]
+                        + (i.to(tl.int64) * saH + j.to(tl.int64) * saW)[:, None], mask=m, other=-1)
+            has = a >= 0
+            row = a // W
+            col = a - row * W
+            rmin = tl.minimum(rmin, tl.min(tl.where(has, row, _BIG), axis=1))
+            rmax = tl.maximum(rmax, tl.max(tl.where(has, row, -1), axis=1))
+            cmin = tl.minimum(cmin, tl.min(tl.where(has, col, _BIG), axis=1))
+            cmax = tl.maximum(cmax, tl.max(tl.where(has, col, -1), axis=1))
+        fb = fbin_ptr + (k64 * P + p) * 4
+        tl.store(fb, rmin, mask=pm)
+        tl.store(fb + 1, rmax, mask=pm)
+        tl.store(fb + 2, cmin, mask=pm)
+        tl.store(fb + 3, cmax, mask=pm)
+        box_rmin = tl.minimum(box_rmin, tl.min(rmin, axis=0))
+        box_rmax = tl.maximum(box_rmax, tl.max(rmax, axis=0))
+        box_cmin = tl.minimum(box_cmin, tl.min(cmin, axis=0))
+        box_cmax = tl.maximum(box_cmax, tl.max(cmax, axis=0))
+    tl.store(fbox_ptr + k64 * 4, box_rmin)
+    tl.store(fbox_ptr + k64 * 4 + 1, box_rmax)
+    tl.store(fbox_ptr + k64 * 4 + 2, box_cmin)
+    tl.store(fbox_ptr + k64 * 4 + 3, box_cmax)
+
+
+@kernel
+def _pool_bwd_gather_kernel(
+    grad_ptr, arg_ptr, rois_ptr, gi_ptr, fbin_ptr, fbox_ptr,
+    K, N, C, H, W, ph, pw, n_tw, n_tiles,
+    sgK, sgC, sgH, sgW, saK, saC, saH, saW, siN, siC, siH, siW,
+    TILE_H: tl.constexpr, TILE_W: tl.constexpr, BLOCK_C: tl.constexpr, CF: tl.constexpr,
+):
+    T = rois_ptr.dtype.element_ty
+    pid = tl.program_id(0)
+    n = pid // n_tiles
+    t = pid - n * n_tiles
+    th = t // n_tw
+    tw = t - th * n_tw
+    cb = tl.program_id(1)
+
+    q = tl.arange(0, TILE_H * TILE_W)
+    r = th * TILE_H + q // TILE_W
+    s = tw * TILE_W + q % TILE_W
+    cell = r * W + s
+    c = cb * BLOCK_C + tl.arange(0, BLOCK_C)
+    cm = c < C
+    c64 = c.to(tl.int64)
+    r_lo = th * TILE_H
+    r_hi = tl.minimum(r_lo + TILE_H, H) - 1
+    s_lo = tw * TILE_W
+    s_hi = tl.minimum(s_lo + TILE_W, W) - 1
+    P = ph * pw
+
+    acc = _p(tl.zeros([TILE_H * TILE_W], dtype=T), CF) + _c(tl.zeros([BLOCK_C], dtype=T), CF)
+    for k in range(0, K.to(tl.int64)):
+        ok, b, x1, y1, x2, y2 = load_roi(rois_ptr, k, N, 1.0, False)
+        fx = fbox_ptr + k * 4
+        use = ok & (b == n) & (tl.load(fx) <= r_hi) & (tl.load(fx + 1) >= r_lo)
+        use = use & (tl.load(fx + 2) <= s_hi) & (tl.load(fx + 3) >= s_lo)
+        if use:
+            for p in range(0, P):
+                fb = fbin_ptr + (k * P + p) * 4
+                hit = (tl.load(fb) <= r_hi) & (tl.load(fb + 1) >= r_lo)
+                hit = hit & (tl.load(fb + 2) <= s_hi) & (tl.load(fb + 3) >= s_lo)
+                if hit:
+                    i = p // pw
+                    j = p - i * pw
+                    a = tl.load(arg_ptr + k * saK + c64 * saC + i * saH + j * saW, mask=cm, other=-1)
+                    g = tl.load(grad_ptr + k * sgK + c64 * sgC + i * sgH + j * sgW, mask=cm, other=0.0).to(T)
+                    acc += tl.where(_p(cell, CF) == _c(a, CF), _c(g, CF), 0.0)
+
+    om = _p((r < H) & (s < W), CF) & _c(cm, CF)
+    o = n.to(tl.int64) * siN + _c(c64, CF) * siC + _p(r.to(tl.int64) * siH + s.to(tl.int64) * siW, CF)
+    tl.store(gi_ptr + o, acc.to(gi_ptr.dtype.element_ty), mask=om)
+
+
+# ----------------------------------------------------------------------------- launchers
+
+def roi_pool_forward(input: torch.Tensor, rois: torch.Tensor, spatial_scale: float, pooled_height: int,
+                     pooled_width: int, continuous: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """RoIPool forward: (out, argmax int32 = h * W + w in the image plane, -1 for an empty
+    bin), in the input's dtype and memory format."""
+    check_device(input, _pool_fwd_kernel)
+    N, C, H, W = input.shape
+    K = rois.shape[0]
+    ph, pw = int(pooled_height), int(pooled_width)
+    rois = rois.to(opmath(input.dtype)).contiguous()
+    fmt = memory_format(is_channels_last(input))
+    out = torch.empty((K, C, ph, pw), dtype=input.dtype, device=input.device, memory_format=fmt)
+    argmax = torch.empty((K, C, ph, pw), dtype=torch.int32, device=input.device, memory_format=fmt)
+    if out.numel() == 0:
+        return out, argmax
+    if H == 0 or W == 0:
+        return out.zero_(), argmax.fill_(-1)
+    lanes_c = input.stride(1) < input.stride(3)
+    block_p, block_c = tile_blocks(ph * pw, C, lanes_c, input.device.type == "cpu")
+    n_pb = triton.cdiv(ph * pw, block_p)
+    grid = (K * n_pb, cdiv(C, block_c))
+    assert ph == 1 or out.stride(2) == pw * out.stride(3)
+    _pool_fwd_kernel[grid](
+        input, rois, out, argmax, f64_bits(spatial_scale),
+        N, C, H, W, ph, pw, n_pb,
+        *input.stride(), *out.stride(),
+        CONTINUOUS=bool(continuous), BLOCK_P=block_p, BLOCK_C=block_c, CF=lanes_c, **LAUNCH_OPTS)
+    return out, argmax
+
+
+def roi_pool_backward(grad: torch.Tensor, argmax: torch.Tensor, rois: torch.Tensor, batch_size: int, channels: int,
+                      height: int, width: int, channels_last: bool, *,
+                      deterministic: bool | None = None) -> torch.Tensor:
+    """Gradient of roi_pool_forward: each bin's grad goes to its argmax cell.
+
+    deterministic: None follows roiops.config.deterministic_backward, then torch's deterministic flag;
+    see the module docstring for what the deterministic path costs.
+    """
+    check_device(grad, _pool_bwd_atomic_kernel)
+    N, C, H, W = int(batch_size), int(channels), int(height), int(width)
+    K, _, ph, pw = grad.shape
+    rois = rois.to(opmath(grad.dtype)).contiguous()
+    fmt = memory_format(bool(channels_last))
+    on_cpu = grad.device.type == "cpu"
+    if K == 0 or N * C * H * W == 0 or ph * pw == 0:
+        return torch.empty((N, C, H, W), dtype=grad.dtype, device=grad.device, memory_format=fmt).zero_()
+
+    if use_deterministic(deterministic):
+        P = ph * pw
+        fbin = torch.empty((K, P, 4), dtype=torch.int32, device=grad.device)
+        fbox = torch.empty((K, 4), dtype=torch.int32, device=grad.device)
+        fp_block_p = min(next_pow2(P), 1 << 12 if on_cpu else 64)
+        fp_block_c = max(1, min(next_pow2(C), (1 << 14 if on_cpu else 1024) // fp_block_p))
+        _pool_footprint_kernel[(K,)](
+            argmax, fbin, fbox, C, W, ph, pw, *argmax.stride(),
+            BLOCK_P=fp_block_p, BLOCK_C=fp_block_c, **LAUNCH_OPTS)
+        gi = torch.empty((N, C, H, W), dtype=grad.dtype, device=grad.device, memory_format=fmt)
+        tile_h, tile_w, block_c = gather_blocks(H, W, C, bool(channels_last), on_cpu, grad.dtype == torch.float64)
+        n_tw = cdiv(W, tile_w)
+        n_tiles = cdiv(H, tile_h) * n_tw
+        grid = (N * n_tiles, cdiv(C, block_c))
+        _pool_bwd_gather_kernel[grid](
+            grad, argmax, rois, gi, fbin, fbox,
+            K, N, C, H, W, ph, pw, n_tw, n_tiles,
+            *grad.stride(), *argmax.stride(), *gi.stride(),
+            TILE_H=tile_h, TILE_W=tile_w, BLOCK_C=block_c, CF=True, **LAUNCH_OPTS)  # see roi_align
+        return gi
+
+    acc_dtype = grad.dtype if grad.dtype in (torch.float32, torch.float64) else torch.float32
+    gi = torch.empty((N, C, H, W), dtype=acc_dtype, device=grad.device, memory_format=fmt).zero_()
+    block_p, block_c = tile_blocks(ph * pw, C, bool(channels_last), on_cpu)
+    n_pb = triton.cdiv(ph * pw, block_p)
+    grid = (K * n_pb, cdiv(C, block_c))
+    _pool_bwd_atomic_kernel[grid](
+        grad, argmax, rois, gi,
+        N, C, H, W, ph, pw, n_pb,
+        *grad.stride(), *argmax.stride(), *gi.stride(),
+        BLOCK_P=block_p, BLOCK_C=block_c, CF=bool(channels_last), **LAUNCH_OPTS)
+    return gi if acc_dtype == grad.dtype else gi.to(grad.dtype)

@@ -1,0 +1,199 @@
+"""ONNX export (roiops.onnx) checked with onnxruntime against roiops, on nasty boxes.
+
+Exports are slow (seconds each), so each fixture exports one model holding many ops.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from torch.export import Dim
+
+import roiops
+from boxes import nasty_boxes, random_boxes
+
+onnx = pytest.importorskip("onnx")
+ort = pytest.importorskip("onnxruntime")
+roiops_onnx = pytest.importorskip("roiops.onnx")
+
+# (mode, aligned, sampling_ratio)
+ALIGN_CONFIGS = [("avg", True, 0), ("avg", False, 2), ("avg", True, 2), ("avg", False, -1),
+                 ("max", True, 0), ("max", False, 2), ("max", True, 3), ("max", False, -1)]
+SCALE = 0.5
+OUT = (3, 4)
+
+
+class _AllOps(torch.nn.Module):
+    """Every op through the public API, and the raw ops with their argmax outputs."""
+
+    def forward(self, x: torch.Tensor, boxes: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        outs = [roiops.roi_align(x, boxes, OUT, SCALE, r, a, mode=m) for m, a, r in ALIGN_CONFIGS]
+        outs.append(roiops.roi_pool(x, boxes, OUT, SCALE))
+        outs.append(roiops.roi_pool(x, boxes, OUT, SCALE, convention="mmdet"))
+        outs.extend(torch.ops.roiops.roi_align_max(x, boxes, SCALE, *OUT, 0, True))
+        outs.extend(torch.ops.roiops.roi_pool(x, boxes, SCALE, *OUT, False))
+        outs.extend(torch.ops.roiops.roi_pool(x, boxes, SCALE, *OUT, True))
+        return tuple(outs)
+
+
+class _AvgOnly(torch.nn.Module):
+    def forward(self, x: torch.Tensor, boxes: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return tuple(roiops.roi_align(x, boxes, OUT, SCALE, r, a) for m, a, r in ALIGN_CONFIGS if m == "avg")
+
+
+def _export(model: torch.nn.Module, args: tuple, dynamic_shapes: dict, **kwargs):
+    program = roiops_onnx.export(model.eval(), args, dynamic_shapes=dynamic_shapes, **kwargs)
+    session = ort.InferenceSession(program.model_proto.SerializeToString(), providers=["CPUExecutionProvider"])
+    return program.model_proto, session
+
+
+def _example() -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.randn(2, 3, 9, 11), random_boxes(2, 4, 22, 18, torch.Generator().manual_seed(1))
+
+
+@pytest.fixture(scope="module")
+def all_ops():
+    return _export(_AllOps(), _example(), {"x": None, "boxes": {0: Dim("K")}})
+
+
+@pytest.fixture(scope="module")
+def avg_decomposed():
+    return _export(_AvgOnly(), _example(), {"x": None, "boxes": {0: Dim("K")}}, align_avg="decompose")
+
+
+def _test_boxes() -> torch.Tensor:
+    """Nasty boxes for a 22x18 image (the 9x11 map at scale 1/2), ordinary ones, and
+    boxes inverted along one axis only (onnxruntime's RoiAlign fails on a negative
+    height with adaptive aligned sampling)."""
+    extra = torch.tensor([[0, 5.0, 2.0, 1.0, 9.0], [1, 2.0, 9.0, 8.0, 1.0], [0, 3.0, 3.0, 3.0, 9.0],
+                          [1, -1e-3, 2.0, 0.0, 9.0], [0, 0.5, 0.5, 1.5, 1.5], [1, -1.5, -2.5, 2.5, 0.5],
+                          [0, 19.0, 1.0, 21.9, 17.9], [1, 7.25, 3.75, 7.5, 4.0]])
+    return torch.cat([nasty_boxes(2, 22, 18), random_boxes(2, 9, 22, 18, torch.Generator().manual_seed(0)), extra])
+
+
+def _inputs() -> dict[str, torch.Tensor]:
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 9, 11)
+    with_inf = x.clone()
+    with_inf[0, 1, 2:5, 3:7] = -float("inf")  # bins of only -inf
+    with_inf[1, 0, 4, 4] = float("inf")
+    with_nan = x.clone()
+    with_nan[0, 0, 3, 4] = float("nan")
+    with_nan[0, 2, 5, 5] = float("nan")
+    with_nan[1, 1, 8, 10] = float("nan")
+    return {"randn": x, "negative": -torch.rand_like(x) - 1, "ties": torch.randint(-2, 2, x.shape).float(),
+            "inf": with_inf, "nan": with_nan}
+
+
+def _same(actual: np.ndarray, expected: torch.Tensor, exact: bool, what: str) -> None:
+    tol = 0 if exact else 1e-6
+    torch.testing.assert_close(torch.from_numpy(actual), expected, rtol=0, atol=tol, equal_nan=True, msg=what)
+
+
+def _compare(session, model: torch.nn.Module, x: torch.Tensor, boxes: torch.Tensor, exact_from: int) -> None:
+    got = session.run(None, {"x": x.numpy(), "boxes": boxes.numpy()})
+    expected = model(x, boxes)
+    assert len(got) == len(expected)
+    for i, (a, e) in enumerate(zip(got, expected)):
+        _same(a, e, exact=i >= exact_from, what=f"output {i}, K={len(boxes)}")
+
+
+def test_mapping_of_each_op(all_ops):
+    model, _ = all_ops
+    nodes = model.graph.node
+    assert not [n for n in nodes if n.op_type == "MaxRoiPool"]
+    align = [n for n in nodes if n.op_type == "RoiAlign"]
+    attrs = [{a.name: onnx.helper.get_attribute_value(a) for a in n.attribute} for n in align]
+    # one RoiAlign per avg config (max mode and roi_pool are decomposed)
+    got = sorted((a["coordinate_transformation_mode"].decode(), a["sampling_ratio"], a["mode"].decode(),
+                  a["output_height"], a["output_width"], a["spatial_scale"]) for a in attrs)
+    assert got == sorted([("half_pixel", 0, "avg", 3, 4, SCALE), ("output_half_pixel", 2, "avg", 3, 4, SCALE),
+                          ("half_pixel", 2, "avg", 3, 4, SCALE), ("output_half_pixel", 0, "avg", 3, 4, SCALE)])
+    # batch_indices: the boxes' first column cast to int64; rois: the other four columns
+    producers = {out: n for n in nodes for out in n.output}
+    for n in align:
+        cast = producers[n.input[2]]
+        assert cast.op_type == "Cast" and onnx.helper.get_attribute_value(cast.attribute[0]) == onnx.TensorProto.INT64
+    assert model.opset_import[0].version >= roiops_onnx.MIN_OPSET
+
+
+@pytest.mark.parametrize("name", list(_inputs()))
+def test_onnxruntime_matches_roiops_on_nasty_boxes(all_ops, name):
+    _, session = all_ops
+    x = _inputs()[name]
+    boxes = _test_boxes()
+    # RoiAlign (the 4 avg outputs) to float rounding; the decompositions bit for bit
+    _compare(session, _AllOps(), x, boxes, exact_from=4)
+
+
+@pytest.mark.parametrize("k", [0, 1])
+def test_zero_and_one_box(all_ops, k):
+    _, session = all_ops
+    _compare(session, _AllOps(), _inputs()["randn"], _test_boxes()[:k], exact_from=4)
+
+
+def test_decomposed_avg_is_bit_exact_even_where_roialign_is_not(avg_decomposed):
+    # onnxruntime's RoiAlign computes a sample outside the map as 0 * x[b, c, 0, 0], so a
+    # NaN or inf there spreads to every bin with such a sample; roiops gives those
+    # samples the value 0. The decomposition has no such sample.
+    model, session = avg_decomposed
+    assert not [n for n in model.graph.node if n.op_type == "RoiAlign"]
+    for x in _inputs().values():
+        poisoned = x.clone()
+        poisoned[:, :, 0, 0] = float("nan")
+        for inp in (x, poisoned):
+            _compare(session, _AvgOnly(), inp, _test_boxes(), exact_from=0)
+
+
+class _Dtypes(torch.nn.Module):
+    """float16 and float64 feature maps in one export, at an inexact spatial scale."""
+
+    def forward(self, x16: torch.Tensor, x64: torch.Tensor, b32: torch.Tensor,
+                b64: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        s = 1 / 3
+        outs = []
+        for x, b in ((x16, b32), (x64, b64)):
+            outs += [roiops.roi_align(x, b, 2, s, 0, True), roiops.roi_align(x, b, 2, s, 2, False),
+                     roiops.roi_align(x, b, 2, s, 0, True, mode="max"), roiops.roi_pool(x, b, 2, s),
+                     roiops.roi_pool(x, b, 2, s, convention="mmdet")]
+        return tuple(outs)
+
+
+@pytest.mark.filterwarnings("ignore:# The axis name")  # both box inputs share the Dim K, as intended
+def test_float16_and_float64():
+    x = torch.randn(2, 3, 9, 11)
+    boxes = _test_boxes()
+    boxes[:, 1:] *= 1.5
+    args = (x.half(), x.double(), boxes, boxes.double())
+    k = Dim("K")
+    model, session = _export(_Dtypes(), (args[0], args[1], boxes[:4], boxes[:4].double()),
+                             {"x16": None, "x64": None, "b32": {0: k}, "b64": {0: k}})
+    got = session.run(None, {name: a.numpy() for name, a in zip(("x16", "x64", "b32", "b64"), args)})
+    expected = _Dtypes()(*args)
+    for i, (a, e) in enumerate(zip(got, expected)):
+        assert a.dtype == {torch.float16: np.float16, torch.float64: np.float64}[e.dtype]
+        # float16: RoiAlign rounds its float32 result once, as the kernel does
+        _same(a, e, exact=i % 5 > 1, what=f"output {i}")
+
+
+def test_export_refuses_what_it_cannot_do():
+    with pytest.raises(ValueError, match="opset >= 16"):
+        roiops_onnx.export(_AvgOnly(), _example(), opset_version=15)
+    with pytest.raises(ValueError, match="dynamo"):
+        roiops_onnx.export(_AvgOnly(), _example(), dynamo=False)
+    with pytest.raises(ValueError, match="align_avg"):
+        roiops_onnx.translation_table(align_avg="RoiAlignMax")  # type: ignore[arg-type]
+
+
+def test_translation_table_with_torch_onnx_export():
+    class One(torch.nn.Module):
+        def forward(self, x: torch.Tensor, boxes: torch.Tensor) -> torch.Tensor:
+            return roiops.roi_pool(x, boxes, 2, SCALE)
+
+    x, boxes = _example()
+    program = torch.onnx.export(One().eval(), (x, boxes), dynamo=True,
+                                custom_translation_table=roiops_onnx.translation_table())
+    session = ort.InferenceSession(program.model_proto.SerializeToString(), providers=["CPUExecutionProvider"])
+    (got,) = session.run(None, {"x": x.numpy(), "boxes": boxes.numpy()})
+    _same(got, One()(x, boxes), exact=True, what="roi_pool")
