@@ -303,7 +303,7 @@ def _forward(input, rois, spatial_scale, pooled_height, pooled_width, sampling_r
         return out, argmax
     if H == 0 or W == 0:  # no cell to sample: zeros, and argmax "no sample"
         out.zero_()
-        if max_mode:
+        if argmax is not None:
             argmax.fill_(-1)
         return out, argmax
     lanes_c = input.stride(1) < input.stride(3)
