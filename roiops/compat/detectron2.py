@@ -18,19 +18,18 @@ adaptive sampling) give 0, as detectron2's tests require.
 
 from __future__ import annotations
 
-from typing import Union
+from torch import Tensor
 
-from torch import Tensor, nn
-
-from .. import _validation as v
 from .. import functional as F
+from . import torchvision as tv
 from .torchvision import roi_align
 
 __all__ = ["ROIAlign", "roi_align"]
 
 
-class ROIAlign(nn.Module):
-    """detectron2 ``ROIAlign``: RoIAlign (average) with ``aligned=True`` by default.
+class ROIAlign(tv.RoIAlign):
+    """detectron2 ``ROIAlign``: RoIAlign (average) with ``aligned=True`` by default; the same
+    constructor checks and repr as torchvision's.
 
     Example::
 
@@ -38,26 +37,14 @@ class ROIAlign(nn.Module):
         >>> pooler(features, rois).shape  # rois [K, 5] -> [K, C, 7, 7]
     """
 
-    def __init__(self, output_size: Union[int, tuple[int, int], list[int]], spatial_scale: float,
-                 sampling_ratio: int, aligned: bool = True) -> None:
-        super().__init__()
-        v.output_size(output_size)
-        v.spatial_scale(spatial_scale)
-        v.sampling_ratio(sampling_ratio)
-        v.flag("aligned", aligned)
-        self.output_size = output_size
-        self.spatial_scale = spatial_scale
-        self.sampling_ratio = sampling_ratio
-        self.aligned = aligned
+    def __init__(self, output_size: tv.OutputSize, spatial_scale: float, sampling_ratio: int,
+                 aligned: bool = True) -> None:
+        super().__init__(output_size, spatial_scale, sampling_ratio, aligned)
 
-    def forward(self, input: Tensor, rois: Tensor) -> Tensor:
+    def forward(self, input: Tensor, rois: Tensor) -> Tensor:  # type: ignore[override]
         if not isinstance(rois, Tensor) or rois.dim() != 2 or rois.shape[1] != 5:
             shape = tuple(rois.shape) if isinstance(rois, Tensor) else type(rois).__name__
             raise ValueError(f"rois must be a Tensor[K, 5] (batch_index, x1, y1, x2, y2), got {shape}")
         if isinstance(input, Tensor):
             rois = rois.to(dtype=input.dtype)
         return F.roi_align(input, rois, self.output_size, self.spatial_scale, self.sampling_ratio, self.aligned)
-
-    def __repr__(self) -> str:
-        return (f"{type(self).__name__}(output_size={self.output_size}, spatial_scale={self.spatial_scale}, "
-                f"sampling_ratio={self.sampling_ratio}, aligned={self.aligned})")
