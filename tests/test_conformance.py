@@ -1,0 +1,133 @@
+"""The peers' published test vectors (../shared/conformance/peer_vectors.json: mmcv,
+detectron2, ONNX, onnxruntime), run through the registered ops on every kernel set.
+
+Entries whose semantics are not ours (rotated boxes, other ops, ONNX's max-mode rule,
+SUSPECT ones) are skipped with the reason; the whole file skips when ../shared is absent.
+"""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+import roiops
+
+F64 = torch.float64
+
+
+def t(values, dtype=F64):
+    return torch.tensor(values, dtype=dtype)
+
+PEER_PATH = Path(__file__).resolve().parents[2] / "shared" / "conformance" / "peer_vectors.json"
+
+
+def _peer_params():
+    if not PEER_PATH.exists():
+        return [pytest.param(None, None, id="peer-vectors-missing")]
+    entries = json.loads(PEER_PATH.read_text())
+    return [pytest.param(i, e, id=f"{i}-{e['op']}-{e['case_index']}") for i, e in enumerate(entries)]
+
+
+def _peer_plan(e):
+    """How to run an entry with our ops: (kind, settings), or ("skip", reason)."""
+    op, p, notes = e["op"], e["params"], e["notes"]
+    if "SUSPECT" in notes:
+        return "skip", "marked SUSPECT in its notes"
+    numeric = isinstance(e["input"], list) and isinstance(e["expected_output"], list)
+    if op == "roi_align" and "test_empty_box" in notes:
+        return "empty_box", {}
+    if op == "roi_align" and "test_empty_batch" in notes:
+        return "empty_batch", {}
+    if not numeric:
+        return "skip", "no hard-coded input/expected output"
+    if op == "roi_align" and p.get("pool_mode", "avg") == "avg":
+        return "align", {"aligned": bool(p["aligned"]), "sampling_ratio": p["sampling_ratio"]}
+    if op == "deform_roi_pool_pack":
+        # Notes: zero offsets, "this equals roi_align(aligned=True, sampling_ratio=2)".
+        return "align", {"aligned": True, "sampling_ratio": p["sampling_ratio"]}
+    if op == "roi_align_rotated":
+        if any(r[5] != 0 for r in e["rois"]):
+            return "skip", "rotated box with a nonzero angle: not an roiops op"
+        # At angle 0 a rotated box with the built-in 0.5 offset is aligned=True roi_align of
+        # (cx - w/2, cy - h/2, cx + w/2, cy + h/2).
+        return "align_rotated0", {"aligned": True, "sampling_ratio": p["sampling_ratio"]}
+    if op == "roi_pool":
+        if "mmcv" in p.get("semantics", ""):
+            # mmcv's convention is our continuous mode; on these integer boxes the Caffe
+            # convention gives the same numbers (the entry's crosscheck), so check both.
+            return "pool", {"conventions": (True, False)}
+        return "pool", {"conventions": (False,)}
+    if op == "onnx_RoiAlign":
+        if p["mode"] != "avg":
+            return "skip", f"ONNX max-mode rule ({p.get('max_mode_semantics') or 'max of weighted corners'}), not design.md sec. 4"
+        # half_pixel = aligned=True; output_half_pixel (and opset 10, no attribute) = False.
+        return "align", {"aligned": p.get("coordinate_transformation_mode") == "half_pixel",
+                         "sampling_ratio": p["sampling_ratio"]}
+    return "skip", f"{op} is not an roiops op"
+
+
+def _peer_tolerance(e):
+    p = e["params"]
+    if "atol" in p:
+        return {"rtol": 0.0, "atol": p["atol"]}
+    if "rtol" in p:  # np.allclose(out, expected, rtol): default atol 1e-8
+        return {"rtol": p["rtol"], "atol": 1e-8}
+    if "allclose" in str(p.get("comparison", "")):  # np/torch.allclose defaults
+        return {"rtol": 1e-5, "atol": 1e-8}
+    # ONNX / onnxruntime: expected values are printed to 4 decimals (notes: "atol ~1e-4").
+    return {"rtol": 0.0, "atol": 1e-4}
+
+
+@pytest.mark.parametrize("backend", ["reference", "cpu", "triton"])
+@pytest.mark.parametrize("index,entry", _peer_params())
+def test_peer_vectors(index, entry, backend):
+    """Every kernel set, through the registered ops, against the peers' published numbers."""
+    if entry is None:
+        pytest.skip(f"{PEER_PATH} not found (shared conformance vectors are not checked out)")
+    kind, settings = _peer_plan(entry)
+    if kind == "skip":
+        pytest.skip(f"peer vector {index}: {settings}")
+    p = entry["params"]
+    ph, pw = p["output_size"] if "output_size" in p else (p["output_height"], p["output_width"])
+    if kind in ("empty_box", "empty_batch"):
+        # Property tests: a zero-height box (aligned, adaptive) gives zeros and a zero
+        # gradient; an empty batch gives an empty result.
+        if kind == "empty_box":
+            x, rois = torch.rand(1, 1, 5, 5, generator=torch.Generator().manual_seed(7), dtype=F64), t(entry["rois"])
+        else:
+            x, rois = torch.zeros(0, 3, 10, 10, dtype=F64), torch.zeros(0, 5, dtype=F64)
+        xg = x.clone().requires_grad_()
+        with roiops.use_backend(backend):
+            out = torch.ops.roiops.roi_align(xg, rois, p["spatial_scale"], ph, pw, p["sampling_ratio"], p["aligned"])
+            grad = torch.autograd.grad(out.sum(), xg, allow_unused=True)[0]
+        assert out.shape == (len(rois), x.shape[1], ph, pw) and not out.any()
+        assert grad is None or not grad.any()
+        return
+
+    tol = _peer_tolerance(entry)
+    scale = p["spatial_scale"]
+    for dtype in (torch.float32, F64):
+        x = t(entry["input"], dtype)
+        rois = t(entry["rois"], dtype)
+        expected = t(entry["expected_output"], dtype)
+        expected_grad = t(entry["expected_grad"], dtype) if isinstance(entry["expected_grad"], list) else None
+        if kind == "align_rotated0":
+            b, cx, cy, w, h = rois[:, :5].unbind(1)
+            rois = torch.stack([b, cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2], dim=1)
+            kind_now = "align"
+        else:
+            kind_now = kind
+        xg = x.clone().requires_grad_()
+        with roiops.use_backend(backend):
+            if kind_now == "align":
+                sr, aligned = settings["sampling_ratio"], settings["aligned"]
+                outs = [torch.ops.roiops.roi_align(xg, rois, scale, ph, pw, sr, aligned)]
+            else:
+                outs = [torch.ops.roiops.roi_pool(xg, rois, scale, ph, pw, continuous)[0]
+                        for continuous in settings["conventions"]]
+            results = [(out, torch.autograd.grad(out.sum(), xg)[0]) for out in outs]
+        for out, grad in results:
+            torch.testing.assert_close(out, expected, **tol)
+            if expected_grad is not None:
+                torch.testing.assert_close(grad, expected_grad, **tol)
