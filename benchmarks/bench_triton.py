@@ -166,10 +166,8 @@ def run_case(rows, name, op, K, P, sr, layout, dtype, reps, rt, tvops, seed):
         ro_b = lambda det: rt.roi_pool_backward(g, am, rois, N, C, H, W, cl, deterministic=det)  # noqa: E731
         tv_am = tv_try(tv_f)
 
-        def tv_b():
-            return torch.ops.torchvision._roi_pool_backward(g, rois, tv_am[1], SCALE, ph, pw, N, C, H, W)
-        if tv_am is None:
-            tv_b = None
+        tv_b = None if tv_am is None else (  # noqa: E731
+            lambda: torch.ops.torchvision._roi_pool_backward(g, rois, tv_am[1], SCALE, ph, pw, N, C, H, W))
         fwd_bytes = cells * C * elt + out_elems * (elt + 4) + rois.numel() * 4
         bwd_bytes = out_elems * (elt + 4) + map_bytes
 

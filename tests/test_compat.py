@@ -9,7 +9,6 @@ import math
 import numpy as np
 import pytest
 import torch
-import torch.nn.functional as F
 
 from roiops.compat import faster_rcnn_pytorch as frp
 from roiops.compat import maskrcnn_benchmark as mrb
