@@ -1,10 +1,23 @@
 // RoIAlign on the CPU, "avg" and "max" modes (design.md sections 3 and 4).
 //
-// Each box gets a sampling plan (offsets and bilinear weights of every sample inside the
-// map) shared by all channels. Forward runs in parallel over boxes; backward in parallel
-// over channels, each thread owning its channels of grad_input and visiting boxes in
-// order, so gradients are deterministic and need no atomics.
+// Every box's sampling plan is built once per call, in parallel, and shared by all
+// channels (sampling.h). Work is split into tasks of (image, block of channels), and for
+// backward also bands of map rows, so that a task's slice of the map stays in cache while
+// all the image's boxes use it; kernels loop along the block's contiguous channels and
+// vectorise:
+//  - channels_last input is read in place;
+//  - NCHW input: the block is first transposed into a channels-last tile (cache-resident,
+//    never the whole map), unless the boxes cover too little of the map for that to pay;
+//    then per-plane kernels run instead.
+// Both modes evaluate each sample in torchvision's arithmetic and order: "avg" equals it
+// bit for bit, "max" finds the same winner as the reference.
+// Backward tasks own disjoint slices of grad_input and add boxes in increasing k:
+// deterministic, no atomics.
 #include <ATen/Parallel.h>
+
+#include <array>
+#include <memory>
+#include <type_traits>
 
 #include "ops.h"
 #include "sampling.h"
@@ -13,134 +26,567 @@ namespace roiops {
 namespace {
 
 template <typename T>
-struct MaxPick {
-  T value;
-  int64_t index;
-};
+using Plans = std::vector<AlignPlan<T>>;
 
-// Design.md sec. 4: the first largest sample of the bin, points outside the map being 0.
-template <typename T, typename Load>
-inline MaxPick<T> pick_max(const AlignPlan<T>& plan, int64_t i, int64_t j, int64_t bin, const Load& load) {
-  MaxPick<T> best{T(0), -1};
-  for (int64_t s = plan.begin[bin]; s < plan.begin[bin + 1]; ++s) {
-    const T v = load(plan.samples[s]);
-    if (best.index < 0 || beats(v, best.value)) best = {v, plan.samples[s].index};
+template <typename T>
+Plans<T> build_plans(const at::Tensor& rois, double spatial_scale, int64_t ph, int64_t pw, int64_t sampling_ratio,
+                     bool aligned, int64_t H, int64_t W, bool max_mode) {
+  const int64_t K = rois.size(0);
+  Plans<T> plans(static_cast<size_t>(K));
+  const T* roi = rois.const_data_ptr<T>();
+  const T scale = static_cast<T>(spatial_scale);
+  at::parallel_for(0, K, 16, [&](int64_t k0, int64_t k1) {
+    for (int64_t k = k0; k < k1; ++k) plans[k].build(roi + 5 * k, scale, ph, pw, sampling_ratio, aligned, H, W, max_mode);
+  });
+  return plans;
+}
+
+template <typename T>
+std::vector<int64_t> batches(const Plans<T>& plans) {
+  std::vector<int64_t> b(plans.size());
+  for (size_t k = 0; k < plans.size(); ++k) b[k] = plans[k].batch;
+  return b;
+}
+
+// ---- avg, one box -------------------------------------------------------------------
+
+// Sample values are summed in torchvision's order and arithmetic (design.md sec. 3): per
+// bin, samples in row-major order, each w1*v1 + w2*v2 + w3*v3 + w4*v4, the sum divided by
+// the count; samples outside the map add nothing. float32 results are then torchvision's
+// bit for bit, and a 0-weight tap on an infinite value gives NaN as it does there.
+
+// n contiguous channels (cell (y, x) at img + y * sH + x * sW), vectorised along them.
+// Output channel c of bin (i, j) goes to out[i * oH + j * oW + c * oC].
+template <int64_t kN, typename S, typename T, typename scalar_t>
+ROIOPS_SIMD void avg_forward_cl(const AlignPlan<T>& p, const S* img, int64_t sH, int64_t sW, int64_t n_, int64_t ph,
+                                int64_t pw, T* acc_, scalar_t* out, int64_t oH, int64_t oW, int64_t oC) {
+  const int64_t n = kN ? kN : n_;
+  T acc_k[kN ? kN : 1];
+  T* __restrict__ acc = kN ? acc_k : acc_;
+  for (int64_t i = 0; i < ph; ++i) {
+    for (int64_t j = 0; j < pw; ++j) {
+      std::fill(acc, acc + n, T(0));
+      for (int64_t a = p.ys.begin[i]; a < p.ys.begin[i + 1]; ++a) {
+        const T hy = p.ys.h[a], ly = p.ys.l[a];
+        const S* rlo = img + p.ys.lo[a] * sH;
+        const S* rhi = img + p.ys.hi[a] * sH;
+        for (int64_t b = p.xs.begin[j]; b < p.xs.begin[j + 1]; ++b) {
+          const T hx = p.xs.h[b], lx = p.xs.l[b];
+          const T w1 = hy * hx, w2 = hy * lx, w3 = ly * hx, w4 = ly * lx;
+          const S* __restrict__ p1 = rlo + p.xs.lo[b] * sW;
+          const S* __restrict__ p2 = rlo + p.xs.hi[b] * sW;
+          const S* __restrict__ p3 = rhi + p.xs.lo[b] * sW;
+          const S* __restrict__ p4 = rhi + p.xs.hi[b] * sW;
+          for (int64_t c = 0; c < n; ++c) {
+            acc[c] += w1 * static_cast<T>(p1[c]) + w2 * static_cast<T>(p2[c]) + w3 * static_cast<T>(p3[c]) +
+                      w4 * static_cast<T>(p4[c]);
+          }
+        }
+      }
+      scalar_t* o = out + i * oH + j * oW;
+      for (int64_t c = 0; c < n; ++c) o[c * oC] = static_cast<scalar_t>(acc[c] / p.count);
+    }
   }
-  const int64_t out = plan.first_outside(i, j);
-  if (out >= 0 && (best.index < 0 || (!std::isnan(best.value) && (T(0) > best.value ||
-                                                                   (T(0) == best.value && out < best.index))))) {
-    best = {T(0), out};
+}
+
+// Values of one sample row at the box's inside sample columns, from their gathered
+// neighbours (a = lo row, b = hi row; 1 = lo column, 2 = hi column).
+template <typename T>
+inline void sample_row(T* __restrict__ v, T hy, T ly, const T* __restrict__ hx, const T* __restrict__ lx,
+                       const T* __restrict__ a1, const T* __restrict__ a2, const T* __restrict__ b1,
+                       const T* __restrict__ b2, int64_t n) {
+  for (int64_t s = 0; s < n; ++s) v[s] = hy * hx[s] * a1[s] + hy * lx[s] * a2[s] + ly * hx[s] * b1[s] + ly * lx[s] * b2[s];
+}
+
+// Gathers the four neighbours of every inside sample column of the box on sample row a
+// of an NCHW plane (scalar loads), and evaluates the samples (a vector loop).
+template <typename scalar_t, typename T>
+inline void gather_sample_row(const AlignPlan<T>& p, const scalar_t* plane, int64_t W, int64_t a, T* scratch, T* v) {
+  const int64_t nx = static_cast<int64_t>(p.xs.lo.size());
+  T* a1 = scratch;
+  T* a2 = a1 + nx;
+  T* b1 = a2 + nx;
+  T* b2 = b1 + nx;
+  const int32_t* xlo = p.xs.lo.data();
+  const int32_t* xhi = p.xs.hi.data();
+  const scalar_t* rlo = plane + p.ys.lo[a] * W;
+  const scalar_t* rhi = plane + p.ys.hi[a] * W;
+  for (int64_t s = 0; s < nx; ++s) {
+    a1[s] = static_cast<T>(rlo[xlo[s]]);
+    a2[s] = static_cast<T>(rlo[xhi[s]]);
+    b1[s] = static_cast<T>(rhi[xlo[s]]);
+    b2[s] = static_cast<T>(rhi[xhi[s]]);
   }
-  return best;
+  sample_row(v, p.ys.h[a], p.ys.l[a], p.xs.h.data(), p.xs.l.data(), a1, a2, b1, b2, nx);
+}
+
+// NCHW, one channel plane (rows contiguous, row stride W): a bin row's samples are
+// evaluated a sample row at a time, then each bin adds its samples of that row.
+// scratch: 5 * (inside sample columns) + pw.
+template <typename scalar_t, typename T>
+ROIOPS_SIMD void avg_forward_plane(const AlignPlan<T>& p, const scalar_t* plane, int64_t W, int64_t ph, int64_t pw,
+                                   T* scratch, scalar_t* out, int64_t oH, int64_t oW) {
+  const int64_t nx = static_cast<int64_t>(p.xs.lo.size());
+  T* v = scratch + 4 * nx;
+  T* sums = v + nx;
+  for (int64_t i = 0; i < ph; ++i) {
+    std::fill(sums, sums + pw, T(0));
+    for (int64_t a = p.ys.begin[i]; nx > 0 && a < p.ys.begin[i + 1]; ++a) {
+      gather_sample_row(p, plane, W, a, scratch, v);
+      for (int64_t j = 0; j < pw; ++j) {
+        T s = sums[j];
+        for (int64_t b = p.xs.begin[j]; b < p.xs.begin[j + 1]; ++b) s += v[b];
+        sums[j] = s;
+      }
+    }
+    for (int64_t j = 0; j < pw; ++j) out[i * oH + j * oW] = static_cast<scalar_t>(sums[j] / p.count);
+  }
+}
+
+// Bin rows [i0, i1) of box p whose taps reach map rows [y0, y1). Taps are monotonic
+// (descending for an inverted box): a bin row's first and last sample bound its rows.
+template <typename T>
+std::pair<int64_t, int64_t> bin_rows_in_band(const AlignPlan<T>& p, int64_t ph, int64_t y0, int64_t y1) {
+  int64_t i0 = ph, i1 = 0;
+  for (int64_t i = 0; i < ph; ++i) {
+    const int64_t a0 = p.ys.begin[i], a1 = p.ys.begin[i + 1] - 1;
+    if (a0 <= a1 && std::min(p.ys.lo[a0], p.ys.lo[a1]) < y1 && std::max(p.ys.hi[a0], p.ys.hi[a1]) >= y0) {
+      i0 = std::min(i0, i), i1 = i + 1;
+    }
+  }
+  return {i0, i1};
+}
+
+// dst[c] += g[c] * w / count, as torchvision computes each term. Division by a power of
+// two is multiplication by its exact inverse, which gives the same bits.
+template <typename G, typename T>
+inline void add_term(T* __restrict__ dst, const G* __restrict__ g, T w, T count, T inv_count, bool pow2, int64_t n) {
+  if (pow2) {
+    for (int64_t c = 0; c < n; ++c) dst[c] += static_cast<T>(g[c]) * w * inv_count;
+  } else {
+    for (int64_t c = 0; c < n; ++c) dst[c] += static_cast<T>(g[c]) * w / count;
+  }
+}
+
+// Backward of one box for n contiguous channels, the adjoint of avg_forward_cl in
+// torchvision's order (per cell: bins, then samples, then taps w1..w4), restricted to
+// map rows [y0, y1) of a band whose row y starts at band + (y - y0) * bH. g points at
+// the box's gradient (bin (i, j) at g + i * gH + j * gW, channels contiguous).
+template <int64_t kN, typename G, typename T>
+ROIOPS_SIMD void avg_backward_cl(const AlignPlan<T>& p, const G* g, int64_t gH, int64_t gW, int64_t n_, int64_t ph,
+                                 int64_t pw, T* band, int64_t y0, int64_t y1, int64_t bH, int64_t sW) {
+  const int64_t n = kN ? kN : n_;
+  const T count = p.count, inv_count = T(1) / count;
+  const bool pow2 = (static_cast<int64_t>(count) & (static_cast<int64_t>(count) - 1)) == 0;
+  const auto [i0, i1] = bin_rows_in_band(p, ph, y0, y1);
+  for (int64_t i = i0; i < i1; ++i) {
+    for (int64_t j = 0; j < pw; ++j) {
+      const G* gb = g + i * gH + j * gW;
+      for (int64_t a = p.ys.begin[i]; a < p.ys.begin[i + 1]; ++a) {
+        const int64_t ylo = p.ys.lo[a], yhi = p.ys.hi[a];
+        T* rlo = ylo >= y0 && ylo < y1 ? band + (ylo - y0) * bH : nullptr;
+        T* rhi = yhi >= y0 && yhi < y1 ? band + (yhi - y0) * bH : nullptr;
+        if (!rlo && !rhi) continue;
+        const T hy = p.ys.h[a], ly = p.ys.l[a];
+        for (int64_t b = p.xs.begin[j]; b < p.xs.begin[j + 1]; ++b) {
+          const T hx = p.xs.h[b], lx = p.xs.l[b];
+          const int64_t xl = p.xs.lo[b] * sW, xh = p.xs.hi[b] * sW;
+          if (rlo) {
+            add_term(rlo + xl, gb, hy * hx, count, inv_count, pow2, n);
+            add_term(rlo + xh, gb, hy * lx, count, inv_count, pow2, n);
+          }
+          if (rhi) {
+            add_term(rhi + xl, gb, ly * hx, count, inv_count, pow2, n);
+            add_term(rhi + xh, gb, ly * lx, count, inv_count, pow2, n);
+          }
+        }
+      }
+    }
+  }
+}
+
+// ---- max, one box -------------------------------------------------------------------
+
+// Design.md sec. 4, each sample in the reference's arithmetic: w1*v1 + w2*v2 + w3*v3 +
+// w4*v4 with w1 = hy*hx, w2 = hy*lx, w3 = ly*hx, w4 = ly*lx. The winner is the first
+// largest sample in row-major order; NaN wins, the first NaN first. Inside samples are
+// compared first; the first outside sample (value 0) is then merged by its index.
+template <typename T>
+inline bool take_outside(T best, int64_t idx, int64_t out) {
+  return idx < 0 || (!std::isnan(best) && (T(0) > best || (T(0) == best && out < idx)));
+}
+
+// Does candidate (v, a) come before (best, idx) in that order? idx < 0: nothing yet.
+template <typename T>
+inline bool first_max(T v, int64_t a, T best, int64_t idx) {
+  if (idx < 0) return true;
+  if (std::isnan(v)) return !std::isnan(best) || a < idx;
+  return !std::isnan(best) && (v > best || (v == best && a < idx));
+}
+
+// best/row <- the first maximum of (best, v) per sample column, v coming from sample row iy.
+template <typename T>
+inline void running_max(T* __restrict__ best, T* __restrict__ row, const T* __restrict__ v, T iy, int64_t n) {
+  for (int64_t s = 0; s < n; ++s) {
+    const T x = v[s], b = best[s];
+    const bool take = (x > b) | ((x != x) & (b == b));  // beats(x, b), branch-free
+    best[s] = take ? x : b;
+    row[s] = take ? iy : row[s];
+  }
+}
+
+// NCHW, one plane. Sample rows are evaluated as in avg_forward_plane, and a column-wise
+// running maximum over the bin row's sample rows kept (vector loops); each bin finally
+// picks among its sample columns. scratch: 7 * (inside sample columns).
+template <typename scalar_t, typename T>
+ROIOPS_SIMD void max_forward_plane(const AlignPlan<T>& p, const scalar_t* plane, int64_t W, int64_t ph, int64_t pw,
+                                   T* scratch, scalar_t* out, int32_t* am, int64_t oH, int64_t oW) {
+  const int64_t nx = static_cast<int64_t>(p.xs.lo.size());
+  T* v = scratch + 4 * nx;
+  T* best = v + nx;
+  T* brow = best + nx;  // sample row of best, held as T to vectorise with it (exact: < 2^24)
+  for (int64_t i = 0; i < ph; ++i) {
+    const bool any = nx > 0 && p.ys.begin[i] < p.ys.begin[i + 1];
+    for (int64_t a = p.ys.begin[i]; any && a < p.ys.begin[i + 1]; ++a) {
+      const T iy = static_cast<T>(p.ys.first_in[i] + a - p.ys.begin[i]);
+      const bool first = a == p.ys.begin[i];
+      gather_sample_row(p, plane, W, a, scratch, first ? best : v);
+      if (first) {
+        std::fill(brow, brow + nx, iy);
+      } else {
+        running_max(best, brow, v, iy, nx);
+      }
+    }
+    for (int64_t j = 0; j < pw; ++j) {
+      T m = 0;
+      int64_t idx = -1;
+      for (int64_t s = p.xs.begin[j]; any && s < p.xs.begin[j + 1]; ++s) {
+        const int64_t at = static_cast<int64_t>(brow[s]) * p.grid_w + p.xs.first_in[j] + s - p.xs.begin[j];
+        if (first_max(best[s], at, m, idx)) {
+          m = best[s];
+          idx = at;
+        }
+      }
+      const int64_t outside = p.first_outside(i, j);
+      if (outside >= 0 && take_outside(m, idx, outside)) {
+        m = 0;
+        idx = outside;
+      }
+      out[i * oH + j * oW] = static_cast<scalar_t>(m);
+      am[i * oH + j * oW] = static_cast<int32_t>(idx);
+    }
+  }
+}
+
+// n contiguous channels: samples one by one, in row-major order, vectorised along channels.
+// kN > 0: n == kN is known at compile time, and the running maximum stays in registers.
+template <int64_t kN, typename S, typename T, typename scalar_t>
+ROIOPS_SIMD void max_forward_cl(const AlignPlan<T>& p, const S* img, int64_t sH, int64_t sW, int64_t n_, int64_t ph,
+                                int64_t pw, T* best_, int32_t* idx_, scalar_t* out, int32_t* am, int64_t oH, int64_t oW,
+                                int64_t oC) {
+  const int64_t n = kN ? kN : n_;
+  T best_k[kN ? kN : 1];
+  int32_t idx_k[kN ? kN : 1];
+  T* __restrict__ best = kN ? best_k : best_;
+  int32_t* __restrict__ idx = kN ? idx_k : idx_;
+  for (int64_t i = 0; i < ph; ++i) {
+    for (int64_t j = 0; j < pw; ++j) {
+      bool first = true;
+      for (int64_t a = p.ys.begin[i]; a < p.ys.begin[i + 1]; ++a) {
+        const T hy = p.ys.h[a], ly = p.ys.l[a];
+        const int64_t iy = p.ys.first_in[i] + a - p.ys.begin[i];
+        for (int64_t b = p.xs.begin[j]; b < p.xs.begin[j + 1]; ++b) {
+          const T hx = p.xs.h[b], lx = p.xs.l[b];
+          const T w1 = hy * hx, w2 = hy * lx, w3 = ly * hx, w4 = ly * lx;
+          const S* __restrict__ p1 = img + p.ys.lo[a] * sH + p.xs.lo[b] * sW;
+          const S* __restrict__ p2 = img + p.ys.lo[a] * sH + p.xs.hi[b] * sW;
+          const S* __restrict__ p3 = img + p.ys.hi[a] * sH + p.xs.lo[b] * sW;
+          const S* __restrict__ p4 = img + p.ys.hi[a] * sH + p.xs.hi[b] * sW;
+          const int32_t s = static_cast<int32_t>(iy * p.grid_w + p.xs.first_in[j] + b - p.xs.begin[j]);
+          if (first) {
+            for (int64_t c = 0; c < n; ++c) {
+              best[c] = w1 * static_cast<T>(p1[c]) + w2 * static_cast<T>(p2[c]) + w3 * static_cast<T>(p3[c]) +
+                        w4 * static_cast<T>(p4[c]);
+              idx[c] = s;
+            }
+            first = false;
+            continue;
+          }
+          for (int64_t c = 0; c < n; ++c) {
+            const T v = w1 * static_cast<T>(p1[c]) + w2 * static_cast<T>(p2[c]) + w3 * static_cast<T>(p3[c]) +
+                        w4 * static_cast<T>(p4[c]);
+            const T bc = best[c];
+            const bool take = (v > bc) | ((v != v) & (bc == bc));  // beats(v, bc), branch-free
+            best[c] = take ? v : bc;
+            idx[c] = take ? s : idx[c];
+          }
+        }
+      }
+      const int64_t outside = p.first_outside(i, j);
+      if (first) {  // no sample inside the map
+        std::fill(best, best + n, T(0));
+        std::fill(idx, idx + n, static_cast<int32_t>(outside));
+      } else if (outside >= 0) {
+        const int32_t o32 = static_cast<int32_t>(outside);
+        for (int64_t c = 0; c < n; ++c) {
+          const T bc = best[c];
+          const bool take = (bc == bc) & ((T(0) > bc) | ((T(0) == bc) & (o32 < idx[c])));
+          best[c] = take ? T(0) : bc;
+          idx[c] = take ? o32 : idx[c];
+        }
+      }
+      scalar_t* o = out + i * oH + j * oW;
+      int32_t* m = am + i * oH + j * oW;
+      for (int64_t c = 0; c < n; ++c) {
+        o[c * oC] = static_cast<scalar_t>(best[c]);
+        m[c * oC] = idx[c];
+      }
+    }
+  }
+}
+
+// The positions in the tap arrays of sample `a` (the argmax) of bin (i, j); false when it
+// lies outside the map or `a` is not a sample index (a direct op call may pass anything).
+// inv_gw = 1.0 / grid_w replaces a division per (bin, channel) by a multiplication.
+template <typename T>
+inline bool argmax_taps(const AlignPlan<T>& p, int64_t i, int64_t j, int64_t a, double inv_gw, int64_t& ty,
+                        int64_t& tx) {
+  if (a < 0 || p.grid_w <= 0 || a >= p.grid_h * p.grid_w) return false;
+  int64_t iy = static_cast<int64_t>((static_cast<double>(a) + 0.5) * inv_gw);
+  iy -= iy * p.grid_w > a;  // exact for any practical grid; corrected otherwise
+  iy += (iy + 1) * p.grid_w <= a;
+  ty = p.ys.find(i, iy);
+  tx = p.xs.find(j, a - iy * p.grid_w);
+  return ty >= 0 && tx >= 0;
+}
+
+// Max backward of one box, one channel: the winner's four neighbours get grad * weight.
+// `row(y)` returns the start of map row y, or nullptr to skip it (outside a band).
+template <typename T, typename Row>
+inline void max_backward_bin(const AlignPlan<T>& p, int64_t i, int64_t j, int64_t a, double inv_gw, T gv, int64_t sW,
+                             const Row& row) {
+  if (!p.samples.empty()) {
+    const int64_t gg = p.grid_h * p.grid_w;
+    if (a < 0 || a >= gg) return;
+    const MaxSample<T>& s = p.samples[(i * p.pw() + j) * gg + a];
+    if (s.y0 < 0) return;
+    if (T* r = row(s.y0)) {
+      r[s.x0 * sW] += gv * s.w1;
+      r[s.x1 * sW] += gv * s.w2;
+    }
+    if (T* r = row(s.y1)) {
+      r[s.x0 * sW] += gv * s.w3;
+      r[s.x1 * sW] += gv * s.w4;
+    }
+    return;
+  }
+  int64_t ty, tx;
+  if (!argmax_taps(p, i, j, a, inv_gw, ty, tx)) return;
+  const T hy = p.ys.h[ty], ly = p.ys.l[ty], hx = p.xs.h[tx], lx = p.xs.l[tx];
+  const int64_t xl = p.xs.lo[tx] * sW, xh = p.xs.hi[tx] * sW;
+  if (T* r = row(p.ys.lo[ty])) {
+    r[xl] += gv * (hy * hx);
+    r[xh] += gv * (hy * lx);
+  }
+  if (T* r = row(p.ys.hi[ty])) {
+    r[xl] += gv * (ly * hx);
+    r[xh] += gv * (ly * lx);
+  }
+}
+
+// ---- drivers ------------------------------------------------------------------------
+
+// Calls f(std::integral_constant<int64_t, kN>) with kN = n for the tile width, so that
+// the kernels' channel loops are unrolled, else kN = 0 (any n).
+template <typename F>
+void with_width(int64_t n, const F& f) {
+  if (n == kTileChannels) {
+    f(std::integral_constant<int64_t, kTileChannels>{});
+  } else {
+    f(std::integral_constant<int64_t, 0>{});
+  }
+}
+
+// Should the NCHW forward of image n go through channels-last tiles? Only if transposing
+// the rectangle around its boxes costs less than the boxes' own reads; otherwise (few
+// boxes on a large map) per-plane kernels run. rect = {y0, y1, x0, x1} around the boxes.
+template <typename T>
+bool use_tile(const Plans<T>& plans, const std::vector<int64_t>& boxes, int64_t H, int64_t W, int64_t cb,
+              std::array<int64_t, 4>& rect) {
+  rect = {H, 0, W, 0};
+  double area = 0;
+  for (const int64_t k : boxes) {
+    const AlignPlan<T>& p = plans[k];
+    if (p.empty()) continue;
+    rect = {std::min(rect[0], p.ys.cell_lo), std::max(rect[1], p.ys.cell_hi + 1), std::min(rect[2], p.xs.cell_lo),
+            std::max(rect[3], p.xs.cell_hi + 1)};
+    area += static_cast<double>(p.ys.cell_hi - p.ys.cell_lo + 1) * static_cast<double>(p.x_span());
+  }
+  return rect[0] < rect[1] && tile_pays(rect, area, H, W, cb, sizeof(T));
 }
 
 template <typename scalar_t, bool kMax>
 void forward_impl(const at::Tensor& input, const at::Tensor& rois, double spatial_scale, int64_t ph, int64_t pw,
                   int64_t sampling_ratio, bool aligned, at::Tensor& out, at::Tensor& argmax) {
   using T = at::opmath_type<scalar_t>;
-  const int64_t K = rois.size(0), C = input.size(1), H = input.size(2), W = input.size(3);
+  const int64_t K = rois.size(0), N = input.size(0), C = input.size(1), H = input.size(2), W = input.size(3);
   const int64_t sN = input.stride(0), sC = input.stride(1), sH = input.stride(2), sW = input.stride(3);
   const int64_t oK = out.stride(0), oC = out.stride(1), oH = out.stride(2), oW = out.stride(3);
-  const bool channels_last = is_channels_last(input);
   const scalar_t* in = input.const_data_ptr<scalar_t>();
-  const T* roi = rois.const_data_ptr<T>();
   scalar_t* o = out.data_ptr<scalar_t>();
   int32_t* am = kMax ? argmax.data_ptr<int32_t>() : nullptr;
-  const T scale = static_cast<T>(spatial_scale);
+  if (K == 0 || C == 0) return;
+  const Plans<T> plans = build_plans<T>(rois, spatial_scale, ph, pw, sampling_ratio, aligned, H, W, kMax);
+  Scratch<T> tile, acc;
+  Scratch<int32_t> idx;
+  // Box k on channels [c0, c0 + nc) of a channels-last view of its image (cell stride vW).
+  auto box = [&](auto kN, int64_t k, int64_t c0, int64_t nc, const auto* img, int64_t vH, int64_t vW) {
+    const AlignPlan<T>& p = plans[k];
+    scalar_t* ok = o + k * oK + c0 * oC;
+    if constexpr (kMax) {
+      max_forward_cl<kN>(p, img, vH, vW, nc, ph, pw, acc.get(nc), idx.get(nc), ok, am + k * oK + c0 * oC, oH, oW, oC);
+    } else {
+      avg_forward_cl<kN>(p, img, vH, vW, nc, ph, pw, acc.get(nc), ok, oH, oW, oC);
+    }
+  };
 
-  at::parallel_for(0, K, 1, [&](int64_t k0, int64_t k1) {
-    AlignPlan<T> plan;
-    std::vector<T> acc(C);
-    std::vector<int64_t> best(C);
-    for (int64_t k = k0; k < k1; ++k) {
-      plan.build(roi + 5 * k, scale, ph, pw, sampling_ratio, aligned, H, W, sH, sW);
-      const scalar_t* base = in + plan.batch * sN;
-      for (int64_t i = 0; i < ph; ++i) {
-        for (int64_t j = 0; j < pw; ++j) {
-          const int64_t bin = i * pw + j;
-          const Sample<T>* s0 = plan.samples.data() + plan.begin[bin];
-          const Sample<T>* s1 = plan.samples.data() + plan.begin[bin + 1];
-          scalar_t* ob = o + k * oK + i * oH + j * oW;
-          if (!kMax && channels_last) {
-            // Channels are contiguous: one vectorisable pass per sample.
-            std::fill(acc.begin(), acc.end(), T(0));
-            for (const Sample<T>* s = s0; s != s1; ++s) {
-              const scalar_t *p1 = base + s->o1, *p2 = base + s->o2, *p3 = base + s->o3, *p4 = base + s->o4;
-              for (int64_t c = 0; c < C; ++c) {
-                acc[c] += s->w1 * static_cast<T>(p1[c]) + s->w2 * static_cast<T>(p2[c]) +
-                          s->w3 * static_cast<T>(p3[c]) + s->w4 * static_cast<T>(p4[c]);
-              }
-            }
-            for (int64_t c = 0; c < C; ++c) ob[c * oC] = static_cast<scalar_t>(acc[c] / plan.count);
-            continue;
-          }
-          for (int64_t c = 0; c < C; ++c) {
-            const scalar_t* plane = base + c * sC;
-            auto load = [plane](const Sample<T>& s) {
-              return s.w1 * static_cast<T>(plane[s.o1]) + s.w2 * static_cast<T>(plane[s.o2]) +
-                     s.w3 * static_cast<T>(plane[s.o3]) + s.w4 * static_cast<T>(plane[s.o4]);
-            };
-            if constexpr (kMax) {
-              const MaxPick<T> m = pick_max(plan, i, j, bin, load);
-              ob[c * oC] = static_cast<scalar_t>(m.value);
-              am[k * oK + c * oC + i * oH + j * oW] = static_cast<int32_t>(m.index);
-            } else {
-              T sum = 0;
-              for (const Sample<T>* s = s0; s != s1; ++s) sum += load(*s);
-              ob[c * oC] = static_cast<scalar_t>(sum / plan.count);
-            }
-          }
+  if (is_channels_last(input)) {
+    // Each box reads its cells in place, all channels at once; only when the boxes are
+    // too few to share out do tasks take a block of a box's channels.
+    const int64_t blocks = std::max<int64_t>(1, std::min<int64_t>((8 * at::get_num_threads() + K - 1) / K, C / 32));
+    const int64_t cb = (C + blocks - 1) / blocks;
+    parallel_tasks(K * blocks, [&](int64_t t) {
+      const int64_t k = t / blocks, c0 = (t % blocks) * cb, nc = std::min(cb, C - c0);
+      box(std::integral_constant<int64_t, 0>{}, k, c0, nc, in + plans[k].batch * sN + c0, sH, sW);
+    });
+    return;
+  }
+  const auto by_image = boxes_by_image(batches(plans), N);
+  const int64_t cb = channel_block(N, C, kTileChannels), blocks = (C + cb - 1) / cb;
+  std::vector<std::array<int64_t, 4>> rect(static_cast<size_t>(N));
+  std::vector<char> tiled(static_cast<size_t>(N), 0);
+  for (int64_t n = 0; n < N; ++n) tiled[n] = use_tile(plans, by_image[n], H, W, cb, rect[n]);
+  parallel_tasks(N * blocks, [&](int64_t t) {
+    const int64_t n = t / blocks, c0 = (t % blocks) * cb, nc = std::min(cb, C - c0);
+    if (tiled[n]) {
+      T* buf = tile.get(H * W * nc);
+      const auto& r = rect[n];
+      planes_to_tile(in + n * sN + c0 * sC, sC, W, nc, r[0], r[1], r[2], r[3], buf);
+      with_width(nc, [&](auto kN) {
+        for (const int64_t k : by_image[n]) box(kN, k, c0, nc, static_cast<const T*>(buf), W * nc, nc);
+      });
+      return;
+    }
+    for (int64_t c = c0; c < c0 + nc; ++c) {
+      const scalar_t* plane = in + n * sN + c * sC;  // rows contiguous: sW == 1, sH == W
+      for (const int64_t k : by_image[n]) {
+        const AlignPlan<T>& p = plans[k];
+        if constexpr (kMax) {
+          max_forward_plane(p, plane, W, ph, pw, acc.get(7 * static_cast<int64_t>(p.xs.lo.size())),
+                            o + k * oK + c * oC, am + k * oK + c * oC, oH, oW);
+        } else {
+          avg_forward_plane(p, plane, W, ph, pw, acc.get(5 * static_cast<int64_t>(p.xs.lo.size()) + pw), o + k * oK + c * oC, oH, oW);
         }
       }
     }
   });
 }
 
-// grad_input accumulates in the opmath type; each thread owns channels [c0, c1).
+// Each task owns rows [y0, y1) x channels [c0, c0 + nc) of one image of grad_input and
+// accumulates them in the opmath type: in place for a channels-last float/double
+// gradient, else in a channels-last tile written out (converted, or transposed to NCHW)
+// at the end.
 template <typename scalar_t, bool kMax>
 void backward_impl(const at::Tensor& grad, const at::Tensor& argmax, const at::Tensor& rois, double spatial_scale,
                    int64_t ph, int64_t pw, int64_t sampling_ratio, bool aligned, at::Tensor& gi) {
   using T = at::opmath_type<scalar_t>;
-  const int64_t K = rois.size(0), C = gi.size(1), H = gi.size(2), W = gi.size(3);
+  const int64_t N = gi.size(0), C = gi.size(1), H = gi.size(2), W = gi.size(3);
   const int64_t sN = gi.stride(0), sC = gi.stride(1), sH = gi.stride(2), sW = gi.stride(3);
-  const int64_t gK = grad.stride(0), gC = grad.stride(1), gH = grad.stride(2), gW = grad.stride(3);
-  const scalar_t* g = grad.const_data_ptr<scalar_t>();
-  const int32_t* am = kMax ? argmax.const_data_ptr<int32_t>() : nullptr;
-  const T* roi = rois.const_data_ptr<T>();
-  T* out = gi.data_ptr<T>();
-  const T scale = static_cast<T>(spatial_scale);
+  scalar_t* out = gi.data_ptr<scalar_t>();
+  if (gi.numel() == 0) return;
+  const Plans<T> plans = build_plans<T>(rois, spatial_scale, ph, pw, sampling_ratio, aligned, H, W, kMax);
+  const bool channels_last = is_channels_last(gi);
+  const int64_t K = grad.size(0), cb = channel_block(N, C, kTileChannels), blocks = (C + cb - 1) / cb;
+  // grad and argmax of box k, channel block at c0: bin (i, j), channel c at
+  // g(c0) + k * gK(nc) + c * gC + i * gH(nc) + j * gW(nc) (the same offsets for argmax).
+  std::unique_ptr<BlockMajor<scalar_t>> gb;
+  std::unique_ptr<BlockMajor<int32_t>> ab;
+  if (channels_last && cb < C) {
+    gb = std::make_unique<BlockMajor<scalar_t>>(grad.const_data_ptr<scalar_t>(), K, ph * pw, C, cb);
+    if (kMax) ab = std::make_unique<BlockMajor<int32_t>>(argmax.const_data_ptr<int32_t>(), K, ph * pw, C, cb);
+  }
+  auto g_at = [&](int64_t c0) { return gb ? gb->data.get() + K * ph * pw * c0 : grad.const_data_ptr<scalar_t>() + c0 * grad.stride(1); };
+  auto a_at = [&](int64_t c0) { return ab ? ab->data.get() + K * ph * pw * c0 : argmax.const_data_ptr<int32_t>() + c0 * argmax.stride(1); };
+  std::vector<std::pair<int64_t, int64_t>> spans(plans.size());
+  for (size_t k = 0; k < plans.size(); ++k) spans[k] = plans[k].row_span();
+  const Bands bands(N, H, W * cb * static_cast<int64_t>(sizeof(T)), kBandBytes, batches(plans), spans);
 
-  at::parallel_for(0, C, 1, [&](int64_t c0, int64_t c1) {
-    AlignPlan<T> plan;
-    for (int64_t k = 0; k < K; ++k) {
-      plan.build(roi + 5 * k, scale, ph, pw, sampling_ratio, aligned, H, W, sH, sW);
-      T* base = out + plan.batch * sN;
-      for (int64_t i = 0; i < ph; ++i) {
-        for (int64_t j = 0; j < pw; ++j) {
-          const int64_t bin = i * pw + j;
-          const Sample<T>* s0 = plan.samples.data() + plan.begin[bin];
-          const Sample<T>* s1 = plan.samples.data() + plan.begin[bin + 1];
-          for (int64_t c = c0; c < c1; ++c) {
-            const int64_t go = k * gK + c * gC + i * gH + j * gW;
-            const T gv = static_cast<T>(g[go]);
-            T* plane = base + c * sC;
-            for (const Sample<T>* s = s0; s != s1; ++s) {
-              if constexpr (kMax) {
-                if (s->index != am[go]) continue;
-                plane[s->o1] += gv * s->w1;
-                plane[s->o2] += gv * s->w2;
-                plane[s->o3] += gv * s->w3;
-                plane[s->o4] += gv * s->w4;
-              } else {
-                plane[s->o1] += gv * s->w1 / plan.count;
-                plane[s->o2] += gv * s->w2 / plan.count;
-                plane[s->o3] += gv * s->w3 / plan.count;
-                plane[s->o4] += gv * s->w4 / plan.count;
-              }
+  Scratch<T> tile, gt;
+  parallel_tasks(N * bands.per_image * blocks, [&](int64_t t) {
+    const int64_t nb = t / blocks, n = nb / bands.per_image;
+    const int64_t y0 = (nb % bands.per_image) * bands.rows, y1 = std::min(H, y0 + bands.rows);
+    const int64_t c0 = (t % blocks) * cb, nc = std::min(cb, C - c0), cells = (y1 - y0) * W;
+    scalar_t* dst = out + n * sN + c0 * sC + y0 * sH;
+    T* acc = tile.get(cells * nc);  // cell (y, x) of the band at acc + ((y - y0) * W + x) * aW
+    const int64_t aW = nc;
+    const scalar_t* g = g_at(c0);
+    const int32_t* am = kMax ? a_at(c0) : nullptr;
+    const int64_t gC = gb ? 1 : grad.stride(1), gW = gb ? nc : grad.stride(3), gH = gb ? pw * nc : grad.stride(2);
+    const int64_t gK = gb ? ph * pw * nc : grad.stride(0);
+    std::fill(acc, acc + cells * nc, T(0));
+    const std::vector<int64_t>& list = bands.boxes[nb];
+    for (size_t q = 0; q < list.size(); ++q) {
+      const int64_t k = list[q];
+      const AlignPlan<T>& p = plans[k];
+      const int64_t e0 = k * gK;
+      if (q + 1 < list.size()) {
+        prefetch_block(g + list[q + 1] * gK, gC, gH, gW, nc, ph, pw);
+        if (kMax) prefetch_block(am + list[q + 1] * gK, gC, gH, gW, nc, ph, pw);
+      }
+      if constexpr (kMax) {
+        const double inv_gw = p.grid_w > 0 ? 1.0 / static_cast<double>(p.grid_w) : 0.0;
+        const auto [i0, i1] = bin_rows_in_band(p, ph, y0, y1);
+        // Read grad and argmax in memory order: channels innermost when channels-last.
+        // Each (cell, channel) still receives its terms in the order (k, i, j).
+        auto one = [&](int64_t c, int64_t i, int64_t j) {
+          const int64_t e = e0 + c * gC + i * gH + j * gW;
+          auto row = [&](int64_t y) { return y >= y0 && y < y1 ? acc + (y - y0) * W * aW + c : nullptr; };
+          max_backward_bin(p, i, j, am[e], inv_gw, static_cast<T>(g[e]), aW, row);
+        };
+        if (gC == 1) {
+          for (int64_t i = i0; i < i1; ++i) {
+            for (int64_t j = 0; j < pw; ++j) {
+              for (int64_t c = 0; c < nc; ++c) one(c, i, j);
+            }
+          }
+        } else {
+          for (int64_t c = 0; c < nc; ++c) {
+            for (int64_t i = i0; i < i1; ++i) {
+              for (int64_t j = 0; j < pw; ++j) one(c, i, j);
             }
           }
         }
+      } else if (gC == 1) {  // channels last (block-major): read in place
+        with_width(nc, [&](auto kN) {
+          avg_backward_cl<kN>(p, g + e0, gH, gW, nc, ph, pw, acc, y0, y1, W * aW, aW);
+        });
+      } else {  // NCHW gradient: this box's block, channels last
+        T* gk = gt.get(ph * pw * nc);
+        for (int64_t c = 0; c < nc; ++c) {
+          for (int64_t i = 0; i < ph; ++i) {
+            for (int64_t j = 0; j < pw; ++j) gk[(i * pw + j) * nc + c] = static_cast<T>(g[e0 + c * gC + i * gH + j * gW]);
+          }
+        }
+        with_width(nc, [&](auto kN) {
+          avg_backward_cl<kN>(p, static_cast<const T*>(gk), pw * nc, nc, nc, ph, pw, acc, y0, y1,
+                              W * aW, aW);
+        });
       }
+    }
+    if (channels_last) {
+      tile_to_cells(acc, nc, cells, dst, sW);
+    } else {
+      tile_to_planes(acc, nc, y0, y1, W, out + n * sN + c0 * sC, sC);
     }
   });
 }
@@ -154,8 +600,8 @@ std::tuple<at::Tensor, at::Tensor> forward(const at::Tensor& input_, const at::T
   const at::Tensor rois = rois_.contiguous();
   check_rois(rois, input.size(0), spatial_scale);
   const auto opts = input.options().memory_format(format_of(channels_last));
-  at::Tensor out = at::empty({rois.size(0), input.size(1), ph, pw}, opts);
-  at::Tensor argmax = max_mode ? at::empty({rois.size(0), input.size(1), ph, pw}, opts.dtype(at::kInt)) : at::Tensor();
+  at::Tensor out = empty_output({rois.size(0), input.size(1), ph, pw}, opts);
+  at::Tensor argmax = max_mode ? empty_output({rois.size(0), input.size(1), ph, pw}, opts.dtype(at::kInt)) : at::Tensor();
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, input.scalar_type(), "roiops_roi_align_forward", [&] {
     if (max_mode) {
       forward_impl<scalar_t, true>(input, rois, spatial_scale, ph, pw, sampling_ratio, aligned, out, argmax);
@@ -173,14 +619,16 @@ at::Tensor backward(const at::Tensor& grad_, const at::Tensor& argmax_, const at
                         grad_.size(2) == ph && grad_.size(3) == pw,
                     "roiops: grad must be [K, C, pooled_height, pooled_width], got ", grad_.sizes());
   TORCH_CHECK_VALUE(!max_mode || argmax_.sizes() == grad_.sizes(), "roiops: argmax must have the shape of grad");
+  TORCH_CHECK_VALUE(!max_mode || argmax_.scalar_type() == at::kInt, "roiops: argmax must be int32");
+  TORCH_CHECK_VALUE(N >= 0 && C >= 0, "roiops: batch size and channels must be non-negative");
   check_input(grad_);
   check_args(rois_, grad_.scalar_type(), H, W, spatial_scale, ph, pw);
   const at::Tensor rois = rois_.contiguous();
   check_rois(rois, N, spatial_scale);
   const at::Tensor grad = grad_.contiguous(format_of(channels_last));
+  // grad and argmax share strides, so one offset serves both.
   const at::Tensor argmax = max_mode ? argmax_.contiguous(format_of(channels_last)) : at::Tensor();
-  const auto acc_type = grad.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
-  at::Tensor gi = at::empty({N, C, H, W}, grad.options().dtype(acc_type).memory_format(format_of(channels_last))).zero_();
+  at::Tensor gi = empty_output({N, C, H, W}, grad.options().memory_format(format_of(channels_last)));
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, grad.scalar_type(), "roiops_roi_align_backward", [&] {
     if (max_mode) {
       backward_impl<scalar_t, true>(grad, argmax, rois, spatial_scale, ph, pw, sampling_ratio, aligned, gi);
@@ -188,7 +636,7 @@ at::Tensor backward(const at::Tensor& grad_, const at::Tensor& argmax_, const at
       backward_impl<scalar_t, false>(grad, argmax, rois, spatial_scale, ph, pw, sampling_ratio, aligned, gi);
     }
   });
-  return gi.scalar_type() == grad.scalar_type() ? gi : gi.to(grad.scalar_type());
+  return gi;
 }
 
 }  // namespace

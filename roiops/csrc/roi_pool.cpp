@@ -1,6 +1,20 @@
 // RoIPool on the CPU, Caffe and mmdetection conventions (design.md section 5).
-// Forward in parallel over boxes; backward in parallel over channels, boxes in order.
+//
+// Tasks as in roi_align.cpp: (image, block of channels) for forward, read in place when
+// channels_last and from a channels-last tile of the block when NCHW (per-plane kernels
+// when the boxes cover little of the map); backward adds to bands of rows per channel
+// block, boxes in increasing k.
+//
+// The result must equal a row-major scan that keeps the first maximum (strictly greater
+// wins, the first NaN wins). That is: NaN if the bin holds one, else the maximum; and the
+// smallest flat index h * W + w among the elements equal to it. This rule does not depend
+// on the order of the scan, which lets the per-plane kernel reduce columns first
+// (vectorised along the row), then across columns.
 #include <ATen/Parallel.h>
+
+#include <array>
+#include <memory>
+#include <type_traits>
 
 #include "ops.h"
 #include "sampling.h"
@@ -8,79 +22,301 @@
 namespace roiops {
 namespace {
 
+template <typename T>
+std::vector<PoolPlan<T>> build_plans(const at::Tensor& rois, double spatial_scale, int64_t ph, int64_t pw,
+                                     bool continuous, int64_t H, int64_t W) {
+  const int64_t K = rois.size(0);
+  std::vector<PoolPlan<T>> plans(static_cast<size_t>(K));
+  const T* roi = rois.const_data_ptr<T>();
+  const T scale = static_cast<T>(spatial_scale);
+  at::parallel_for(0, K, 64, [&](int64_t k0, int64_t k1) {
+    for (int64_t k = k0; k < k1; ++k) plans[k].build(roi + 5 * k, scale, ph, pw, continuous, H, W);
+  });
+  return plans;
+}
+
+// colv/colr <- the first maximum of (colv, row): per column, the larger value and the
+// row it came from; ties keep the earlier row. Branch-free so that it vectorises.
+template <typename scalar_t, typename T>
+inline void column_max(T* __restrict__ colv, int32_t* __restrict__ colr, const scalar_t* __restrict__ row,
+                       int32_t h, int64_t n) {
+  for (int64_t x = 0; x < n; ++x) {
+    const T v = static_cast<T>(row[x]), b = colv[x];
+    const bool take = (v > b) | ((v != v) & (b == b));  // beats(v, b)
+    colv[x] = take ? v : b;
+    colr[x] = take ? h : colr[x];
+  }
+}
+
+// One box on one NCHW plane (rows contiguous). Per bin row: colv/colr hold, per column of
+// the box, the column's first maximum over the bin's rows; then each bin reduces its
+// columns by the rule above.
+template <typename scalar_t, typename T>
+ROIOPS_SIMD void forward_plane(const PoolPlan<T>& p, const scalar_t* plane, int64_t W, int64_t ph, int64_t pw, T* colv,
+                   int32_t* colr, scalar_t* out, int32_t* am, int64_t oH, int64_t oW) {
+  const int64_t xa = p.w0[0], xb = p.w1[pw - 1], nx = xb - xa;
+  for (int64_t i = 0; i < ph; ++i) {
+    const int64_t h0 = p.h0[i], h1 = p.h1[i];
+    if (h0 < h1 && nx > 0) {
+      const scalar_t* r0 = plane + h0 * W + xa;
+      for (int64_t x = 0; x < nx; ++x) {
+        colv[x] = static_cast<T>(r0[x]);
+        colr[x] = static_cast<int32_t>(h0);
+      }
+      for (int64_t h = h0 + 1; h < h1; ++h) column_max(colv, colr, plane + h * W + xa, static_cast<int32_t>(h), nx);
+    }
+    for (int64_t j = 0; j < pw; ++j) {
+      T best = 0;
+      int64_t idx = -1;
+      if (h0 < h1 && p.w0[j] < p.w1[j]) {
+        for (int64_t x = p.w0[j]; x < p.w1[j]; ++x) {
+          const T v = colv[x - xa];
+          const int64_t at = colr[x - xa] * W + x;
+          const bool take = idx < 0 || (std::isnan(v) ? (!std::isnan(best) || at < idx)
+                                                      : (!std::isnan(best) && (v > best || (v == best && at < idx))));
+          if (take) {
+            best = v;
+            idx = at;
+          }
+        }
+      }
+      out[i * oH + j * oW] = static_cast<scalar_t>(best);
+      am[i * oH + j * oW] = static_cast<int32_t>(idx);
+    }
+  }
+}
+
+// One box, n contiguous channels (cell (y, x) at img + y * sH + x * sW): a row-major scan
+// of each bin, vectorised along channels. Output channel c at out[... + c * oC].
+// kN > 0: n == kN is known at compile time, and the running maximum stays in registers.
+template <int64_t kN, typename S, typename T, typename scalar_t>
+ROIOPS_SIMD void forward_cl(const PoolPlan<T>& p, const S* img, int64_t sH, int64_t sW, int64_t W, int64_t n_,
+                            int64_t ph, int64_t pw, T* best_, int32_t* idx_, scalar_t* out, int32_t* am, int64_t oH,
+                            int64_t oW, int64_t oC) {
+  const int64_t n = kN ? kN : n_;
+  T best_k[kN ? kN : 1];
+  int32_t idx_k[kN ? kN : 1];
+  T* __restrict__ best = kN ? best_k : best_;
+  int32_t* __restrict__ idx = kN ? idx_k : idx_;
+  for (int64_t i = 0; i < ph; ++i) {
+    for (int64_t j = 0; j < pw; ++j) {
+      scalar_t* o = out + i * oH + j * oW;
+      int32_t* m = am + i * oH + j * oW;
+      if (p.h0[i] >= p.h1[i] || p.w0[j] >= p.w1[j]) {
+        for (int64_t c = 0; c < n; ++c) {
+          o[c * oC] = static_cast<scalar_t>(0);
+          m[c * oC] = -1;
+        }
+        continue;
+      }
+      const S* __restrict__ first = img + p.h0[i] * sH + p.w0[j] * sW;
+      const int32_t first_at = static_cast<int32_t>(p.h0[i] * W + p.w0[j]);
+      for (int64_t c = 0; c < n; ++c) {
+        best[c] = static_cast<T>(first[c]);
+        idx[c] = first_at;
+      }
+      for (int64_t h = p.h0[i]; h < p.h1[i]; ++h) {
+        for (int64_t w = h == p.h0[i] ? p.w0[j] + 1 : p.w0[j]; w < p.w1[j]; ++w) {
+          const S* __restrict__ v = img + h * sH + w * sW;
+          const int32_t at = static_cast<int32_t>(h * W + w);
+          for (int64_t c = 0; c < n; ++c) {
+            const T x = static_cast<T>(v[c]), b = best[c];
+            const bool take = (x > b) | ((x != x) & (b == b));
+            best[c] = take ? x : b;
+            idx[c] = take ? at : idx[c];
+          }
+        }
+      }
+      for (int64_t c = 0; c < n; ++c) {
+        o[c * oC] = static_cast<scalar_t>(best[c]);
+        m[c * oC] = idx[c];
+      }
+    }
+  }
+}
+
+// Rows and columns of the map that box p reads: {y0, y1, x0, x1}, empty when y0 >= y1.
+template <typename T>
+std::array<int64_t, 4> pool_rect(const PoolPlan<T>& p, int64_t ph, int64_t pw) {
+  std::array<int64_t, 4> r = {p.h0[0], p.h1[ph - 1], p.w0[0], p.w1[pw - 1]};  // bins are monotonic
+  if (r[0] >= r[1] || r[2] >= r[3]) r = {0, 0, 0, 0};
+  return r;
+}
+
 template <typename scalar_t>
 void forward_impl(const at::Tensor& input, const at::Tensor& rois, double spatial_scale, int64_t ph, int64_t pw,
                   bool continuous, at::Tensor& out, at::Tensor& argmax) {
   using T = at::opmath_type<scalar_t>;
-  const int64_t K = rois.size(0), C = input.size(1), H = input.size(2), W = input.size(3);
+  const int64_t K = rois.size(0), N = input.size(0), C = input.size(1), H = input.size(2), W = input.size(3);
   const int64_t sN = input.stride(0), sC = input.stride(1), sH = input.stride(2), sW = input.stride(3);
   const int64_t oK = out.stride(0), oC = out.stride(1), oH = out.stride(2), oW = out.stride(3);
   const scalar_t* in = input.const_data_ptr<scalar_t>();
-  const T* roi = rois.const_data_ptr<T>();
   scalar_t* o = out.data_ptr<scalar_t>();
   int32_t* am = argmax.data_ptr<int32_t>();
-  const T scale = static_cast<T>(spatial_scale);
+  if (K == 0 || C == 0) return;
+  const auto plans = build_plans<T>(rois, spatial_scale, ph, pw, continuous, H, W);
+  std::vector<int64_t> batch(static_cast<size_t>(K));
+  for (int64_t k = 0; k < K; ++k) batch[k] = plans[k].batch;
+  const auto by_image = boxes_by_image(batch, N);
+  const bool channels_last = is_channels_last(input);
+  // A bin reads every cell it covers, so unlike roi_align both layouts go through tiles
+  // when the boxes cover the map (see use_tile in roi_align.cpp).
+  const int64_t cb = channel_block(N, C, kTileChannels), blocks = (C + cb - 1) / cb;
+  std::vector<std::array<int64_t, 4>> rect(static_cast<size_t>(N), {H, 0, W, 0});
+  std::vector<char> tiled(static_cast<size_t>(N), 0);
+  for (int64_t n = 0; n < N; ++n) {
+    double area = 0;
+    for (const int64_t k : by_image[n]) {
+      const auto r = pool_rect(plans[k], ph, pw);
+      if (r[0] >= r[1]) continue;
+      rect[n] = {std::min(rect[n][0], r[0]), std::max(rect[n][1], r[1]), std::min(rect[n][2], r[2]),
+                 std::max(rect[n][3], r[3])};
+      area += static_cast<double>(r[1] - r[0]) * static_cast<double>(r[3] - r[2]);
+    }
+    tiled[n] = rect[n][0] < rect[n][1] && tile_pays(rect[n], area, H, W, cb, sizeof(T));
+  }
 
-  at::parallel_for(0, K, 1, [&](int64_t k0, int64_t k1) {
-    PoolPlan<T> plan;
-    std::vector<T> best(C);
-    std::vector<int32_t> where(C);
-    for (int64_t k = k0; k < k1; ++k) {
-      plan.build(roi + 5 * k, scale, ph, pw, continuous, H, W);
-      const scalar_t* base = in + plan.batch * sN;
-      for (int64_t i = 0; i < ph; ++i) {
-        for (int64_t j = 0; j < pw; ++j) {
-          std::fill(where.begin(), where.end(), -1);
-          std::fill(best.begin(), best.end(), T(0));
-          // Rows and columns outermost so channels_last input is read contiguously.
-          for (int64_t h = plan.h0[i]; h < plan.h1[i]; ++h) {
-            for (int64_t w = plan.w0[j]; w < plan.w1[j]; ++w) {
-              const scalar_t* p = base + h * sH + w * sW;
-              const int32_t idx = static_cast<int32_t>(h * W + w);
-              for (int64_t c = 0; c < C; ++c) {
-                const T v = static_cast<T>(p[c * sC]);
-                if (where[c] < 0 || beats(v, best[c])) {
-                  best[c] = v;
-                  where[c] = idx;
-                }
-              }
-            }
-          }
-          const int64_t ob = k * oK + i * oH + j * oW;
-          for (int64_t c = 0; c < C; ++c) {
-            o[ob + c * oC] = static_cast<scalar_t>(best[c]);
-            am[ob + c * oC] = where[c];
-          }
+  Scratch<T> tile, best;
+  Scratch<int32_t> idx;
+  parallel_tasks(N * blocks, [&](int64_t t) {
+    const int64_t n = t / blocks, c0 = (t % blocks) * cb, nc = std::min(cb, C - c0);
+    if (tiled[n]) {
+      T* buf = tile.get(H * W * nc);
+      const auto& r = rect[n];
+      if (channels_last) {
+        cells_to_tile(in + n * sN + c0, sH, sW, W, nc, r[0], r[1], r[2], r[3], buf);
+      } else {
+        planes_to_tile(in + n * sN + c0 * sC, sC, W, nc, r[0], r[1], r[2], r[3], buf);
+      }
+      auto run = [&](auto kN) {
+        for (const int64_t k : by_image[n]) {
+          forward_cl<kN>(plans[k], static_cast<const T*>(buf), W * nc, nc, W, nc, ph, pw, best.get(nc), idx.get(nc),
+                         o + k * oK + c0 * oC, am + k * oK + c0 * oC, oH, oW, oC);
+        }
+      };
+      if (nc == kTileChannels) {
+        run(std::integral_constant<int64_t, kTileChannels>{});
+      } else {
+        run(std::integral_constant<int64_t, 0>{});
+      }
+    } else if (channels_last) {
+      for (const int64_t k : by_image[n]) {
+        forward_cl<0>(plans[k], in + n * sN + c0, sH, sW, W, nc, ph, pw, best.get(nc), idx.get(nc),
+                      o + k * oK + c0 * oC, am + k * oK + c0 * oC, oH, oW, oC);
+      }
+    } else {
+      for (int64_t c = c0; c < c0 + nc; ++c) {
+        for (const int64_t k : by_image[n]) {
+          forward_plane(plans[k], in + n * sN + c * sC, W, ph, pw, best.get(W), idx.get(W), o + k * oK + c * oC,
+                        am + k * oK + c * oC, oH, oW);
         }
       }
     }
   });
 }
 
+// grad goes to the argmax element. Tasks own rows [y0, y1) x a block of channels of one
+// image and add their boxes' terms in increasing k, per (cell, channel) in the order
+// (k, i, j) as torchvision does: the sums are bit-exact. A channels-last float/double
+// gradient is accumulated in place, all channels at once, so that grad and argmax are read
+// as they lie; otherwise a task accumulates in a channels-last tile of the opmath type,
+// written out at the end (in place, NCHW's scattered writes to 16 planes measured slower).
+// `rows[k * ph + i]` is the range of map rows that bin row i of box k sends gradient to
+// (first > second: none), so that a task reads only the bin rows that reach its band.
 template <typename scalar_t>
-void backward_impl(const at::Tensor& grad, const at::Tensor& argmax, const at::Tensor& rois, at::Tensor& gi) {
+void backward_impl(const at::Tensor& grad, const at::Tensor& argmax, const std::vector<int64_t>& batch,
+                   const std::vector<std::pair<int64_t, int64_t>>& rows, at::Tensor& gi) {
   using T = at::opmath_type<scalar_t>;
-  const int64_t K = rois.size(0), C = gi.size(1), W = gi.size(3);
+  const int64_t N = gi.size(0), C = gi.size(1), H = gi.size(2), W = gi.size(3);
   const int64_t ph = grad.size(2), pw = grad.size(3);
-  const int64_t sN = gi.stride(0), sC = gi.stride(1), sH = gi.stride(2), sW = gi.stride(3);
-  const int64_t gK = grad.stride(0), gC = grad.stride(1), gH = grad.stride(2), gW = grad.stride(3);
-  const scalar_t* g = grad.const_data_ptr<scalar_t>();
-  const int32_t* am = argmax.const_data_ptr<int32_t>();
-  const T* roi = rois.const_data_ptr<T>();
-  T* out = gi.data_ptr<T>();
+  const int64_t sN = gi.stride(0), sC = gi.stride(1), sW = gi.stride(3);
+  scalar_t* out = gi.data_ptr<scalar_t>();
+  if (gi.numel() == 0) return;
+  const bool channels_last = is_channels_last(gi);
+  const bool in_place = channels_last && std::is_same_v<scalar_t, T>;
+  const int64_t K = grad.size(0);
+  const int64_t cb = in_place ? C : channel_block(N, C, kTileChannels), blocks = (C + cb - 1) / cb;
+  // Channels-last grad and argmax read by a block of channels: block-major copies (sampling.h).
+  std::unique_ptr<BlockMajor<scalar_t>> gb;
+  std::unique_ptr<BlockMajor<int32_t>> ab;
+  if (channels_last && cb < C) {
+    gb = std::make_unique<BlockMajor<scalar_t>>(grad.const_data_ptr<scalar_t>(), K, ph * pw, C, cb);
+    ab = std::make_unique<BlockMajor<int32_t>>(argmax.const_data_ptr<int32_t>(), K, ph * pw, C, cb);
+  }
+  std::vector<std::pair<int64_t, int64_t>> spans(static_cast<size_t>(K), {1, 0});
+  for (int64_t k = 0; k < K; ++k) {
+    for (int64_t i = 0; i < ph; ++i) {
+      const auto& r = rows[k * ph + i];
+      if (r.first > r.second) continue;
+      spans[k] = spans[k].first > spans[k].second
+                     ? r
+                     : std::make_pair(std::min(spans[k].first, r.first), std::max(spans[k].second, r.second));
+    }
+  }
+  // In place, a band is rows of all channels: larger bands, so that fewer bin rows
+  // straddle two bands and are read twice (measured here: 4 MiB 1.7x faster than 1 MiB).
+  const int64_t band_bytes = in_place ? 4 * kBandBytes : kBandBytes;
+  const Bands bands(N, H, W * cb * static_cast<int64_t>(sizeof(T)), band_bytes, batch, spans);
 
-  at::parallel_for(0, C, 1, [&](int64_t c0, int64_t c1) {
-    for (int64_t k = 0; k < K; ++k) {
-      T* base = out + static_cast<int64_t>(roi[5 * k]) * sN;
-      for (int64_t c = c0; c < c1; ++c) {
+  Scratch<T> tile;
+  parallel_tasks(N * bands.per_image * blocks, [&](int64_t t) {
+    const int64_t nb = t / blocks, n = nb / bands.per_image;
+    const int64_t y0 = (nb % bands.per_image) * bands.rows, y1 = std::min(H, y0 + bands.rows);
+    const int64_t c0 = (t % blocks) * cb, nc = std::min(cb, C - c0), cells = (y1 - y0) * W;
+    // Cell e of the band, channel c, at acc + e * aW + c * aC.
+    T* acc;
+    int64_t aW, aC;
+    if (in_place) {
+      acc = reinterpret_cast<T*>(out + n * sN + y0 * W * sW);
+      aW = sW, aC = 1;
+      std::fill(acc, acc + cells * C, T(0));
+    } else {
+      acc = tile.get(cells * nc);
+      aW = nc, aC = 1;
+      std::fill(acc, acc + cells * nc, T(0));
+    }
+    // Box k, bin (i, j), channel c0 + c at e = k * gK + c * gC + i * gH + j * gW.
+    const scalar_t* g = gb ? gb->data.get() + K * ph * pw * c0 : grad.const_data_ptr<scalar_t>() + c0 * grad.stride(1);
+    const int32_t* am = ab ? ab->data.get() + K * ph * pw * c0 : argmax.const_data_ptr<int32_t>() + c0 * argmax.stride(1);
+    const int64_t gC = gb ? 1 : grad.stride(1), gW = gb ? nc : grad.stride(3), gH = gb ? pw * nc : grad.stride(2);
+    const int64_t gK = gb ? ph * pw * nc : grad.stride(0);
+    const int64_t lo = y0 * W, hi = y1 * W;  // argmax values inside the band
+    auto one = [&](int64_t e, int64_t c) {
+      const int64_t a = am[e];
+      if (a >= lo && a < hi) acc[(a - lo) * aW + c * aC] += static_cast<T>(g[e]);
+    };
+    const std::vector<int64_t>& list = bands.boxes[nb];
+    for (size_t q = 0; q < list.size(); ++q) {
+      const int64_t k = list[q], e0 = k * gK;
+      if (q + 1 < list.size() && cb < C) {
+        prefetch_block(g + list[q + 1] * gK, gC, gH, gW, nc, ph, pw);
+        prefetch_block(am + list[q + 1] * gK, gC, gH, gW, nc, ph, pw);
+      }
+      auto reaches = [&](int64_t i) {
+        const auto& r = rows[k * ph + i];
+        return r.first <= r.second && r.first < y1 && r.second >= y0;
+      };
+      if (gC == 1) {  // channels innermost: read in memory order
         for (int64_t i = 0; i < ph; ++i) {
+          if (!reaches(i)) continue;
           for (int64_t j = 0; j < pw; ++j) {
-            const int64_t go = k * gK + c * gC + i * gH + j * gW;
-            const int64_t a = am[go];
-            if (a >= 0) base[c * sC + (a / W) * sH + (a % W) * sW] += static_cast<T>(g[go]);
+            for (int64_t c = 0; c < nc; ++c) one(e0 + i * gH + j * gW + c, c);
+          }
+        }
+      } else {
+        for (int64_t c = 0; c < nc; ++c) {
+          for (int64_t i = 0; i < ph; ++i) {
+            if (!reaches(i)) continue;
+            for (int64_t j = 0; j < pw; ++j) one(e0 + c * gC + i * gH + j * gW, c);
           }
         }
       }
+    }
+    if (in_place) return;
+    if (channels_last) {
+      tile_to_cells(acc, nc, cells, out + n * sN + c0 * sC + y0 * W * sW, sW);
+    } else {
+      tile_to_planes(acc, nc, y0, y1, W, out + n * sN + c0 * sC, sC);
     }
   });
 }
@@ -97,8 +333,8 @@ std::tuple<at::Tensor, at::Tensor> roi_pool_forward(const at::Tensor& input_, co
   const at::Tensor rois = rois_.contiguous();
   check_rois(rois, input.size(0), spatial_scale);
   const auto opts = input.options().memory_format(format_of(channels_last));
-  at::Tensor out = at::empty({rois.size(0), input.size(1), ph, pw}, opts);
-  at::Tensor argmax = at::empty({rois.size(0), input.size(1), ph, pw}, opts.dtype(at::kInt));
+  at::Tensor out = empty_output({rois.size(0), input.size(1), ph, pw}, opts);
+  at::Tensor argmax = empty_output({rois.size(0), input.size(1), ph, pw}, opts.dtype(at::kInt));
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, input.scalar_type(), "roiops_roi_pool_forward", [&] {
     forward_impl<scalar_t>(input, rois, spatial_scale, ph, pw, continuous, out, argmax);
   });
@@ -111,18 +347,69 @@ at::Tensor roi_pool_backward(const at::Tensor& grad_, const at::Tensor& argmax_,
   TORCH_CHECK_VALUE(grad_.size(0) == rois_.size(0) && grad_.size(1) == C && argmax_.sizes() == grad_.sizes() &&
                         argmax_.scalar_type() == at::kInt,
                     "roiops: grad [K, C, ph, pw] and int32 argmax of the same shape expected");
+  TORCH_CHECK_VALUE(N >= 0 && C >= 0, "roiops: batch size and channels must be non-negative");
   check_args(rois_, grad_.scalar_type(), H, W, 1.0, grad_.size(2), grad_.size(3));
   const at::Tensor rois = rois_.contiguous();
   check_rois(rois, N, 1.0);
   const at::Tensor grad = grad_.contiguous(format_of(channels_last));
   const at::Tensor argmax = argmax_.contiguous(format_of(channels_last));
-  TORCH_CHECK_VALUE(argmax.numel() == 0 || (argmax.min().item<int32_t>() >= -1 && argmax.max().item<int64_t>() < H * W),
-                    "roiops: argmax holds an index outside the map");
-  const auto acc_type = grad.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
-  at::Tensor gi = at::empty({N, C, H, W}, grad.options().dtype(acc_type).memory_format(format_of(channels_last))).zero_();
+  // Per box and bin row: the map rows its argmax values point to, each value checked to
+  // lie in [-1, H * W) so that no access leaves the map.
+  const int64_t K = grad.size(0), ph = grad.size(2), pw = grad.size(3);
+  const int64_t aC = argmax.stride(1), aH = argmax.stride(2);
+  const int32_t* am = argmax.const_data_ptr<int32_t>();
+  std::vector<std::pair<int64_t, int64_t>> rows(static_cast<size_t>(K * ph));
+  std::vector<char> bad(static_cast<size_t>(K), 0);
+  // Read in memory order, in vectorisable loops: channels-last, a bin row is one run of
+  // pw * C values; NCHW, the C runs of ph * pw values are first reduced element-wise.
+  const bool cl = aC == 1;
+  const int64_t run = cl ? pw * C : ph * pw, runs = cl ? ph : C;
+  at::parallel_for(0, K, 16, [&](int64_t k0, int64_t k1) {
+    std::vector<int32_t> lo(static_cast<size_t>(run)), hi(lo.size()), low(lo.size());
+    for (int64_t k = k0; k < k1; ++k) {
+      const int32_t* box = am + k * argmax.stride(0);
+      std::fill(lo.begin(), lo.end(), INT32_MAX);
+      std::fill(hi.begin(), hi.end(), -1);
+      std::fill(low.begin(), low.end(), 0);
+      for (int64_t r = 0; r < runs; ++r) {
+        const int32_t* a = box + r * (cl ? aH : aC);
+        if (cl) {  // one bin row per run
+          std::fill(lo.begin(), lo.end(), INT32_MAX);
+          std::fill(hi.begin(), hi.end(), -1);
+        }
+        for (int64_t e = 0; e < run; ++e) {
+          const int32_t v = a[e];
+          lo[e] = v >= 0 && v < lo[e] ? v : lo[e];
+          hi[e] = v > hi[e] ? v : hi[e];
+          low[e] = v < low[e] ? v : low[e];
+        }
+        if (cl) {
+          const int32_t l = *std::min_element(lo.begin(), lo.end()), h = *std::max_element(hi.begin(), hi.end());
+          rows[k * ph + r] = h >= 0 ? std::make_pair<int64_t, int64_t>(l / W, h / W) : std::make_pair<int64_t, int64_t>(1, 0);
+        }
+      }
+      for (int64_t i = 0; !cl && i < ph; ++i) {
+        const int32_t l = *std::min_element(lo.begin() + i * pw, lo.begin() + (i + 1) * pw);
+        const int32_t h = *std::max_element(hi.begin() + i * pw, hi.begin() + (i + 1) * pw);
+        rows[k * ph + i] = h >= 0 ? std::make_pair<int64_t, int64_t>(l / W, h / W) : std::make_pair<int64_t, int64_t>(1, 0);
+      }
+      bad[k] = *std::min_element(low.begin(), low.end()) < -1 ||
+               std::any_of(rows.begin() + k * ph, rows.begin() + (k + 1) * ph,
+                           [&](const auto& r) { return r.second >= H; });
+    }
+  });
+  for (int64_t k = 0; k < K; ++k) {
+    TORCH_CHECK_VALUE(!bad[k], "roiops: argmax holds an index outside the map (box ", k, ")");
+  }
+  std::vector<int64_t> batch(static_cast<size_t>(K));
+  AT_DISPATCH_FLOATING_TYPES(rois.scalar_type(), "roiops_roi_pool_batch", [&] {
+    const scalar_t* rr = rois.const_data_ptr<scalar_t>();
+    for (int64_t k = 0; k < K; ++k) batch[k] = static_cast<int64_t>(rr[5 * k]);
+  });
+  at::Tensor gi = empty_output({N, C, H, W}, grad.options().memory_format(format_of(channels_last)));
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, grad.scalar_type(), "roiops_roi_pool_backward",
-                                  [&] { backward_impl<scalar_t>(grad, argmax, rois, gi); });
-  return gi.scalar_type() == grad.scalar_type() ? gi : gi.to(grad.scalar_type());
+                                  [&] { backward_impl<scalar_t>(grad, argmax, batch, rows, gi); });
+  return gi;
 }
 
 }  // namespace roiops

@@ -5,11 +5,20 @@
 
 #include <ATen/ATen.h>
 #include <ATen/OpMathType.h>
+#include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <array>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
+#include <memory>
+#include <utility>
 #include <vector>
+
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
 
 namespace roiops {
 
@@ -38,6 +47,7 @@ inline void check_args(const at::Tensor& rois, at::ScalarType input_type, int64_
                        double spatial_scale, int64_t pooled_height, int64_t pooled_width) {
   TORCH_CHECK_VALUE(at::isFloatingType(input_type), "roiops: input must be floating point");
   TORCH_CHECK_VALUE(height > 0 && width > 0, "roiops: input height and width must be positive");
+  TORCH_CHECK_VALUE(height < INT32_MAX && width < INT32_MAX, "roiops: input height and width must be < 2^31");
   TORCH_CHECK_VALUE(rois.dim() == 2 && rois.size(1) == 5, "roiops: rois must be [K, 5], got ", rois.sizes());
   TORCH_CHECK_VALUE(rois.scalar_type() == (input_type == at::kDouble ? at::kDouble : at::kFloat),
                     "roiops: rois must be float64 for float64 input, float32 otherwise; got ", rois.scalar_type());
@@ -65,20 +75,11 @@ inline at::MemoryFormat format_of(bool channels_last) {
   return channels_last ? at::MemoryFormat::ChannelsLast : at::MemoryFormat::Contiguous;
 }
 
-// One bilinear sample: four element offsets (in a plane, without the channel) and weights.
-template <typename T>
-struct Sample {
-  int64_t o1, o2, o3, o4;
-  T w1, w2, w3, w4;
-  int64_t index;  // iy * grid_w + ix inside its bin
-};
-
-// Interpolation taps along one axis: weight h at lo, l at hi.
+// Interpolation taps of one sample along one axis: weight h at lo, l at hi.
 template <typename T>
 struct Tap {
   int64_t lo, hi;
   T l, h;
-  int64_t index;
 };
 
 // Design.md sec. 3 border rule along one axis; false for a point with value 0.
@@ -101,48 +102,82 @@ inline bool make_tap(T v, int64_t size, Tap<T>& t) {
   return true;
 }
 
-// Sample positions of one box along one axis, bin by bin.
+// Sample positions of one box along one axis. Samples inside the map are kept bin by
+// bin in parallel arrays (lo, hi, l, h), so that loops over them vectorise; inside the
+// map a bin's samples are consecutive (positions are monotonic), so sample t of bin b has
+// index first_in[b] + t - begin[b] inside its bin.
 template <typename T>
 struct AxisPlan {
   int64_t grid = 0;                  // samples per bin (<= 0: the bins have none)
-  std::vector<Tap<T>> taps;          // samples inside the map, bin-major
-  std::vector<int64_t> begin;        // taps of bin b: [begin[b], begin[b + 1])
-  std::vector<int64_t> first_out;    // per bin: first sample outside the map, or -1
+  std::vector<int32_t> lo, hi;       // taps of the inside samples, bin-major
+  std::vector<T> l, h;
+  std::vector<int64_t> begin;        // inside samples of bin b: [begin[b], begin[b + 1])
+  std::vector<int64_t> first_in;     // per bin: index of its first inside sample
+  std::vector<int64_t> first_out;    // per bin: index of its first outside sample, or -1
+  int64_t cell_lo = 0, cell_hi = -1; // cells touched by any tap: [cell_lo, cell_hi]
 
   void build(T start, T bin, int64_t grid_, int64_t pooled, int64_t size) {
     grid = grid_;
-    taps.clear();
+    lo.clear(), hi.clear(), l.clear(), h.clear();
     begin.assign(1, 0);
+    first_in.assign(pooled, 0);
     first_out.assign(pooled, -1);
+    cell_lo = size, cell_hi = -1;
     for (int64_t b = 0; b < pooled; ++b) {
       for (int64_t s = 0; s < grid; ++s) {
         const T v = start + static_cast<T>(b) * bin +
                     (static_cast<T>(s) + T(0.5)) * bin / static_cast<T>(grid);
         Tap<T> t;
         if (make_tap(v, size, t)) {
-          t.index = s;
-          taps.push_back(t);
+          if (static_cast<int64_t>(lo.size()) == begin.back()) first_in[b] = s;
+          lo.push_back(static_cast<int32_t>(t.lo));
+          hi.push_back(static_cast<int32_t>(t.hi));
+          l.push_back(t.l);
+          h.push_back(t.h);
+          cell_lo = std::min(cell_lo, t.lo);
+          cell_hi = std::max(cell_hi, t.hi);
         } else if (first_out[b] < 0) {
           first_out[b] = s;
         }
       }
-      begin.push_back(static_cast<int64_t>(taps.size()));
+      begin.push_back(static_cast<int64_t>(lo.size()));
     }
+  }
+
+  bool empty() const { return lo.empty(); }
+
+  // Position in lo/hi/l/h of sample s of bin b, or -1 when it lies outside the map.
+  int64_t find(int64_t b, int64_t s) const {
+    const int64_t t = begin[b] + s - first_in[b];
+    return s >= first_in[b] && t < begin[b + 1] ? t : -1;
   }
 };
 
-// RoIAlign plan of one box: its samples bin by bin, offsets premultiplied by the strides.
+// One sample's bilinear neighbours (rows y0, y1; columns x0, x1; y0 < 0: outside the map)
+// and weights w1 = hy*hx, w2 = hy*lx, w3 = ly*hx, w4 = ly*lx.
+template <typename T>
+struct MaxSample {
+  int32_t y0, y1, x0, x1;
+  T w1, w2, w3, w4;
+};
+
+// Boxes with at most this many samples get a MaxSample table (32 bytes each).
+constexpr int64_t kMaxSampleTable = 4096;
+
+// RoIAlign plan of one box, shared by all channels: the taps of its sample rows and
+// columns (a sample's four weights are products of one row and one column tap).
 template <typename T>
 struct AlignPlan {
   int64_t batch = 0;
   int64_t grid_h = 0, grid_w = 0;
   T count = 1;
   AxisPlan<T> ys, xs;
-  std::vector<Sample<T>> samples;    // bin-major, row-major inside a bin
-  std::vector<int64_t> begin;        // samples of bin (i, j): [begin[i*pw+j], begin[i*pw+j+1])
+  // "max", small grids: every sample of every bin, [bin * grid_h * grid_w + index], so
+  // that backward finds an argmax's neighbours and weights with one lookup.
+  std::vector<MaxSample<T>> samples;
 
   void build(const T* roi, T scale, int64_t ph, int64_t pw, int64_t sampling_ratio, bool aligned,
-             int64_t height, int64_t width, int64_t stride_h, int64_t stride_w) {
+             int64_t height, int64_t width, bool max_mode) {
     batch = static_cast<int64_t>(roi[0]);
     const T offset = aligned ? T(0.5) : T(0);
     const T x_start = roi[1] * scale - offset;
@@ -160,25 +195,38 @@ struct AlignPlan {
     count = static_cast<T>(std::max<int64_t>(grid_h * grid_w, 1));
     ys.build(y_start, bin_h, grid_h, ph, height);
     xs.build(x_start, bin_w, grid_w, pw, width);
-
     samples.clear();
-    begin.assign(1, 0);
+    if (max_mode && !empty() && ph * pw * grid_h * grid_w <= kMaxSampleTable) build_samples(ph, pw);
+  }
+
+  void build_samples(int64_t ph, int64_t pw) {
+    samples.resize(static_cast<size_t>(ph * pw * grid_h * grid_w));
+    MaxSample<T>* e = samples.data();
     for (int64_t i = 0; i < ph; ++i) {
       for (int64_t j = 0; j < pw; ++j) {
-        for (int64_t a = ys.begin[i]; a < ys.begin[i + 1]; ++a) {
-          const Tap<T>& ty = ys.taps[a];
-          for (int64_t b = xs.begin[j]; b < xs.begin[j + 1]; ++b) {
-            const Tap<T>& tx = xs.taps[b];
-            samples.push_back({ty.lo * stride_h + tx.lo * stride_w, ty.lo * stride_h + tx.hi * stride_w,
-                               ty.hi * stride_h + tx.lo * stride_w, ty.hi * stride_h + tx.hi * stride_w,
-                               ty.h * tx.h, ty.h * tx.l, ty.l * tx.h, ty.l * tx.l,
-                               ty.index * grid_w + tx.index});
+        for (int64_t iy = 0; iy < grid_h; ++iy) {
+          const int64_t ty = ys.find(i, iy);
+          for (int64_t ix = 0; ix < grid_w; ++ix, ++e) {
+            const int64_t tx = xs.find(j, ix);
+            if (ty < 0 || tx < 0) {
+              *e = MaxSample<T>{-1, -1, -1, -1, 0, 0, 0, 0};
+              continue;
+            }
+            *e = MaxSample<T>{ys.lo[ty], ys.hi[ty], xs.lo[tx], xs.hi[tx], ys.h[ty] * xs.h[tx], ys.h[ty] * xs.l[tx],
+                              ys.l[ty] * xs.h[tx], ys.l[ty] * xs.l[tx]};
           }
         }
-        begin.push_back(static_cast<int64_t>(samples.size()));
       }
     }
   }
+
+  int64_t pw() const { return static_cast<int64_t>(xs.first_out.size()); }
+
+  // No sample of the box lies inside the map.
+  bool empty() const { return grid_h <= 0 || grid_w <= 0 || ys.empty() || xs.empty(); }
+
+  // Width of the span of map columns the box's taps touch.
+  int64_t x_span() const { return empty() ? 0 : xs.cell_hi - xs.cell_lo + 1; }
 
   // Index of the first sample of bin (i, j) that lies outside the map (value 0), or -1.
   int64_t first_outside(int64_t i, int64_t j) const {
@@ -190,6 +238,11 @@ struct AlignPlan {
       if (best < 0 || row < best) best = row;
     }
     return best;
+  }
+
+  // Map rows [first, second] that the box's taps touch; first > second when none.
+  std::pair<int64_t, int64_t> row_span() const {
+    return empty() ? std::make_pair<int64_t, int64_t>(1, 0) : std::make_pair(ys.cell_lo, ys.cell_hi);
   }
 };
 
@@ -247,6 +300,232 @@ struct PoolPlan {
 template <typename T>
 inline bool beats(T v, T best) {
   return v > best || (std::isnan(v) && !std::isnan(best));
+}
+
+// ---- Instruction sets ---------------------------------------------------------------
+
+// The per-box kernels are compiled twice, for AVX2 and for baseline x86-64, and the
+// dynamic loader picks the version for the running CPU (function multiversioning), so
+// the wheel still runs on any x86-64. ROIOPS_NO_MULTIVERSION turns this off.
+#if defined(__x86_64__) && defined(__linux__) && defined(__GNUC__) && !defined(ROIOPS_NO_MULTIVERSION)
+#define ROIOPS_SIMD __attribute__((target_clones("avx2", "default")))
+#else
+#define ROIOPS_SIMD
+#endif
+
+// ---- Scheduling shared by the kernels ------------------------------------------------
+
+// Runs f(task) for every task in [0, n) on all threads, handing tasks out one at a time:
+// task costs vary (boxes differ in size), and a static split would leave a thread idle.
+// Results never depend on which thread runs a task.
+template <typename F>
+void parallel_tasks(int64_t n, const F& f) {
+  if (n <= 0) return;
+  std::atomic<int64_t> next{0};
+  const int64_t threads = std::min<int64_t>(at::get_num_threads(), n);
+  at::parallel_for(0, threads, 1, [&](int64_t, int64_t) {
+    for (int64_t t = next.fetch_add(1); t < n; t = next.fetch_add(1)) f(t);
+  });
+}
+
+// Fresh memory is mapped page by page on first write, and on this kind of machine a 4 KiB
+// page fault costs microseconds: writing a new 138 MB gradient took longer than computing
+// it. Large buffers we are about to fill ask for 2 MiB pages instead (Linux transparent
+// huge pages, "madvise" mode); elsewhere, or if refused, nothing changes.
+inline void prefer_huge_pages(void* data, size_t bytes) {
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+  constexpr uintptr_t kHuge = uintptr_t(2) << 20;
+  if (bytes < 2 * kHuge) return;
+  const uintptr_t begin = reinterpret_cast<uintptr_t>(data);
+  const uintptr_t a = (begin + kHuge - 1) & ~(kHuge - 1), b = (begin + bytes) & ~(kHuge - 1);
+  if (b > a) madvise(reinterpret_cast<void*>(a), b - a, MADV_HUGEPAGE);
+#else
+  (void)data, (void)bytes;
+#endif
+}
+
+// at::empty for an output the kernel writes in full.
+inline at::Tensor empty_output(at::IntArrayRef sizes, const at::TensorOptions& options) {
+  at::Tensor t = at::empty(sizes, options);
+  prefer_huge_pages(t.data_ptr(), t.nbytes());
+  return t;
+}
+
+// One scratch buffer per thread, grown on demand and left uninitialised (pages of a large
+// tile that a task never touches cost nothing).
+template <typename T>
+class Scratch {
+ public:
+  Scratch() : bufs_(static_cast<size_t>(std::max(at::get_num_threads(), 1))), sizes_(bufs_.size(), 0) {}
+  T* get(int64_t size) {
+    const size_t t = std::min<size_t>(static_cast<size_t>(at::get_thread_num()), bufs_.size() - 1);
+    if (sizes_[t] < size) {
+      bufs_[t].reset(new T[static_cast<size_t>(size)]);
+      sizes_[t] = size;
+      prefer_huge_pages(bufs_[t].get(), static_cast<size_t>(size) * sizeof(T));
+    }
+    return bufs_[t].get();
+  }
+
+ private:
+  std::vector<std::unique_ptr<T[]>> bufs_;
+  std::vector<int64_t> sizes_;
+};
+
+// Boxes of each image, in increasing k (the order every backward accumulates in).
+inline std::vector<std::vector<int64_t>> boxes_by_image(const std::vector<int64_t>& batch, int64_t n_images) {
+  std::vector<std::vector<int64_t>> out(static_cast<size_t>(n_images));
+  for (size_t k = 0; k < batch.size(); ++k) out[static_cast<size_t>(batch[k])].push_back(static_cast<int64_t>(k));
+  return out;
+}
+
+// Work is split into (image, block of channels) tasks, and for backward also bands of map
+// rows: a task's slice of the map, copied into a compact channels-last tile, stays in
+// cache while all the image's boxes use it. kTileChannels per block (the tile of a
+// 200 x 336 map is then 4 MiB; wider blocks measured slower), fewer when the tasks would
+// not keep the threads busy.
+constexpr int64_t kTileChannels = 16;
+
+inline int64_t channel_block(int64_t N, int64_t C, int64_t widest) {
+  const int64_t want = 2 * static_cast<int64_t>(at::get_num_threads());
+  int64_t cb = std::min<int64_t>(C, widest);
+  while (cb > 4 && N * ((C + cb - 1) / cb) < want) cb /= 2;
+  return std::max<int64_t>(cb, 1);
+}
+
+// Is a tile around rect = {y0, y1, x0, x1} worth filling, for boxes whose own reads
+// cover `area` cells (with overlaps)? It must not be much larger than that, and fit a
+// sane amount of memory.
+inline bool tile_pays(const std::array<int64_t, 4>& rect, double area, int64_t H, int64_t W, int64_t cb,
+                      size_t elem) {
+  const double cells = static_cast<double>(rect[1] - rect[0]) * static_cast<double>(rect[3] - rect[2]);
+  return cells <= 2 * area && static_cast<double>(H) * static_cast<double>(W) * cb * elem <= double(256 << 20);
+}
+
+// Backward tasks: image n, band b of `rows` map rows, channel block. The band's gradient
+// for those channels (about `bytes`) belongs to one task, which adds the boxes touching
+// the band in increasing k: no races, and sums that do not depend on the thread count.
+struct Bands {
+  int64_t rows = 1, per_image = 1;
+  std::vector<std::vector<int64_t>> boxes;  // [n * per_image + b]: boxes touching band b of image n
+
+  // spans[k] = {first row, last row} that box k writes to (first > last: none).
+  Bands(int64_t n_images, int64_t height, int64_t row_bytes, int64_t bytes, const std::vector<int64_t>& batch,
+        const std::vector<std::pair<int64_t, int64_t>>& spans) {
+    rows = std::max<int64_t>(1, std::min<int64_t>(height, bytes / std::max<int64_t>(row_bytes, 1)));
+    per_image = (height + rows - 1) / rows;
+    boxes.resize(static_cast<size_t>(n_images * per_image));
+    for (size_t k = 0; k < spans.size(); ++k) {
+      if (spans[k].first > spans[k].second) continue;
+      for (int64_t b = spans[k].first / rows; b <= spans[k].second / rows; ++b) {
+        boxes[static_cast<size_t>(batch[k] * per_image + b)].push_back(static_cast<int64_t>(k));
+      }
+    }
+  }
+};
+
+// A channels-last [K, ph, pw, C] tensor (grad or argmax) copied block-major: channel block
+// b (channels [c0, c0 + nc)) is a dense [K, ph*pw, nc] array at data + K * ph*pw * c0. A
+// backward task then reads its box blocks as short contiguous runs, instead of nc
+// channels from every 1 KiB or more.
+template <typename S>
+struct BlockMajor {
+  std::unique_ptr<S[]> data;
+  BlockMajor(const S* src, int64_t K, int64_t bins, int64_t C, int64_t cb) : data(new S[static_cast<size_t>(K * bins * C)]) {
+    prefer_huge_pages(data.get(), static_cast<size_t>(K * bins * C) * sizeof(S));
+    at::parallel_for(0, K, 16, [&](int64_t k0, int64_t k1) {
+      for (int64_t k = k0; k < k1; ++k) {
+        for (int64_t c0 = 0; c0 < C; c0 += cb) {
+          const int64_t nc = std::min(cb, C - c0);
+          S* dst = data.get() + K * bins * c0 + k * bins * nc;
+          for (int64_t b = 0; b < bins; ++b) std::copy_n(src + (k * bins + b) * C + c0, nc, dst + b * nc);
+        }
+      }
+    });
+  }
+};
+
+// Asks for a box's block of grad (or argmax) ahead of use: channels [c0, c0 + nc) of its
+// ph x pw bins, at p + i * sH + j * sW + c * sC. Channels-last blocks are one short run per
+// bin, 1 KiB or more apart, a pattern the hardware prefetchers do not follow.
+template <typename S>
+inline void prefetch_block(const S* p, int64_t sC, int64_t sH, int64_t sW, int64_t nc, int64_t ph, int64_t pw) {
+  constexpr int64_t kLine = 64 / sizeof(S);
+  if (sC == 1) {
+    for (int64_t i = 0; i < ph; ++i) {
+      for (int64_t j = 0; j < pw; ++j) {
+        for (int64_t c = 0; c < nc; c += kLine) __builtin_prefetch(p + i * sH + j * sW + c);
+      }
+    }
+  } else if (sH == pw && sW == 1 && sC == ph * pw) {  // NCHW: one contiguous run
+    for (int64_t e = 0; e < nc * sC; e += kLine) __builtin_prefetch(p + e);
+  }
+}
+
+// Bytes of gradient accumulator per backward task (a tile that stays in a core's L2).
+constexpr int64_t kBandBytes = int64_t(1) << 20;
+
+// ---- Tiles ---------------------------------------------------------------------------
+
+// Tiles: a task copies its channel block [c0, c0 + cb) of one image (rows [y0, y1),
+// columns [x0, x1)) into a compact channels-last tile in the opmath type, cell (y, x) at
+// tile + (y * W + x) * cb, so that the boxes then read it from cache. Also the reverse,
+// for backward, where the tile holds a band of rows [y0, y1): cell (y, x) at
+// tile + ((y - y0) * W + x) * cb. Transposes go through blocks of kTileX columns so that
+// the tile side stays in L1.
+constexpr int64_t kTileX = 16;
+
+// From an NCHW image (img points at channel c0).
+template <typename scalar_t, typename T>
+ROIOPS_SIMD void planes_to_tile(const scalar_t* img, int64_t sC, int64_t W, int64_t cb, int64_t y0, int64_t y1,
+                                int64_t x0, int64_t x1, T* __restrict__ tile) {
+  for (int64_t y = y0; y < y1; ++y) {
+    for (int64_t xb = x0; xb < x1; xb += kTileX) {
+      const int64_t xe = std::min(x1, xb + kTileX);
+      T* __restrict__ dst = tile + y * W * cb;
+      for (int64_t c = 0; c < cb; ++c) {
+        const scalar_t* __restrict__ src = img + c * sC + y * W;
+        for (int64_t x = xb; x < xe; ++x) dst[x * cb + c] = static_cast<T>(src[x]);
+      }
+    }
+  }
+}
+
+// From a channels-last image (img points at channel c0; cell (y, x) at y * sH + x * sW).
+template <typename scalar_t, typename T>
+ROIOPS_SIMD void cells_to_tile(const scalar_t* img, int64_t sH, int64_t sW, int64_t W, int64_t cb, int64_t y0,
+                               int64_t y1, int64_t x0, int64_t x1, T* __restrict__ tile) {
+  for (int64_t y = y0; y < y1; ++y) {
+    for (int64_t x = x0; x < x1; ++x) {
+      const scalar_t* __restrict__ src = img + y * sH + x * sW;
+      T* __restrict__ dst = tile + (y * W + x) * cb;
+      for (int64_t c = 0; c < cb; ++c) dst[c] = static_cast<T>(src[c]);
+    }
+  }
+}
+
+// A band tile -> channel block of an NCHW image (img points at channel c0).
+template <typename scalar_t, typename T>
+ROIOPS_SIMD void tile_to_planes(const T* __restrict__ tile, int64_t cb, int64_t y0, int64_t y1, int64_t W,
+                                scalar_t* img, int64_t sC) {
+  for (int64_t y = y0; y < y1; ++y) {
+    const T* __restrict__ row = tile + (y - y0) * W * cb;
+    for (int64_t xb = 0; xb < W; xb += kTileX) {
+      const int64_t xe = std::min(W, xb + kTileX);
+      for (int64_t c = 0; c < cb; ++c) {
+        scalar_t* __restrict__ dst = img + c * sC + y * W;
+        for (int64_t x = xb; x < xe; ++x) dst[x] = static_cast<scalar_t>(row[x * cb + c]);
+      }
+    }
+  }
+}
+
+// A band tile of `cells` cells -> channel block of a channels-last image (cell stride sW).
+template <typename scalar_t, typename T>
+ROIOPS_SIMD void tile_to_cells(const T* __restrict__ tile, int64_t cb, int64_t cells, scalar_t* dst, int64_t sW) {
+  for (int64_t e = 0; e < cells; ++e) {
+    for (int64_t c = 0; c < cb; ++c) dst[e * sW + c] = static_cast<scalar_t>(tile[e * cb + c]);
+  }
 }
 
 }  // namespace roiops
