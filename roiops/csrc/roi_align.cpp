@@ -396,17 +396,6 @@ inline void max_backward_bin(const AlignPlan<T>& p, int64_t i, int64_t j, int64_
 
 // ---- drivers ------------------------------------------------------------------------
 
-// Calls f(std::integral_constant<int64_t, kN>) with kN = n for the tile width, so that
-// the kernels' channel loops are unrolled, else kN = 0 (any n).
-template <typename F>
-void with_width(int64_t n, const F& f) {
-  if (n == kTileChannels) {
-    f(std::integral_constant<int64_t, kTileChannels>{});
-  } else {
-    f(std::integral_constant<int64_t, 0>{});
-  }
-}
-
 // Should the NCHW forward of image n go through channels-last tiles? Only if transposing
 // the rectangle around its boxes costs less than the boxes' own reads; otherwise (few
 // boxes on a large map) per-plane kernels run. rect = {y0, y1, x0, x1} around the boxes.

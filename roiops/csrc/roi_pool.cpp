@@ -188,17 +188,12 @@ void forward_impl(const at::Tensor& input, const at::Tensor& rois, double spatia
       } else {
         planes_to_tile(in + n * sN + c0 * sC, sC, W, nc, r[0], r[1], r[2], r[3], buf);
       }
-      auto run = [&](auto kN) {
+      with_width(nc, [&](auto kN) {
         for (const int64_t k : by_image[n]) {
           forward_cl<kN>(plans[k], static_cast<const T*>(buf), W * nc, nc, W, nc, ph, pw, best.get(nc), idx.get(nc),
                          o + k * oK + c0 * oC, am + k * oK + c0 * oC, oH, oW, oC);
         }
-      };
-      if (nc == kTileChannels) {
-        run(std::integral_constant<int64_t, kTileChannels>{});
-      } else {
-        run(std::integral_constant<int64_t, 0>{});
-      }
+      });
     } else if (channels_last) {
       for (const int64_t k : by_image[n]) {
         forward_cl<0>(plans[k], in + n * sN + c0, sH, sW, W, nc, ph, pw, best.get(nc), idx.get(nc),

@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstdint>
 #include <memory>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -385,6 +386,17 @@ inline std::vector<std::vector<int64_t>> boxes_by_image(const std::vector<int64_
 // 200 x 336 map is then 4 MiB; wider blocks measured slower), fewer when the tasks would
 // not keep the threads busy.
 constexpr int64_t kTileChannels = 16;
+
+// Calls f(std::integral_constant<int64_t, kN>) with kN = n for the tile width, so that
+// the kernels' channel loops are unrolled, else kN = 0 (any n).
+template <typename F>
+void with_width(int64_t n, const F& f) {
+  if (n == kTileChannels) {
+    f(std::integral_constant<int64_t, kTileChannels>{});
+  } else {
+    f(std::integral_constant<int64_t, 0>{});
+  }
+}
 
 inline int64_t channel_block(int64_t N, int64_t C, int64_t widest) {
   const int64_t want = 2 * static_cast<int64_t>(at::get_num_threads());
