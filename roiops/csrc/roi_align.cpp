@@ -216,20 +216,12 @@ inline bool take_outside(T best, int64_t idx, int64_t out) {
   return idx < 0 || (!std::isnan(best) && (T(0) > best || (T(0) == best && out < idx)));
 }
 
-// Does candidate (v, a) come before (best, idx) in that order? idx < 0: nothing yet.
-template <typename T>
-inline bool first_max(T v, int64_t a, T best, int64_t idx) {
-  if (idx < 0) return true;
-  if (std::isnan(v)) return !std::isnan(best) || a < idx;
-  return !std::isnan(best) && (v > best || (v == best && a < idx));
-}
-
 // best/row <- the first maximum of (best, v) per sample column, v coming from sample row iy.
 template <typename T>
 inline void running_max(T* __restrict__ best, T* __restrict__ row, const T* __restrict__ v, T iy, int64_t n) {
   for (int64_t s = 0; s < n; ++s) {
     const T x = v[s], b = best[s];
-    const bool take = (x > b) | ((x != x) & (b == b));  // beats(x, b), branch-free
+    const bool take = (x > b) | ((x != x) & (b == b));  // x wins: greater, or the first NaN
     best[s] = take ? x : b;
     row[s] = take ? iy : row[s];
   }
@@ -316,7 +308,7 @@ ROIOPS_SIMD void max_forward_cl(const AlignPlan<T>& p, const S* img, int64_t sH,
             const T v = w1 * static_cast<T>(p1[c]) + w2 * static_cast<T>(p2[c]) + w3 * static_cast<T>(p3[c]) +
                         w4 * static_cast<T>(p4[c]);
             const T bc = best[c];
-            const bool take = (v > bc) | ((v != v) & (bc == bc));  // beats(v, bc), branch-free
+            const bool take = (v > bc) | ((v != v) & (bc == bc));  // v wins: greater, or the first NaN
             best[c] = take ? v : bc;
             idx[c] = take ? s : idx[c];
           }

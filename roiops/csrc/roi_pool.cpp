@@ -42,7 +42,7 @@ inline void column_max(T* __restrict__ colv, int32_t* __restrict__ colr, const s
                        int32_t h, int64_t n) {
   for (int64_t x = 0; x < n; ++x) {
     const T v = static_cast<T>(row[x]), b = colv[x];
-    const bool take = (v > b) | ((v != v) & (b == b));  // beats(v, b)
+    const bool take = (v > b) | ((v != v) & (b == b));  // v wins: greater, or the first NaN
     colv[x] = take ? v : b;
     colr[x] = take ? h : colr[x];
   }
@@ -72,9 +72,7 @@ ROIOPS_SIMD void forward_plane(const PoolPlan<T>& p, const scalar_t* plane, int6
         for (int64_t x = p.w0[j]; x < p.w1[j]; ++x) {
           const T v = colv[x - xa];
           const int64_t at = colr[x - xa] * W + x;
-          const bool take = idx < 0 || (std::isnan(v) ? (!std::isnan(best) || at < idx)
-                                                      : (!std::isnan(best) && (v > best || (v == best && at < idx))));
-          if (take) {
+          if (first_max(v, at, best, idx)) {
             best = v;
             idx = at;
           }

@@ -297,10 +297,14 @@ struct PoolPlan {
   }
 };
 
-// The running maximum of design.md: strictly greater wins, the first NaN wins.
+// The running maximum of design.md (strictly greater wins, the first NaN wins) with
+// positions: does candidate (v, a) come before (best, idx) in row-major order of the first
+// maximum? idx < 0: nothing yet. Vectorised loops spell out the same rule branch-free.
 template <typename T>
-inline bool beats(T v, T best) {
-  return v > best || (std::isnan(v) && !std::isnan(best));
+inline bool first_max(T v, int64_t a, T best, int64_t idx) {
+  if (idx < 0) return true;
+  if (std::isnan(v)) return !std::isnan(best) || a < idx;
+  return !std::isnan(best) && (v > best || (v == best && a < idx));
 }
 
 // ---- Instruction sets ---------------------------------------------------------------
