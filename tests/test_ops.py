@@ -99,8 +99,31 @@ def test_roi_align_matches_torchvision(dtype, aligned, sr, channels_last):
     xt = x.detach().clone().requires_grad_()
     ref = torchvision.ops.roi_align(xt, boxes, (3, 5), SCALE, sr, aligned)
     ref.backward(torch.randn(ref.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64).to(dtype))
-    close(out, ref.detach(), dtype)
-    close(grad, xt.grad, dtype)
+    assert torch.equal(out, ref) and torch.equal(grad, xt.grad)  # same arithmetic, same order
+
+
+def _non_finite(channels_last):
+    """A map with NaN, inf and -inf inside and on the last row and column, where a sample
+    clamped to the border puts weight 0 on a tap (0 * inf is NaN in the per-sample formula)."""
+    x = feature(torch.float32)
+    x[0, 0, 3, 4], x[0, 1, H - 1, 5], x[1, 2, 6, W - 1] = float("inf"), float("inf"), float("-inf")
+    x[0, 3, 2:5, 7:10], x[1, 4, 8, 2] = float("-inf"), float("nan")
+    return x.contiguous(memory_format=torch.channels_last) if channels_last else x
+
+
+@pytest.mark.parametrize("op", list(OPS))
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_non_finite_values_match_reference(op, channels_last):
+    x, boxes = _non_finite(channels_last), boxes_for()
+    for sr, aligned in ((2, False), (0, True)):
+        out, grad = run(op, x, boxes, (3, 4), sr, aligned)
+        ref_out, ref_grad = run(op, x, boxes, (3, 4), sr, aligned, backend="reference")
+        assert out.isnan().any() and out.isinf().any()
+        torch.testing.assert_close(out, ref_out, equal_nan=True)
+        torch.testing.assert_close(grad, ref_grad, equal_nan=True)
+        if op == "align_avg" and not aligned:
+            tv_out = torchvision.ops.roi_align(x, boxes, (3, 4), SCALE, sr, aligned)
+            torch.testing.assert_close(out, tv_out, rtol=0, atol=0, equal_nan=True)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
