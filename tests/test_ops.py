@@ -237,6 +237,33 @@ def test_backward_deterministic_across_threads():
         assert all(torch.equal(grads[0], g) for g in grads[1:])
 
 
+@pytest.mark.parametrize("op, sr", [("align_avg", 2), ("align_avg", 0), ("align_max", 2), ("align_max", 0),
+                                   ("pool_caffe", 2)])
+@pytest.mark.parametrize("channels_last", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_backward_split_into_bands_and_channel_blocks(op, sr, channels_last, dtype):
+    """A map large enough that backward splits it into several bands of rows and blocks of
+    channels (one of 8 channels, not a multiple of 16), with tall boxes crossing bands; 2
+    threads against 1 (other splits, the same sums) and against the reference."""
+    x = torch.randn(2, 40, 180, 160, generator=torch.Generator().manual_seed(3)).to(dtype)
+    x = x.contiguous(memory_format=torch.channels_last) if channels_last else x
+    g = torch.Generator().manual_seed(4)
+    boxes = torch.cat([random_boxes(2, 12, 320, 360, g), nasty_boxes(2, 320, 360),
+                       torch.tensor([[0, 10.0, 2.0, 300.0, 355.0], [1, 40.0, 100.0, 60.0, 350.0]])])
+    prev = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        _, grad1 = run(op, x, boxes, 7, sr, True)
+        torch.set_num_threads(2)
+        _, grad2 = run(op, x, boxes, 7, sr, True)
+    finally:
+        torch.set_num_threads(prev)
+    _, ref = run(op, x, boxes, 7, sr, True, backend="reference")
+    assert torch.equal(grad1, grad2)
+    assert grad2.is_contiguous(memory_format=torch.channels_last if channels_last else torch.contiguous_format)
+    close(grad2, ref, dtype)
+
+
 def test_direct_op_call_rejects_bad_rows():
     x = feature()
     for bad in ([2.0, 0, 0, 4, 4], [-1.0, 0, 0, 4, 4], [0.5, 0, 0, 4, 4], [0.0, float("nan"), 0, 4, 4],

@@ -170,15 +170,15 @@ inline void add_term(T* __restrict__ dst, const G* __restrict__ g, T w, T count,
 
 // Backward of one box for n contiguous channels, the adjoint of avg_forward_cl in
 // torchvision's order (per cell: bins, then samples, then taps w1..w4), restricted to
-// map rows [y0, y1) of a band whose row y starts at band + (y - y0) * bH. g points at
-// the box's gradient (bin (i, j) at g + i * gH + j * gW, channels contiguous).
+// map rows [y0, y1) of a band whose row y starts at band + (y - y0) * bH, and to the bin
+// rows [i0, i1) that reach it. g points at the box's gradient (bin (i, j) at
+// g + i * gH + j * gW, channels contiguous).
 template <int64_t kN, typename G, typename T>
-ROIOPS_SIMD void avg_backward_cl(const AlignPlan<T>& p, const G* g, int64_t gH, int64_t gW, int64_t n_, int64_t ph,
-                                 int64_t pw, T* band, int64_t y0, int64_t y1, int64_t bH, int64_t sW) {
+ROIOPS_SIMD void avg_backward_cl(const AlignPlan<T>& p, const G* g, int64_t gH, int64_t gW, int64_t n_, int64_t i0,
+                                 int64_t i1, int64_t pw, T* band, int64_t y0, int64_t y1, int64_t bH, int64_t sW) {
   const int64_t n = kN ? kN : n_;
   const T count = p.count, inv_count = T(1) / count;
   const bool pow2 = (static_cast<int64_t>(count) & (static_cast<int64_t>(count) - 1)) == 0;
-  const auto [i0, i1] = bin_rows_in_band(p, ph, y0, y1);
   for (int64_t i = i0; i < i1; ++i) {
     for (int64_t j = 0; j < pw; ++j) {
       const G* gb = g + i * gH + j * gW;
@@ -386,6 +386,71 @@ inline void max_backward_bin(const AlignPlan<T>& p, int64_t i, int64_t j, int64_
   }
 }
 
+// Grids of at most this many samples per bin take the masked loop of max_backward_cl.
+constexpr int64_t kMaskedGrid = 16;
+
+// Backward of one box for n contiguous channels (as avg_backward_cl; am holds the argmax
+// at the offsets of g). Each channel's gradient goes to its winning sample's neighbours.
+// Small grids visit a bin's inside samples in turn: sel[c] = the channel's gradient if it
+// picked the sample, else 0, then sel * weight is added to each tap, all channels at once
+// (vector loops). A channel's sums are unchanged in bits by the exact zeros it adds for
+// the samples it did not pick (accumulators start at +0 and never become -0). Larger
+// grids go channel by channel. sel: scratch for n values.
+template <typename G, typename T>
+ROIOPS_SIMD void max_backward_cl(const AlignPlan<T>& p, const G* g, const int32_t* am, int64_t gH, int64_t gW,
+                                 int64_t n, int64_t i0, int64_t i1, int64_t pw, T* band, int64_t y0, int64_t y1,
+                                 int64_t bH, int64_t sW, T* __restrict__ sel) {
+  auto row = [&](int64_t y) { return y >= y0 && y < y1 ? band + (y - y0) * bH : nullptr; };
+  if (p.grid_h * p.grid_w > kMaskedGrid) {
+    const double inv_gw = p.grid_w > 0 ? 1.0 / static_cast<double>(p.grid_w) : 0.0;
+    for (int64_t i = i0; i < i1; ++i) {
+      for (int64_t j = 0; j < pw; ++j) {
+        for (int64_t c = 0; c < n; ++c) {
+          const int64_t e = i * gH + j * gW + c;
+          max_backward_bin(p, i, j, am[e], inv_gw, static_cast<T>(g[e]), sW, [&](int64_t y) {
+            T* r = row(y);
+            return r ? r + c : nullptr;
+          });
+        }
+      }
+    }
+    return;
+  }
+  for (int64_t i = i0; i < i1; ++i) {
+    for (int64_t j = 0; j < pw; ++j) {
+      const G* __restrict__ gb = g + i * gH + j * gW;
+      const int32_t* __restrict__ ab = am + i * gH + j * gW;
+      for (int64_t a = p.ys.begin[i]; a < p.ys.begin[i + 1]; ++a) {
+        T* rlo = row(p.ys.lo[a]);
+        T* rhi = row(p.ys.hi[a]);
+        if (!rlo && !rhi) continue;
+        const T hy = p.ys.h[a], ly = p.ys.l[a];
+        const int64_t iy = p.ys.first_in[i] + a - p.ys.begin[i];
+        for (int64_t b = p.xs.begin[j]; b < p.xs.begin[j + 1]; ++b) {
+          const int32_t s = static_cast<int32_t>(iy * p.grid_w + p.xs.first_in[j] + b - p.xs.begin[j]);
+          const T hx = p.xs.h[b], lx = p.xs.l[b];
+          const int64_t xl = p.xs.lo[b] * sW, xh = p.xs.hi[b] * sW;
+          for (int64_t c = 0; c < n; ++c) {
+            const T gv = static_cast<T>(gb[c]);  // loaded for every channel, so the select vectorises
+            sel[c] = ab[c] == s ? gv : T(0);
+          }
+          auto add = [&](T* __restrict__ dst, T w) {
+            for (int64_t c = 0; c < n; ++c) dst[c] += sel[c] * w;
+          };
+          if (rlo) {
+            add(rlo + xl, hy * hx);
+            add(rlo + xh, hy * lx);
+          }
+          if (rhi) {
+            add(rhi + xl, ly * hx);
+            add(rhi + xh, ly * lx);
+          }
+        }
+      }
+    }
+  }
+}
+
 // ---- drivers ------------------------------------------------------------------------
 
 // Should the NCHW forward of image n go through channels-last tiles? Only if transposing
@@ -474,9 +539,10 @@ void forward_impl(const at::Tensor& input, const at::Tensor& rois, double spatia
 }
 
 // Each task owns rows [y0, y1) x channels [c0, c0 + nc) of one image of grad_input and
-// accumulates them in the opmath type: in place for a channels-last float/double
-// gradient, else in a channels-last tile written out (converted, or transposed to NCHW)
-// at the end.
+// adds its boxes in increasing k (BackwardSplit, sampling.h). channels_last: grad and
+// argmax are read in place, by all the task's channels at once. NCHW: the band is a
+// channels-last tile of a block of channels, and each box's block of grad (and argmax)
+// is first transposed to channels-last scratch.
 template <typename scalar_t, bool kMax>
 void backward_impl(const at::Tensor& grad, const at::Tensor& argmax, const at::Tensor& rois, double spatial_scale,
                    int64_t ph, int64_t pw, int64_t sampling_ratio, bool aligned, at::Tensor& gi) {
@@ -487,88 +553,60 @@ void backward_impl(const at::Tensor& grad, const at::Tensor& argmax, const at::T
   if (gi.numel() == 0) return;
   const Plans<T> plans = build_plans<T>(rois, spatial_scale, ph, pw, sampling_ratio, aligned, H, W, kMax);
   const bool channels_last = is_channels_last(gi);
-  const int64_t K = grad.size(0), cb = channel_block(N, C, kTileChannels), blocks = (C + cb - 1) / cb;
-  // grad and argmax of box k, channel block at c0: bin (i, j), channel c at
-  // g(c0) + k * gK(nc) + c * gC + i * gH(nc) + j * gW(nc) (the same offsets for argmax).
-  std::unique_ptr<BlockMajor<scalar_t>> gb;
-  std::unique_ptr<BlockMajor<int32_t>> ab;
-  if (channels_last && cb < C) {
-    gb = std::make_unique<BlockMajor<scalar_t>>(grad.const_data_ptr<scalar_t>(), K, ph * pw, C, cb);
-    if (kMax) ab = std::make_unique<BlockMajor<int32_t>>(argmax.const_data_ptr<int32_t>(), K, ph * pw, C, cb);
-  }
-  auto g_at = [&](int64_t c0) { return gb ? gb->data.get() + K * ph * pw * c0 : grad.const_data_ptr<scalar_t>() + c0 * grad.stride(1); };
-  auto a_at = [&](int64_t c0) { return ab ? ab->data.get() + K * ph * pw * c0 : argmax.const_data_ptr<int32_t>() + c0 * argmax.stride(1); };
   std::vector<std::pair<int64_t, int64_t>> spans(plans.size());
   for (size_t k = 0; k < plans.size(); ++k) spans[k] = plans[k].row_span();
-  const Bands bands(N, H, W * cb * static_cast<int64_t>(sizeof(T)), kBandBytes, batches(plans), spans);
+  const BackwardSplit split(N, C, H, W, sizeof(T), channels_last, batches(plans), spans);
+  // grad and argmax share strides: box k, bin (i, j), channel c at k * gK + c * gC + i * gH + j * gW.
+  const scalar_t* grad_p = grad.const_data_ptr<scalar_t>();
+  const int32_t* am_p = kMax ? argmax.const_data_ptr<int32_t>() : nullptr;
+  const int64_t gK = grad.stride(0), gC = grad.stride(1), gH = grad.stride(2), gW = grad.stride(3);
 
-  Scratch<T> tile, gt;
-  parallel_tasks(N * bands.per_image * blocks, [&](int64_t t) {
-    const int64_t nb = t / blocks, n = nb / bands.per_image;
-    const int64_t y0 = (nb % bands.per_image) * bands.rows, y1 = std::min(H, y0 + bands.rows);
-    const int64_t c0 = (t % blocks) * cb, nc = std::min(cb, C - c0), cells = (y1 - y0) * W;
-    scalar_t* dst = out + n * sN + c0 * sC + y0 * sH;
-    T* acc = tile.get(cells * nc);  // cell (y, x) of the band at acc + ((y - y0) * W + x) * aW
-    const int64_t aW = nc;
-    const scalar_t* g = g_at(c0);
-    const int32_t* am = kMax ? a_at(c0) : nullptr;
-    const int64_t gC = gb ? 1 : grad.stride(1), gW = gb ? nc : grad.stride(3), gH = gb ? pw * nc : grad.stride(2);
-    const int64_t gK = gb ? ph * pw * nc : grad.stride(0);
-    std::fill(acc, acc + cells * nc, T(0));
-    const std::vector<int64_t>& list = bands.boxes[nb];
+  Scratch<T> tile, gt, sel;
+  Scratch<int32_t> at_buf;
+  parallel_tasks(split.tasks(), [&](int64_t t) {
+    const auto task = split.task(t);
+    const int64_t y0 = task.y0, y1 = task.y1, c0 = task.c0, nc = task.nc;
+    scalar_t* img = out + task.n * sN + c0 * sC;
+    const auto [acc, aW] = band_accumulator<T>(channels_last, img, sH, sW, tile, task, W);
+    const std::vector<int64_t>& list = split.bands.boxes[task.band];
     for (size_t q = 0; q < list.size(); ++q) {
       const int64_t k = list[q];
       const AlignPlan<T>& p = plans[k];
-      const int64_t e0 = k * gK;
-      if (q + 1 < list.size()) {
-        prefetch_block(g + list[q + 1] * gK, gC, gH, gW, nc, ph, pw);
-        if (kMax) prefetch_block(am + list[q + 1] * gK, gC, gH, gW, nc, ph, pw);
+      const auto [i0, i1] = bin_rows_in_band(p, ph, y0, y1);
+      const scalar_t* g = grad_p + k * gK + c0 * gC;
+      const int32_t* am = kMax ? am_p + k * gK + c0 * gC : nullptr;
+      if (q + 1 < list.size() && nc < C) {
+        prefetch_block(grad_p + list[q + 1] * gK + c0 * gC, gC, gH, gW, nc, ph, pw);
+        if (kMax) prefetch_block(am_p + list[q + 1] * gK + c0 * gC, gC, gH, gW, nc, ph, pw);
+      }
+      if (channels_last) {
+        if constexpr (kMax) {
+          max_backward_cl(p, g, am, gH, gW, nc, i0, i1, pw, acc, y0, y1, W * aW, aW, sel.get(nc));
+        } else {
+          avg_backward_cl<0>(p, g, gH, gW, nc, i0, i1, pw, acc, y0, y1, W * aW, aW);
+        }
+        continue;
+      }
+      T* gk = gt.get(ph * pw * nc);
+      int32_t* ak = kMax ? at_buf.get(ph * pw * nc) : nullptr;
+      for (int64_t c = 0; c < nc; ++c) {
+        for (int64_t i = i0; i < i1; ++i) {
+          for (int64_t j = 0; j < pw; ++j) {
+            gk[(i * pw + j) * nc + c] = static_cast<T>(g[c * gC + i * gH + j * gW]);
+            if (kMax) ak[(i * pw + j) * nc + c] = am[c * gC + i * gH + j * gW];
+          }
+        }
       }
       if constexpr (kMax) {
-        const double inv_gw = p.grid_w > 0 ? 1.0 / static_cast<double>(p.grid_w) : 0.0;
-        const auto [i0, i1] = bin_rows_in_band(p, ph, y0, y1);
-        // Read grad and argmax in memory order: channels innermost when channels-last.
-        // Each (cell, channel) still receives its terms in the order (k, i, j).
-        auto one = [&](int64_t c, int64_t i, int64_t j) {
-          const int64_t e = e0 + c * gC + i * gH + j * gW;
-          auto row = [&](int64_t y) { return y >= y0 && y < y1 ? acc + (y - y0) * W * aW + c : nullptr; };
-          max_backward_bin(p, i, j, am[e], inv_gw, static_cast<T>(g[e]), aW, row);
-        };
-        if (gC == 1) {
-          for (int64_t i = i0; i < i1; ++i) {
-            for (int64_t j = 0; j < pw; ++j) {
-              for (int64_t c = 0; c < nc; ++c) one(c, i, j);
-            }
-          }
-        } else {
-          for (int64_t c = 0; c < nc; ++c) {
-            for (int64_t i = i0; i < i1; ++i) {
-              for (int64_t j = 0; j < pw; ++j) one(c, i, j);
-            }
-          }
-        }
-      } else if (gC == 1) {  // channels last (block-major): read in place
+        max_backward_cl(p, static_cast<const T*>(gk), ak, pw * nc, nc, nc, i0, i1, pw, acc, y0, y1, W * aW, aW,
+                        sel.get(nc));
+      } else {
         with_width(nc, [&](auto kN) {
-          avg_backward_cl<kN>(p, g + e0, gH, gW, nc, ph, pw, acc, y0, y1, W * aW, aW);
-        });
-      } else {  // NCHW gradient: this box's block, channels last
-        T* gk = gt.get(ph * pw * nc);
-        for (int64_t c = 0; c < nc; ++c) {
-          for (int64_t i = 0; i < ph; ++i) {
-            for (int64_t j = 0; j < pw; ++j) gk[(i * pw + j) * nc + c] = static_cast<T>(g[e0 + c * gC + i * gH + j * gW]);
-          }
-        }
-        with_width(nc, [&](auto kN) {
-          avg_backward_cl<kN>(p, static_cast<const T*>(gk), pw * nc, nc, nc, ph, pw, acc, y0, y1,
-                              W * aW, aW);
+          avg_backward_cl<kN>(p, static_cast<const T*>(gk), pw * nc, nc, nc, i0, i1, pw, acc, y0, y1, W * aW, aW);
         });
       }
     }
-    if (channels_last) {
-      tile_to_cells(acc, nc, cells, dst, sW);
-    } else {
-      tile_to_planes(acc, nc, y0, y1, W, out + n * sN + c0 * sC, sC);
-    }
+    write_band(acc, channels_last, img, sH, sW, sC, task, W);
   });
 }
 

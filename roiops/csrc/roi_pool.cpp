@@ -208,12 +208,74 @@ void forward_impl(const at::Tensor& input, const at::Tensor& rois, double spatia
   });
 }
 
+// Bounds of argmax values: the smallest index (unsigned, so that -1, no maximum, sorts
+// above every index), the largest, and the smallest signed value (< -1: invalid).
+struct ArgmaxBounds {
+  uint32_t lo = UINT32_MAX;
+  int32_t hi = -1, low = 0;
+};
+
+// Scratch of argmax_rows for NCHW: element-wise bounds of one box's ph * pw positions.
+struct ArgmaxScratch {
+  std::vector<uint32_t> lo;
+  std::vector<int32_t> hi, low;
+};
+
+ROIOPS_SIMD inline ArgmaxBounds bounds_of(const int32_t* __restrict__ a, int64_t n, ArgmaxBounds b) {
+  for (int64_t e = 0; e < n; ++e) {
+    b.lo = std::min(b.lo, static_cast<uint32_t>(a[e]));
+    b.hi = std::max(b.hi, a[e]);
+    b.low = std::min(b.low, a[e]);
+  }
+  return b;
+}
+
+ROIOPS_SIMD inline void bounds_elementwise(const int32_t* __restrict__ a, int64_t n, uint32_t* __restrict__ lo,
+                                           int32_t* __restrict__ hi, int32_t* __restrict__ low) {
+  for (int64_t e = 0; e < n; ++e) {
+    lo[e] = std::min(lo[e], static_cast<uint32_t>(a[e]));
+    hi[e] = std::max(hi[e], a[e]);
+    low[e] = std::min(low[e], a[e]);
+  }
+}
+
+// rows[i] = the map rows that bin row i of one box sends gradient to (first > second:
+// none); false if an argmax value is < -1 or beyond the map. Read in memory order, in
+// vector loops: channels-last, a bin row is one run of pw * C values; NCHW, the C runs of
+// ph * pw values are first reduced element-wise.
+bool argmax_rows(const int32_t* box, int64_t sC, int64_t sH, int64_t C, int64_t ph, int64_t pw, int64_t H,
+                 int64_t W, std::pair<int64_t, int64_t>* rows, ArgmaxScratch& s) {
+  int32_t low = 0;
+  auto set_row = [&](int64_t i, const ArgmaxBounds& b) {
+    rows[i] = b.hi >= 0 ? std::make_pair<int64_t, int64_t>(b.lo / W, b.hi / W) : std::make_pair<int64_t, int64_t>(1, 0);
+    low = std::min(low, b.low);
+  };
+  if (sC == 1) {
+    for (int64_t i = 0; i < ph; ++i) set_row(i, bounds_of(box + i * sH, pw * C, ArgmaxBounds{}));
+  } else {
+    s.lo.assign(static_cast<size_t>(ph * pw), UINT32_MAX);
+    s.hi.assign(s.lo.size(), -1);
+    s.low.assign(s.lo.size(), 0);
+    for (int64_t c = 0; c < C; ++c) bounds_elementwise(box + c * sC, ph * pw, s.lo.data(), s.hi.data(), s.low.data());
+    for (int64_t i = 0; i < ph; ++i) {
+      ArgmaxBounds b;
+      for (int64_t e = i * pw; e < (i + 1) * pw; ++e) {
+        b.lo = std::min(b.lo, s.lo[e]);
+        b.hi = std::max(b.hi, s.hi[e]);
+        b.low = std::min(b.low, s.low[e]);
+      }
+      set_row(i, b);
+    }
+  }
+  return low >= -1 && std::none_of(rows, rows + ph, [&](const auto& r) { return r.second >= H; });
+}
+
 // grad goes to the argmax element. Tasks own rows [y0, y1) x a block of channels of one
 // image and add their boxes' terms in increasing k, per (cell, channel) in the order
-// (k, i, j) as torchvision does: the sums are bit-exact. A channels-last float/double
-// gradient is accumulated in place, all channels at once, so that grad and argmax are read
-// as they lie; otherwise a task accumulates in a channels-last tile of the opmath type,
-// written out at the end (in place, NCHW's scattered writes to 16 planes measured slower).
+// (k, i, j) as torchvision does: the sums are bit-exact. Bands and accumulators as in
+// roi_align.cpp's backward (sampling.h): channels_last reads grad and argmax in place, and
+// accumulates a float/double gradient in place; NCHW accumulates in a channels-last tile
+// (in place, NCHW's scattered writes to 16 planes measured slower).
 // `rows[k * ph + i]` is the range of map rows that bin row i of box k sends gradient to
 // (first > second: none), so that a task reads only the bin rows that reach its band.
 template <typename scalar_t>
@@ -222,20 +284,11 @@ void backward_impl(const at::Tensor& grad, const at::Tensor& argmax, const std::
   using T = at::opmath_type<scalar_t>;
   const int64_t N = gi.size(0), C = gi.size(1), H = gi.size(2), W = gi.size(3);
   const int64_t ph = grad.size(2), pw = grad.size(3);
-  const int64_t sN = gi.stride(0), sC = gi.stride(1), sW = gi.stride(3);
+  const int64_t sN = gi.stride(0), sC = gi.stride(1), sH = gi.stride(2), sW = gi.stride(3);
   scalar_t* out = gi.data_ptr<scalar_t>();
   if (gi.numel() == 0) return;
   const bool channels_last = is_channels_last(gi);
-  const bool in_place = channels_last && std::is_same_v<scalar_t, T>;
   const int64_t K = grad.size(0);
-  const int64_t cb = in_place ? C : channel_block(N, C, kTileChannels), blocks = (C + cb - 1) / cb;
-  // Channels-last grad and argmax read by a block of channels: block-major copies (sampling.h).
-  std::unique_ptr<BlockMajor<scalar_t>> gb;
-  std::unique_ptr<BlockMajor<int32_t>> ab;
-  if (channels_last && cb < C) {
-    gb = std::make_unique<BlockMajor<scalar_t>>(grad.const_data_ptr<scalar_t>(), K, ph * pw, C, cb);
-    ab = std::make_unique<BlockMajor<int32_t>>(argmax.const_data_ptr<int32_t>(), K, ph * pw, C, cb);
-  }
   std::vector<std::pair<int64_t, int64_t>> spans(static_cast<size_t>(K), {1, 0});
   for (int64_t k = 0; k < K; ++k) {
     for (int64_t i = 0; i < ph; ++i) {
@@ -246,42 +299,29 @@ void backward_impl(const at::Tensor& grad, const at::Tensor& argmax, const std::
                      : std::make_pair(std::min(spans[k].first, r.first), std::max(spans[k].second, r.second));
     }
   }
-  // In place, a band is rows of all channels: larger bands, so that fewer bin rows
-  // straddle two bands and are read twice (measured here: 4 MiB 1.7x faster than 1 MiB).
-  const int64_t band_bytes = in_place ? 4 * kBandBytes : kBandBytes;
-  const Bands bands(N, H, W * cb * static_cast<int64_t>(sizeof(T)), band_bytes, batch, spans);
+  const BackwardSplit split(N, C, H, W, sizeof(T), channels_last, batch, spans);
+  // grad and argmax share strides: box k, bin (i, j), channel c at k * gK + c * gC + i * gH + j * gW.
+  const scalar_t* grad_p = grad.const_data_ptr<scalar_t>();
+  const int32_t* am_p = argmax.const_data_ptr<int32_t>();
+  const int64_t gK = grad.stride(0), gC = grad.stride(1), gH = grad.stride(2), gW = grad.stride(3);
 
   Scratch<T> tile;
-  parallel_tasks(N * bands.per_image * blocks, [&](int64_t t) {
-    const int64_t nb = t / blocks, n = nb / bands.per_image;
-    const int64_t y0 = (nb % bands.per_image) * bands.rows, y1 = std::min(H, y0 + bands.rows);
-    const int64_t c0 = (t % blocks) * cb, nc = std::min(cb, C - c0), cells = (y1 - y0) * W;
-    // Cell e of the band, channel c, at acc + e * aW + c * aC.
-    T* acc;
-    int64_t aW, aC;
-    if (in_place) {
-      acc = reinterpret_cast<T*>(out + n * sN + y0 * W * sW);
-      aW = sW, aC = 1;
-      std::fill(acc, acc + cells * C, T(0));
-    } else {
-      acc = tile.get(cells * nc);
-      aW = nc, aC = 1;
-      std::fill(acc, acc + cells * nc, T(0));
-    }
-    // Box k, bin (i, j), channel c0 + c at e = k * gK + c * gC + i * gH + j * gW.
-    const scalar_t* g = gb ? gb->data.get() + K * ph * pw * c0 : grad.const_data_ptr<scalar_t>() + c0 * grad.stride(1);
-    const int32_t* am = ab ? ab->data.get() + K * ph * pw * c0 : argmax.const_data_ptr<int32_t>() + c0 * argmax.stride(1);
-    const int64_t gC = gb ? 1 : grad.stride(1), gW = gb ? nc : grad.stride(3), gH = gb ? pw * nc : grad.stride(2);
-    const int64_t gK = gb ? ph * pw * nc : grad.stride(0);
+  parallel_tasks(split.tasks(), [&](int64_t t) {
+    const auto task = split.task(t);
+    const int64_t y0 = task.y0, y1 = task.y1, c0 = task.c0, nc = task.nc;
+    scalar_t* img = out + task.n * sN + c0 * sC;
+    const auto [acc, aW] = band_accumulator<T>(channels_last, img, sH, sW, tile, task, W);
+    const scalar_t* g = grad_p + c0 * gC;
+    const int32_t* am = am_p + c0 * gC;
     const int64_t lo = y0 * W, hi = y1 * W;  // argmax values inside the band
     auto one = [&](int64_t e, int64_t c) {
       const int64_t a = am[e];
-      if (a >= lo && a < hi) acc[(a - lo) * aW + c * aC] += static_cast<T>(g[e]);
+      if (a >= lo && a < hi) acc[(a - lo) * aW + c] += static_cast<T>(g[e]);
     };
-    const std::vector<int64_t>& list = bands.boxes[nb];
+    const std::vector<int64_t>& list = split.bands.boxes[task.band];
     for (size_t q = 0; q < list.size(); ++q) {
       const int64_t k = list[q], e0 = k * gK;
-      if (q + 1 < list.size() && cb < C) {
+      if (q + 1 < list.size() && nc < C) {
         prefetch_block(g + list[q + 1] * gK, gC, gH, gW, nc, ph, pw);
         prefetch_block(am + list[q + 1] * gK, gC, gH, gW, nc, ph, pw);
       }
@@ -289,7 +329,7 @@ void backward_impl(const at::Tensor& grad, const at::Tensor& argmax, const std::
         const auto& r = rows[k * ph + i];
         return r.first <= r.second && r.first < y1 && r.second >= y0;
       };
-      if (gC == 1) {  // channels innermost: read in memory order
+      if (channels_last) {  // channels innermost: read in memory order
         for (int64_t i = 0; i < ph; ++i) {
           if (!reaches(i)) continue;
           for (int64_t j = 0; j < pw; ++j) {
@@ -305,12 +345,7 @@ void backward_impl(const at::Tensor& grad, const at::Tensor& argmax, const std::
         }
       }
     }
-    if (in_place) return;
-    if (channels_last) {
-      tile_to_cells(acc, nc, cells, out + n * sN + c0 * sC + y0 * W * sW, sW);
-    } else {
-      tile_to_planes(acc, nc, y0, y1, W, out + n * sN + c0 * sC, sC);
-    }
+    write_band(acc, channels_last, img, sH, sW, sC, task, W);
   });
 }
 
@@ -349,46 +384,14 @@ at::Tensor roi_pool_backward(const at::Tensor& grad_, const at::Tensor& argmax_,
   // Per box and bin row: the map rows its argmax values point to, each value checked to
   // lie in [-1, H * W) so that no access leaves the map.
   const int64_t K = grad.size(0), ph = grad.size(2), pw = grad.size(3);
-  const int64_t aC = argmax.stride(1), aH = argmax.stride(2);
   const int32_t* am = argmax.const_data_ptr<int32_t>();
   std::vector<std::pair<int64_t, int64_t>> rows(static_cast<size_t>(K * ph));
   std::vector<char> bad(static_cast<size_t>(K), 0);
-  // Read in memory order, in vectorisable loops: channels-last, a bin row is one run of
-  // pw * C values; NCHW, the C runs of ph * pw values are first reduced element-wise.
-  const bool cl = aC == 1;
-  const int64_t run = cl ? pw * C : ph * pw, runs = cl ? ph : C;
   at::parallel_for(0, K, 16, [&](int64_t k0, int64_t k1) {
-    std::vector<int32_t> lo(static_cast<size_t>(run)), hi(lo.size()), low(lo.size());
+    ArgmaxScratch scratch;
     for (int64_t k = k0; k < k1; ++k) {
-      const int32_t* box = am + k * argmax.stride(0);
-      std::fill(lo.begin(), lo.end(), INT32_MAX);
-      std::fill(hi.begin(), hi.end(), -1);
-      std::fill(low.begin(), low.end(), 0);
-      for (int64_t r = 0; r < runs; ++r) {
-        const int32_t* a = box + r * (cl ? aH : aC);
-        if (cl) {  // one bin row per run
-          std::fill(lo.begin(), lo.end(), INT32_MAX);
-          std::fill(hi.begin(), hi.end(), -1);
-        }
-        for (int64_t e = 0; e < run; ++e) {
-          const int32_t v = a[e];
-          lo[e] = v >= 0 && v < lo[e] ? v : lo[e];
-          hi[e] = v > hi[e] ? v : hi[e];
-          low[e] = v < low[e] ? v : low[e];
-        }
-        if (cl) {
-          const int32_t l = *std::min_element(lo.begin(), lo.end()), h = *std::max_element(hi.begin(), hi.end());
-          rows[k * ph + r] = h >= 0 ? std::make_pair<int64_t, int64_t>(l / W, h / W) : std::make_pair<int64_t, int64_t>(1, 0);
-        }
-      }
-      for (int64_t i = 0; !cl && i < ph; ++i) {
-        const int32_t l = *std::min_element(lo.begin() + i * pw, lo.begin() + (i + 1) * pw);
-        const int32_t h = *std::max_element(hi.begin() + i * pw, hi.begin() + (i + 1) * pw);
-        rows[k * ph + i] = h >= 0 ? std::make_pair<int64_t, int64_t>(l / W, h / W) : std::make_pair<int64_t, int64_t>(1, 0);
-      }
-      bad[k] = *std::min_element(low.begin(), low.end()) < -1 ||
-               std::any_of(rows.begin() + k * ph, rows.begin() + (k + 1) * ph,
-                           [&](const auto& r) { return r.second >= H; });
+      bad[k] = !argmax_rows(am + k * argmax.stride(0), argmax.stride(1), argmax.stride(2), C, ph, pw, H, W,
+                            rows.data() + k * ph, scratch);
     }
   });
   for (int64_t k = 0; k < K; ++k) {
