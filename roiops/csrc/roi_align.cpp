@@ -538,6 +538,16 @@ void forward_impl(const at::Tensor& input, const at::Tensor& rois, double spatia
   });
 }
 
+// Bins [e0, e1) of n channels of one box's NCHW grad (or argmax; channel stride sC, bins
+// contiguous) -> channels-last dst, bin e at dst + e * n.
+template <int64_t kN, typename S, typename D>
+ROIOPS_SIMD void bins_to_cl(const S* src, int64_t sC, int64_t n_, int64_t e0, int64_t e1, D* __restrict__ dst) {
+  const int64_t n = kN ? kN : n_;
+  for (int64_t c = 0; c < n; ++c) {
+    for (int64_t e = e0; e < e1; ++e) dst[e * n + c] = static_cast<D>(src[c * sC + e]);
+  }
+}
+
 // Each task owns rows [y0, y1) x channels [c0, c0 + nc) of one image of grad_input and
 // adds its boxes in increasing k (BackwardSplit, sampling.h). channels_last: grad and
 // argmax are read in place, by all the task's channels at once. NCHW: the band is a
@@ -589,22 +599,16 @@ void backward_impl(const at::Tensor& grad, const at::Tensor& argmax, const at::T
       }
       T* gk = gt.get(ph * pw * nc);
       int32_t* ak = kMax ? at_buf.get(ph * pw * nc) : nullptr;
-      for (int64_t c = 0; c < nc; ++c) {
-        for (int64_t i = i0; i < i1; ++i) {
-          for (int64_t j = 0; j < pw; ++j) {
-            gk[(i * pw + j) * nc + c] = static_cast<T>(g[c * gC + i * gH + j * gW]);
-            if (kMax) ak[(i * pw + j) * nc + c] = am[c * gC + i * gH + j * gW];
-          }
-        }
-      }
-      if constexpr (kMax) {
-        max_backward_cl(p, static_cast<const T*>(gk), ak, pw * nc, nc, nc, i0, i1, pw, acc, y0, y1, W * aW, aW,
-                        sel.get(nc));
-      } else {
-        with_width(nc, [&](auto kN) {
+      with_width(nc, [&](auto kN) {
+        bins_to_cl<kN>(g, gC, nc, i0 * pw, i1 * pw, gk);
+        if constexpr (kMax) {
+          bins_to_cl<kN>(am, gC, nc, i0 * pw, i1 * pw, ak);
+          max_backward_cl(p, static_cast<const T*>(gk), ak, pw * nc, nc, nc, i0, i1, pw, acc, y0, y1, W * aW, aW,
+                          sel.get(nc));
+        } else {
           avg_backward_cl<kN>(p, static_cast<const T*>(gk), pw * nc, nc, nc, i0, i1, pw, acc, y0, y1, W * aW, aW);
-        });
-      }
+        }
+      });
     }
     write_band(acc, channels_last, img, sH, sW, sC, task, W);
   });
