@@ -2,8 +2,8 @@
 //
 // Tasks as in roi_align.cpp: (image, block of channels) for forward, read in place when
 // channels_last and from a channels-last tile of the block when NCHW (per-plane kernels
-// when the boxes cover little of the map); backward adds to bands of rows per channel
-// block, boxes in increasing k.
+// when the boxes cover little of the map); backward tasks own bands of rows (all channels
+// when channels_last, a block of channels when NCHW) and add boxes in increasing k.
 //
 // The result must equal a row-major scan that keeps the first maximum (strictly greater
 // wins, the first NaN wins). That is: NaN if the bin holds one, else the maximum; and the
