@@ -558,8 +558,6 @@ void backward_impl(const at::Tensor& grad, const at::Tensor& argmax, const at::T
                    int64_t ph, int64_t pw, int64_t sampling_ratio, bool aligned, at::Tensor& gi) {
   using T = at::opmath_type<scalar_t>;
   const int64_t N = gi.size(0), C = gi.size(1), H = gi.size(2), W = gi.size(3);
-  const int64_t sN = gi.stride(0), sC = gi.stride(1), sH = gi.stride(2), sW = gi.stride(3);
-  scalar_t* out = gi.data_ptr<scalar_t>();
   if (gi.numel() == 0) return;
   const Plans<T> plans = build_plans<T>(rois, spatial_scale, ph, pw, sampling_ratio, aligned, H, W, kMax);
   const bool channels_last = is_channels_last(gi);
@@ -571,13 +569,10 @@ void backward_impl(const at::Tensor& grad, const at::Tensor& argmax, const at::T
   const int32_t* am_p = kMax ? argmax.const_data_ptr<int32_t>() : nullptr;
   const int64_t gK = grad.stride(0), gC = grad.stride(1), gH = grad.stride(2), gW = grad.stride(3);
 
-  Scratch<T> tile, gt, sel;
+  Scratch<T> gt, sel;
   Scratch<int32_t> at_buf;
-  parallel_tasks(split.tasks(), [&](int64_t t) {
-    const auto task = split.task(t);
+  for_each_band<T, scalar_t>(split, gi, [&](const BackwardSplit::Task& task, T* acc, int64_t aW) {
     const int64_t y0 = task.y0, y1 = task.y1, c0 = task.c0, nc = task.nc;
-    scalar_t* img = out + task.n * sN + c0 * sC;
-    const auto [acc, aW] = band_accumulator<T>(channels_last, img, sH, sW, tile, task, W);
     const std::vector<int64_t>& list = split.bands.boxes[task.band];
     for (size_t q = 0; q < list.size(); ++q) {
       const int64_t k = list[q];
@@ -610,7 +605,6 @@ void backward_impl(const at::Tensor& grad, const at::Tensor& argmax, const at::T
         }
       });
     }
-    write_band(acc, channels_last, img, sH, sW, sC, task, W);
   });
 }
 

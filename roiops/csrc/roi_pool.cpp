@@ -284,8 +284,6 @@ void backward_impl(const at::Tensor& grad, const at::Tensor& argmax, const std::
   using T = at::opmath_type<scalar_t>;
   const int64_t N = gi.size(0), C = gi.size(1), H = gi.size(2), W = gi.size(3);
   const int64_t ph = grad.size(2), pw = grad.size(3);
-  const int64_t sN = gi.stride(0), sC = gi.stride(1), sH = gi.stride(2), sW = gi.stride(3);
-  scalar_t* out = gi.data_ptr<scalar_t>();
   if (gi.numel() == 0) return;
   const bool channels_last = is_channels_last(gi);
   const int64_t K = grad.size(0);
@@ -305,12 +303,8 @@ void backward_impl(const at::Tensor& grad, const at::Tensor& argmax, const std::
   const int32_t* am_p = argmax.const_data_ptr<int32_t>();
   const int64_t gK = grad.stride(0), gC = grad.stride(1), gH = grad.stride(2), gW = grad.stride(3);
 
-  Scratch<T> tile;
-  parallel_tasks(split.tasks(), [&](int64_t t) {
-    const auto task = split.task(t);
+  for_each_band<T, scalar_t>(split, gi, [&](const BackwardSplit::Task& task, T* acc, int64_t aW) {
     const int64_t y0 = task.y0, y1 = task.y1, c0 = task.c0, nc = task.nc;
-    scalar_t* img = out + task.n * sN + c0 * sC;
-    const auto [acc, aW] = band_accumulator<T>(channels_last, img, sH, sW, tile, task, W);
     const scalar_t* g = grad_p + c0 * gC;
     const int32_t* am = am_p + c0 * gC;
     const int64_t lo = y0 * W, hi = y1 * W;  // argmax values inside the band
@@ -345,7 +339,6 @@ void backward_impl(const at::Tensor& grad, const at::Tensor& argmax, const std::
         }
       }
     }
-    write_band(acc, channels_last, img, sH, sW, sC, task, W);
   });
 }
 

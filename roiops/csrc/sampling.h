@@ -570,39 +570,41 @@ struct BackwardSplit {
   int64_t C_, H_;
 };
 
-// The zeroed accumulator of a task, {data, cell stride}: cell (y, x) of its band, channel
-// c0 + c, at data + ((y - y0) * W + x) * stride + c. A channels-last float/double
-// gradient accumulates in place; otherwise a tile of the opmath type, written out by
-// write_band. img: grad_input at image n, channel c0.
-template <typename T, typename scalar_t>
-std::pair<T*, int64_t> band_accumulator(bool channels_last, scalar_t* img, int64_t sH, int64_t sW, Scratch<T>& tile,
-                                        const BackwardSplit::Task& task, int64_t W) {
-  const int64_t cells = task.cells(W), nc = task.nc;
-  if constexpr (std::is_same_v<scalar_t, T>) {
-    if (channels_last) {
-      T* acc = img + task.y0 * sH;
-      if (nc == sW) {
-        std::fill_n(acc, cells * nc, T(0));
-      } else {
-        for (int64_t e = 0; e < cells; ++e) std::fill_n(acc + e * sW, nc, T(0));
+// Runs body(task, acc, aW) for every task of `split` on all threads, with the task's zeroed
+// accumulator: cell (y, x) of its band, channel c0 + c, at acc + ((y - y0) * W + x) * aW + c.
+// A channels-last float/double gradient accumulates in place; otherwise in a tile of the
+// opmath type T, written to grad_input (gi, N x C x H x W) afterwards.
+template <typename T, typename scalar_t, typename F>
+void for_each_band(const BackwardSplit& split, at::Tensor& gi, const F& body) {
+  const bool channels_last = is_channels_last(gi);
+  const int64_t W = gi.size(3), sN = gi.stride(0), sC = gi.stride(1), sH = gi.stride(2), sW = gi.stride(3);
+  scalar_t* out = gi.data_ptr<scalar_t>();
+  Scratch<T> tile;
+  parallel_tasks(split.tasks(), [&](int64_t t) {
+    const BackwardSplit::Task task = split.task(t);
+    const int64_t cells = task.cells(W), nc = task.nc;
+    scalar_t* img = out + task.n * sN + task.c0 * sC;
+    if constexpr (std::is_same_v<scalar_t, T>) {
+      if (channels_last) {
+        T* acc = img + task.y0 * sH;
+        if (nc == sW) {
+          std::fill_n(acc, cells * nc, T(0));
+        } else {
+          for (int64_t e = 0; e < cells; ++e) std::fill_n(acc + e * sW, nc, T(0));
+        }
+        body(task, acc, sW);
+        return;
       }
-      return {acc, sW};
     }
-  }
-  T* acc = tile.get(cells * nc);
-  std::fill_n(acc, cells * nc, T(0));
-  return {acc, nc};
-}
-
-// Writes a task's tile to grad_input (img as for band_accumulator); nothing to do in place.
-template <typename T, typename scalar_t>
-void write_band(const T* acc, bool channels_last, scalar_t* img, int64_t sH, int64_t sW, int64_t sC,
-                const BackwardSplit::Task& task, int64_t W) {
-  if (!channels_last) {
-    tile_to_planes(acc, task.nc, task.y0, task.y1, W, img, sC);
-  } else if constexpr (!std::is_same_v<scalar_t, T>) {
-    tile_to_cells(acc, task.nc, task.cells(W), img + task.y0 * sH, sW);
-  }
+    T* acc = tile.get(cells * nc);
+    std::fill_n(acc, cells * nc, T(0));
+    body(task, acc, nc);
+    if (channels_last) {
+      tile_to_cells(acc, nc, cells, img + task.y0 * sH, sW);
+    } else {
+      tile_to_planes(acc, nc, task.y0, task.y1, W, img, sC);
+    }
+  });
 }
 
 }  // namespace roiops
