@@ -102,6 +102,33 @@ def test_roi_align_matches_torchvision(dtype, aligned, sr, channels_last):
     assert torch.equal(out, ref) and torch.equal(grad, xt.grad)  # same arithmetic, same order
 
 
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_adaptive_backward_divisions_bit_exact_with_torchvision(channels_last):
+    """Adaptive sampling divides every term by a count that is rarely a power of two; the
+    C++ kernel replaces that division by an FMA sequence where it is exact. Sample counts
+    from 1 to several hundred and gradients over the whole float32 range (subnormals, zeros,
+    infinities and NaN included) must still give torchvision's bits."""
+    g = torch.Generator().manual_seed(3)
+    x = torch.zeros(1, 19, 80, 80, dtype=torch.float32)  # 19 channels: vector and tail lanes
+    if channels_last:
+        x = x.contiguous(memory_format=torch.channels_last)
+    lo = torch.rand(60, 2, generator=g) * 20
+    size = torch.rand(60, 2, generator=g) * 59 + 0.5
+    boxes = torch.cat([torch.zeros(60, 1), lo, lo + size], dim=1)
+    grad = torch.randn(60, 19, 2, 3, generator=g) * torch.exp2(torch.randint(-150, 128, (60, 19, 2, 3), generator=g))
+    grad[grad.abs() < 2.0**-149] = 0.0
+    grad[5, :4] = float("inf")
+    grad[7, 2] = float("nan")
+    grads = []
+    for fn in (roiops.roi_align, torchvision.ops.roi_align):
+        xi = x.detach().requires_grad_()
+        fn(xi, boxes, (2, 3), 1.0, 0, True).backward(grad)
+        grads.append(xi.grad)
+    subnormal = (grads[0] != 0) & (grads[0].abs() < 2.0**-126)
+    assert grads[0].isinf().any() and grads[0].isnan().any() and subnormal.any()
+    torch.testing.assert_close(grads[0], grads[1], rtol=0, atol=0, equal_nan=True)
+
+
 def _non_finite(channels_last):
     """A map with NaN, inf and -inf inside and on the last row and column, where a sample
     clamped to the border puts weight 0 on a tap (0 * inf is NaN in the per-sample formula)."""

@@ -12,6 +12,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <memory>
 #include <type_traits>
 #include <utility>
@@ -115,6 +116,7 @@ struct AxisPlan {
   std::vector<int64_t> begin;        // inside samples of bin b: [begin[b], begin[b + 1])
   std::vector<int64_t> first_in;     // per bin: index of its first inside sample
   std::vector<int64_t> first_out;    // per bin: index of its first outside sample, or -1
+  std::vector<T> min_weight;         // per bin: smallest nonzero l or h of its samples (inf: none)
   int64_t cell_lo = 0, cell_hi = -1; // cells touched by any tap: [cell_lo, cell_hi]
 
   void build(T start, T bin, int64_t grid_, int64_t pooled, int64_t size) {
@@ -123,6 +125,7 @@ struct AxisPlan {
     begin.assign(1, 0);
     first_in.assign(pooled, 0);
     first_out.assign(pooled, -1);
+    min_weight.assign(pooled, std::numeric_limits<T>::infinity());
     cell_lo = size, cell_hi = -1;
     for (int64_t b = 0; b < pooled; ++b) {
       for (int64_t s = 0; s < grid; ++s) {
@@ -137,6 +140,9 @@ struct AxisPlan {
           h.push_back(t.h);
           cell_lo = std::min(cell_lo, t.lo);
           cell_hi = std::max(cell_hi, t.hi);
+          for (const T w : {t.l, t.h}) {
+            if (w != T(0)) min_weight[b] = std::min(min_weight[b], w);
+          }
         } else if (first_out[b] < 0) {
           first_out[b] = s;
         }
@@ -309,14 +315,35 @@ inline bool first_max(T v, int64_t a, T best, int64_t idx) {
 
 // ---- Instruction sets ---------------------------------------------------------------
 
-// The per-box kernels are compiled twice, for AVX2 and for baseline x86-64, and the
-// dynamic loader picks the version for the running CPU (function multiversioning), so
-// the wheel still runs on any x86-64. ROIOPS_NO_MULTIVERSION turns this off.
+// The per-box kernels are compiled twice, for x86-64-v3 (AVX2 and FMA) and for baseline
+// x86-64, and the dynamic loader picks the version for the running CPU (function
+// multiversioning), so the wheel still runs on any x86-64. ROIOPS_NO_MULTIVERSION turns
+// this off. -ffp-contract=off keeps the compiler from fusing operations on its own, so
+// both versions compute the same bits; only explicit std::fma calls use FMA.
 #if defined(__x86_64__) && defined(__linux__) && defined(__GNUC__) && !defined(ROIOPS_NO_MULTIVERSION)
-#define ROIOPS_SIMD __attribute__((target_clones("avx2", "default")))
+#define ROIOPS_SIMD __attribute__((target_clones("arch=x86-64-v3", "default")))
+inline bool hardware_fma() {
+  static const bool has = __builtin_cpu_supports("x86-64-v3");
+  return has;
+}
 #else
 #define ROIOPS_SIMD
+inline bool hardware_fma() {
+#if defined(__aarch64__) || defined(__FMA__)
+  return true;
+#else
+  return false;  // std::fma would be a slow library call
 #endif
+}
+#endif
+
+// May a float32 division t / c (c a sample count) be replaced by Markstein's FMA
+// sequence (roi_align.cpp, TermDiv::kFma)? Only where FMA is an instruction, and for the
+// counts that sequence was checked exhaustively against division.
+template <typename T>
+inline bool float_fma_div_ok(T c) {
+  return std::is_same_v<T, float> && c <= T(65536) && hardware_fma();
+}
 
 // ---- Scheduling shared by the kernels ------------------------------------------------
 
