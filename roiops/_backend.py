@@ -4,6 +4,7 @@ one forced with ``use_backend``."""
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import importlib
 import os
 from collections.abc import Iterator
@@ -13,17 +14,32 @@ import torch
 
 BACKENDS = ("cpu", "triton", "reference")
 _MODULES = {"cpu": "roiops._C", "triton": "roiops.triton", "reference": "roiops.reference"}
-_forced: list[str] = []
+
+
+class _Entry:
+    """One active ``use_backend`` block; blocks are removed by identity, so exits in any
+    order leave the others in force."""
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+
+# Per thread and per asyncio task (each runs in its own context): a block in one thread
+# does not change the backend of another.
+_forced: contextvars.ContextVar[tuple[_Entry, ...]] = contextvars.ContextVar("roiops_backend", default=())
 
 
 @contextlib.contextmanager
 def use_backend(name: str) -> Iterator[None]:
-    """Force the kernels used by every roiops op run inside the block (process-wide).
+    """Force the kernels used by every roiops op run inside the block, in the calling
+    thread (or asyncio task) only.
 
     ``"cpu"``: the C++ kernels (CPU tensors only). ``"triton"``: the Triton kernels (CUDA
     tensors; CPU tensors only under ``TRITON_INTERPRET=1``). ``"reference"``: the pure
     PyTorch implementation (any device). The backward pass of an op runs on the backend
-    its forward used.
+    its forward used, whichever thread runs it.
 
     Example::
 
@@ -32,16 +48,18 @@ def use_backend(name: str) -> Iterator[None]:
     """
     if name not in BACKENDS:
         raise ValueError(f"unknown backend {name!r}; expected one of {', '.join(BACKENDS)}")
-    _forced.append(name)
+    entry = _Entry(name)
+    _forced.set((*_forced.get(), entry))
     try:
         yield
     finally:
-        _forced.pop()
+        _forced.set(tuple(e for e in _forced.get() if e is not entry))
 
 
 def current() -> str | None:
-    """The backend forced by the innermost ``use_backend``, or None."""
-    return _forced[-1] if _forced else None
+    """The backend forced by the innermost ``use_backend`` of this context, or None."""
+    stack = _forced.get()
+    return stack[-1].name if stack else None
 
 
 def _triton_available() -> bool:

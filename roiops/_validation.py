@@ -6,6 +6,7 @@ argument (and for box values, the first offending row).
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 from typing import TypeGuard, Union
 
@@ -15,28 +16,40 @@ from torch import Tensor
 from . import config
 
 BoxesType = Union[Tensor, Sequence[Tensor]]
-MAX_COORDINATE = 2.0**24  # in feature-map cells; the C++ kernels refuse beyond it too
+
+# Limits (docs/semantics.md, "Limits"); the C++ kernels refuse the same values.
+MAX_COORDINATE = 2.0**24  # |x * spatial_scale| in feature-map cells: float32 places samples exactly up to here
+MAX_MAP_SIDE = 2**24  # H and W: no box can reach cells beyond the coordinate range
+MAX_OUTPUT_SIZE = 2**16  # per side: bin indices exact in float32, <= 2^32 bins per box and channel
+MAX_SAMPLING_RATIO = 1024  # a fixed ratio costs ratio^2 samples per bin, whatever the box
+MAX_ARGMAX_GRID = 2**31 - 1  # samples per bin in mode "max": its argmax is int32 iy * grid_w + ix
+MIN_SCALE, MAX_SCALE = 2.0**-64, 2.0**64  # the kernels use spatial_scale as a float32
+DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
 def output_size(value: object) -> tuple[int, int]:
     """``int`` or ``(h, w)`` of positive ints -> ``(h, w)``."""
-    pair = (value, value) if _is_int(value) else value
-    if (not isinstance(pair, (tuple, list)) or len(pair) != 2 or not all(_is_int(v) for v in pair)
-            or not all(int(v) > 0 for v in pair)):
-        raise ValueError(f"output_size must be a positive int or a pair (h, w) of positive ints, got {value!r}")
-    return int(pair[0]), int(pair[1])
+    one = _as_int(value)
+    pair = (one, one) if one is not None else value
+    if isinstance(pair, (tuple, list)) and len(pair) == 2:
+        h, w = _as_int(pair[0]), _as_int(pair[1])
+        if h is not None and w is not None and 0 < h <= MAX_OUTPUT_SIZE and 0 < w <= MAX_OUTPUT_SIZE:
+            return h, w
+    raise ValueError(f"output_size must be an int or a pair (h, w) of ints in [1, {MAX_OUTPUT_SIZE}], got {value!r}")
 
 
 def spatial_scale(value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (0 < value < float("inf")):
-        raise ValueError(f"spatial_scale must be a positive finite number, got {value!r}")
-    return float(value)
+    scale = _as_float(value)
+    if scale is None or not (MIN_SCALE <= scale <= MAX_SCALE):
+        raise ValueError(f"spatial_scale must be a number in [2^-64, 2^64] (used as a float32), got {value!r}")
+    return scale
 
 
 def sampling_ratio(value: object) -> int:
-    if not _is_int(value):
-        raise ValueError(f"sampling_ratio must be an int (<= 0 for adaptive), got {value!r}")
-    return int(value)
+    ratio = _as_int(value)
+    if ratio is None or ratio > MAX_SAMPLING_RATIO:
+        raise ValueError(f"sampling_ratio must be an int <= {MAX_SAMPLING_RATIO} (<= 0 for adaptive), got {value!r}")
+    return ratio
 
 
 def choice(name: str, value: object, allowed: tuple[str, ...]) -> str:
@@ -46,26 +59,58 @@ def choice(name: str, value: object, allowed: tuple[str, ...]) -> str:
 
 
 def flag(name: str, value: object) -> bool:
-    if not isinstance(value, bool):
-        raise ValueError(f"{name} must be a bool, got {value!r}")
-    return value
+    if isinstance(value, bool):
+        return value
+    if _is_numpy(value, "bool_") or (isinstance(value, Tensor) and value.dim() == 0 and value.dtype == torch.bool):
+        return bool(value)
+    raise ValueError(f"{name} must be a bool, got {value!r}")
 
 
 def feature_map(input: object) -> Tensor:
     if not isinstance(input, Tensor):
         raise TypeError(f"input must be a Tensor, got {type(input).__name__}")
+    if input.layout != torch.strided:
+        raise ValueError(f"input must be a dense (strided) tensor, got layout {input.layout}")
     if input.dim() != 4:
         raise ValueError(f"input must be 4-D [N, C, H, W], got shape {tuple(input.shape)}")
-    if not input.is_floating_point():
-        raise ValueError(f"input must be floating point, got {input.dtype}")
-    if input.shape[2] == 0 or input.shape[3] == 0:
-        raise ValueError(f"input height and width must be positive, got shape {tuple(input.shape)}")
+    if input.dtype not in DTYPES:
+        raise ValueError(f"input must be floating point (float16, bfloat16, float32 or float64), got {input.dtype}")
+    if not (0 < input.shape[2] <= MAX_MAP_SIDE and 0 < input.shape[3] <= MAX_MAP_SIDE):
+        raise ValueError(f"input height and width must be in [1, 2^24], got shape {tuple(input.shape)}")
     return input
 
 
-def rois(input: Tensor, boxes: BoxesType, scale: float) -> Tensor:
+MAX_LEVELS = 5  # feature maps of a multi-level op (the Triton kernels take them as arguments)
+
+
+def feature_maps(features: object) -> list[Tensor]:
+    """1 to MAX_LEVELS feature maps agreeing in N, C, dtype and device."""
+    if isinstance(features, Tensor) or not isinstance(features, Sequence) or not 1 <= len(features) <= MAX_LEVELS:
+        count = f" of {len(features)}" if isinstance(features, Sequence) and not isinstance(features, Tensor) else ""
+        raise ValueError(f"features must be a list of 1 to {MAX_LEVELS} feature maps, got "
+                         f"{type(features).__name__}{count}")
+    maps = [feature_map(f) for f in features]
+    first = maps[0]
+    for i, f in enumerate(maps[1:], 1):
+        if f.shape[:2] != first.shape[:2] or f.dtype != first.dtype or f.device != first.device:
+            raise ValueError(f"features[{i}] is {tuple(f.shape)} {f.dtype} on {f.device} but features[0] is "
+                             f"{tuple(first.shape)} {first.dtype} on {first.device}: N, C, dtype and device must agree")
+    return maps
+
+
+def spatial_scales(values: object, count: int) -> list[float]:
+    if isinstance(values, (str, bytes)) or not isinstance(values, Sequence) or len(values) != count:
+        raise ValueError(f"spatial_scales must list one scale per feature map ({count}), got {values!r}")
+    return [spatial_scale(s) for s in values]
+
+
+def rois(input: Tensor, boxes: BoxesType, scale: float,
+         max_grid: tuple[int, int, int, bool] | None = None) -> Tensor:
     """Boxes as ``Tensor[K, 5]`` or a list of N ``Tensor[L_i, 4]`` -> contiguous ``[K, 5]``
-    in the kernels' coordinate type (float64 for float64 input, float32 otherwise)."""
+    in the kernels' coordinate type (float64 for float64 input, float32 otherwise).
+
+    ``max_grid = (h, w, sampling_ratio, aligned)`` for RoIAlign mode "max": also check that
+    each box's sampling grid fits its int32 argmax."""
     coord_type = torch.float64 if input.dtype == torch.float64 else torch.float32
     if isinstance(boxes, Tensor):
         _box_tensor(boxes, input, 5, "boxes")
@@ -83,8 +128,11 @@ def rois(input: Tensor, boxes: BoxesType, scale: float) -> Tensor:
             out = input.new_zeros((0, 5), dtype=coord_type)
     else:
         raise TypeError(f"boxes must be a Tensor[K, 5] or a list of Tensor[L, 4], got {type(boxes).__name__}")
-    if config.check_box_values and not torch.compiler.is_compiling():
+    check = config.check_box_values
+    if (out.device.type == "cpu" if check is None else check) and not torch.compiler.is_compiling():
         _check_values(out, input.shape[0], scale)
+        if max_grid is not None and max_grid[2] <= 0:
+            _check_max_grid(out, scale, *max_grid)
     return out
 
 
@@ -94,6 +142,8 @@ def _box_tensor(b: object, input: Tensor, width: int, name: str) -> None:
     if b.dim() != 2 or b.shape[1] != width:
         hint = " (rows (batch_index, x1, y1, x2, y2))" if width == 5 else " (rows (x1, y1, x2, y2))"
         raise ValueError(f"{name} must have shape [K, {width}]{hint}, got {tuple(b.shape)}")
+    if b.layout != torch.strided:
+        raise ValueError(f"{name} must be a dense (strided) tensor, got layout {b.layout}")
     if not b.is_floating_point():
         raise ValueError(f"{name} must be floating point, got {b.dtype}")
     if b.device != input.device:
@@ -105,9 +155,10 @@ def _check_values(rois: Tensor, batch_size: int, scale: float) -> None:
         return
     index, coords = rois[:, 0], rois[:, 1:]
     bad_index = ~torch.isfinite(index) | (index != index.floor()) | (index < 0) | (index >= batch_size)
-    bad_coord = ~torch.isfinite(coords).all(dim=1) | ((coords * scale).abs() > MAX_COORDINATE).any(dim=1)
+    # In the kernels' arithmetic (x * scale in the coordinate type); NaN fails the <=.
+    bad_coord = ~torch.isfinite(coords).all(dim=1) | ~((coords * scale).abs() <= MAX_COORDINATE).all(dim=1)
     bad = bad_index | bad_coord
-    if bool(bad.any()):  # one device sync on GPU tensors; see config.check_box_values
+    if bool(bad.any()):  # a device sync on GPU tensors: see config.check_box_values
         k = int(bad.nonzero()[0, 0])
         row = rois[k].tolist()
         if bool(bad_index[k]):
@@ -116,5 +167,48 @@ def _check_values(rois: Tensor, batch_size: int, scale: float) -> None:
                          f"after spatial_scale")
 
 
+def _check_max_grid(rois: Tensor, scale: float, h: int, w: int, ratio: int, aligned: bool) -> None:
+    """Adaptive grids of mode "max", computed as the kernels do (docs/semantics.md)."""
+    if rois.shape[0] == 0 or rois.device.type == "meta":
+        return
+    o = 0.5 if aligned else 0.0
+    start = rois[:, 1:3] * scale - o
+    size = rois[:, 3:5] * scale - o - start
+    if not aligned:
+        size = size.clamp(min=1)
+    grid = torch.ceil(size / torch.tensor([w, h], dtype=size.dtype, device=size.device)).double()  # (gw, gh)
+    bad = (grid > 0).all(dim=1) & (grid[:, 0] * grid[:, 1] > MAX_ARGMAX_GRID)
+    if bool(bad.any()):
+        k = int(bad.nonzero()[0, 0])
+        gw, gh = (int(g) for g in grid[k].tolist())
+        raise ValueError(f"boxes row {k} {rois[k].tolist()}: mode 'max' with adaptive sampling_ratio gives bins of "
+                         f"{gh} x {gw} samples, more than its int32 argmax holds (2^31 - 1); use a larger "
+                         f"output_size or a positive sampling_ratio")
+
+
 def _is_int(v: object) -> TypeGuard[int]:
     return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_numpy(v: object, name: str) -> bool:
+    np = sys.modules.get("numpy")  # only values of an already imported numpy can be numpy's
+    return np is not None and isinstance(v, getattr(np, name))
+
+
+def _as_int(v: object) -> int | None:
+    """Python, numpy and 0-d tensor integers (as torchvision takes them), not bools."""
+    if _is_int(v) or _is_numpy(v, "integer"):
+        return int(v)  # type: ignore[call-overload]
+    if isinstance(v, Tensor) and v.dim() == 0 and not v.is_floating_point() and not v.is_complex() \
+            and v.dtype != torch.bool:
+        return int(v)
+    return None
+
+
+def _as_float(v: object) -> float | None:
+    """Python, numpy and 0-d tensor reals, not bools."""
+    if isinstance(v, (int, float)) and not isinstance(v, bool) or _is_numpy(v, "integer") or _is_numpy(v, "floating"):
+        return float(v)  # type: ignore[arg-type]
+    if isinstance(v, Tensor) and v.dim() == 0 and not v.is_complex() and v.dtype != torch.bool:
+        return float(v)
+    return None

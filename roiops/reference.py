@@ -59,11 +59,26 @@ def _layout(t: Tensor, channels_last: bool) -> Tensor:
     return t.contiguous(memory_format=fmt)
 
 
+# Limits of docs/semantics.md ("Limits"), as the C++ kernels apply them.
+_MAX_POOLED = 2**16
+_MAX_SAMPLING_RATIO = 1024
+_MAX_ARGMAX_GRID = 2**31 - 1  # mode "max": samples per bin, so that iy * grid_w + ix fits int32
+# Adaptive grid per axis: the kernels' coordinate range (2^24 cells) gives at most 2^25 + 1;
+# the reference also takes larger boxes, but its sample indices must stay exact.
+_MAX_ADAPTIVE_GRID = 2**26
+
+
 def _check_pooled(pooled_height: int, pooled_width: int) -> None:
-    if int(pooled_height) <= 0 or int(pooled_width) <= 0:
+    if not (0 < int(pooled_height) <= _MAX_POOLED and 0 < int(pooled_width) <= _MAX_POOLED):
         raise ValueError(
-            f"roiops: output size must be positive, got ({pooled_height}, {pooled_width})"
+            f"roiops: output size must be in [1, {_MAX_POOLED}], got ({pooled_height}, {pooled_width})"
         )
+
+
+def _check_sampling_ratio(sampling_ratio: int) -> None:
+    if int(sampling_ratio) > _MAX_SAMPLING_RATIO:
+        raise ValueError(f"roiops: sampling_ratio must be at most {_MAX_SAMPLING_RATIO} (<= 0 for adaptive), "
+                         f"got {sampling_ratio}")
 
 
 def _prepare_rois(rois: Tensor, batch_size: int, opmath: torch.dtype, device) -> tuple[Tensor, list[int]]:
@@ -147,53 +162,64 @@ def _first_max(values: Tensor, member: Tensor) -> Tensor:
 
 
 class _AlignBox:
-    """Sampling geometry of one box: the bins, the grid and, per axis, the sample points.
+    """Sampling geometry of one box: the bins, the grid and, per axis, the sample points
+    that lie inside the map.
 
-    Axis y has ``P = pooled_height * grid_h`` sample rows, ordered (bin i, sample iy);
-    axis x has ``Q = pooled_width * grid_w`` sample columns, ordered (bin j, sample ix).
-    Sample ``(iy, ix)`` of bin ``(i, j)`` is the point (row ``i*grid_h + iy``, column
-    ``j*grid_w + ix``).  Bilinear weights factor per axis: ``w1 = hy*hx, w2 = hy*lx,
-    w3 = ly*hx, w4 = ly*lx``.
+    Only inside samples are kept (an outside one has value 0 and no gradient), so memory
+    and time follow the part of the map the box touches, not the box: a box 10^4 cells
+    wide on an 8 x 8 map has at most about 20 inside samples per axis. Per axis, bin b's
+    inside samples are the run ``s0[b] .. s0[b] + n[b] - 1`` of its ``grid`` samples,
+    padded to ``m = max(n)`` slots: axis y has ``P = pooled_height * my`` rows, ordered
+    (bin i, slot), axis x ``Q = pooled_width * mx`` columns. Bilinear weights factor per
+    axis: ``w1 = hy*hx, w2 = hy*lx, w3 = ly*hx, w4 = ly*lx``.
     """
 
     def __init__(self, y_start, x_start, bin_h, bin_w, grid_h, grid_w, ph, pw, height, width):
         self.grid_h, self.grid_w = grid_h, grid_w
+        self.y_start, self.x_start, self.bin_h, self.bin_w = y_start, x_start, bin_h, bin_w
         self.empty = grid_h <= 0 or grid_w <= 0  # no sample points (design.md sec. 3)
         self.count = max(grid_h * grid_w, 1)
         if self.empty:
             return
         self.y = _axis_samples(y_start, bin_h, ph, grid_h, height)
         self.x = _axis_samples(x_start, bin_w, pw, grid_w, width)
+        self.my, self.mx = self.y.m, self.x.m
 
     def corners(self):
         """The four bilinear neighbours: (weight [P, Q], row index [P], column index [Q])."""
-        (y_lo, y_hi, ly, hy, _), (x_lo, x_hi, lx, hx, _) = self.y, self.x
+        y, x = self.y, self.x
         return (
-            (hy[:, None] * hx[None, :], y_lo, x_lo),
-            (hy[:, None] * lx[None, :], y_lo, x_hi),
-            (ly[:, None] * hx[None, :], y_hi, x_lo),
-            (ly[:, None] * lx[None, :], y_hi, x_hi),
+            (y.h[:, None] * x.h[None, :], y.low, x.low),
+            (y.h[:, None] * x.l[None, :], y.low, x.high),
+            (y.l[:, None] * x.h[None, :], y.high, x.low),
+            (y.l[:, None] * x.l[None, :], y.high, x.high),
         )
 
     def valid(self) -> Tensor:
-        """[P, Q]: the point lies inside [-1, H] x [-1, W] (otherwise its value is 0)."""
-        return self.y[4][:, None] & self.x[4][None, :]
+        """[P, Q]: the slot holds an inside sample (padding otherwise)."""
+        return self.y.valid[:, None] & self.x.valid[None, :]
+
+    def first_outside(self) -> Tensor:
+        """[ph, pw] int64: row-major index ``iy * grid_w + ix`` of each bin's first sample
+        outside the map, -1 if none. Row 0's first outside column comes first, unless a
+        whole sample row before it is outside."""
+        fy, fx = self.y.first_out[:, None], self.x.first_out[None, :]
+        row = torch.where(fy >= 0, fy * self.grid_w, -1)
+        col = fx.expand(row.shape[0], fx.shape[1])
+        both = (row >= 0) & (col >= 0)
+        return torch.where(both, torch.minimum(row, col), torch.where(row >= 0, row, col))
 
 
-def _axis_samples(start: Tensor, bin_size: Tensor, pooled: int, grid: int, size: int):
-    """Sample coordinates along one axis and their 1-D bilinear terms.
+def _coordinate(start: Tensor, bin_size: Tensor, grid: int, b: Tensor, s: Tensor) -> Tensor:
+    """Position of sample s of bin b along one axis: y = y_start + i*bin_h + (iy + 0.5) *
+    bin_h / grid_h, evaluated left to right as torchvision does (so float32 results agree
+    to rounding); b, s are integer tensors, converted to the opmath type first."""
+    opmath = start.dtype
+    return start + b.to(opmath) * bin_size + (s.to(opmath) + 0.5) * bin_size / grid
 
-    Returns (low index, high index, l, h = 1 - l, inside) for the ``pooled * grid`` points.
-    """
-    opmath, device = start.dtype, start.device
-    i = torch.arange(pooled, dtype=opmath, device=device).repeat_interleave(grid)
-    k = torch.arange(grid, dtype=opmath, device=device).repeat(pooled)
-    # y = y_start + i*bin_h + (iy + 0.5) * bin_h / grid_h, evaluated left to right as
-    # torchvision does so float32 results agree to rounding.
-    coord = start + i * bin_size + (k + 0.5) * bin_size / grid
 
-    # Border rule: outside [-1, size] the point is 0; otherwise clamp below at 0, and at
-    # or past the last row/column snap to it.  An empty map (size 0) has no inside point.
+def _taps(coord: Tensor, size: int):
+    """Border rule of one axis: (low, high, l, h = 1 - l, inside [-1, size])."""
     inside = (coord >= -1) & (coord <= size) & (size > 0)
     last = max(size - 1, 0)
     c = coord.clamp(min=0)
@@ -203,13 +229,63 @@ def _axis_samples(start: Tensor, bin_size: Tensor, pooled: int, grid: int, size:
     c = torch.where(at_edge, low, c)
     high = torch.where(at_edge, low, low + 1)
     l = c - low
-    h = 1 - l
     # low/high are in [0, size-1] even for outside points, so indexing is always safe.
-    return low.long(), high.long(), l, h, inside
+    return low.long(), high.long(), l, 1 - l, inside
 
 
-def _align_boxes(rois, spatial_scale, ph, pw, sampling_ratio, aligned, height, width):
+class _Axis:
+    """Inside samples of one axis (see _AlignBox): per slot low, high, l, h, valid ([pooled
+    * m]); per bin s0 (first inside sample) and first_out (first outside sample, -1 if
+    none)."""
+
+    def __init__(self, low, high, l, h, valid, s0, first_out, m):
+        self.low, self.high, self.l, self.h, self.valid = low, high, l, h, valid
+        self.s0, self.first_out, self.m = s0, first_out, m
+
+
+def _axis_samples(start: Tensor, bin_size: Tensor, pooled: int, grid: int, size: int) -> _Axis:
+    """The samples of one axis inside ``[-1, size]``, found without visiting the others.
+
+    A sample's position is monotonic in its index s (each rounding step of the formula is),
+    so the inside samples of a bin are one run ``[s0, s1)``: both ends are found by
+    bisection over the bins at once.
+    """
+    device = start.device
+    b = torch.arange(pooled, device=device)
+    rising = bool(bin_size >= 0)
+
+    def first(pred):  # per bin, the first s in [0, grid) with pred(position), or grid
+        lo = torch.zeros(pooled, dtype=torch.int64, device=device)
+        hi = torch.full((pooled,), grid, dtype=torch.int64, device=device)
+        while bool((lo < hi).any()):
+            mid = (lo + hi) // 2
+            ok = pred(_coordinate(start, bin_size, grid, b, mid.clamp(max=grid - 1)))
+            active = lo < hi
+            hi = torch.where(active & ok, mid, hi)
+            lo = torch.where(active & ~ok, mid + 1, lo)
+        return lo
+
+    if size <= 0:  # an empty map has no inside sample
+        s0 = s1 = torch.zeros(pooled, dtype=torch.int64, device=device)
+    elif rising:
+        s0 = first(lambda v: v >= -1)
+        s1 = torch.maximum(s0, first(lambda v: v > size))
+    else:
+        s0 = first(lambda v: v <= size)
+        s1 = torch.maximum(s0, first(lambda v: v < -1))
+    n = s1 - s0
+    first_out = torch.where(s0 > 0, 0, torch.where(s1 < grid, s1, -1))
+    m = max(int(n.max()), 1) if pooled else 1
+    slot = torch.arange(m, device=device)
+    valid = slot[None, :] < n[:, None]  # [pooled, m]
+    s = torch.minimum(s0[:, None] + slot[None, :], (s1[:, None] - 1).clamp(min=0))
+    low, high, l, h, _ = _taps(_coordinate(start, bin_size, grid, b[:, None], s), size)
+    return _Axis(low.reshape(-1), high.reshape(-1), l.reshape(-1), h.reshape(-1), valid.reshape(-1), s0, first_out, m)
+
+
+def _align_boxes(rois, spatial_scale, ph, pw, sampling_ratio, aligned, height, width, max_mode=False):
     """Per-box geometry of design.md sec. 3 for all boxes (rois already validated, opmath)."""
+    _check_sampling_ratio(sampling_ratio)
     opmath = rois.dtype
     s = torch.tensor(spatial_scale, dtype=opmath, device=rois.device)
     o = 0.5 if aligned else 0.0
@@ -233,6 +309,13 @@ def _align_boxes(rois, spatial_scale, ph, pw, sampling_ratio, aligned, height, w
         # Adaptive: ceil(roi / pooled) from the possibly negative size (aligned=True).
         grid_h = [int(g) for g in torch.ceil(roi_h / ph).tolist()]
         grid_w = [int(g) for g in torch.ceil(roi_w / pw).tolist()]
+    for k, (gh, gw) in enumerate(zip(grid_h, grid_w)):
+        if max(gh, gw) > _MAX_ADAPTIVE_GRID:
+            raise ValueError(f"roiops: rois row {k}: adaptive sampling grid {gh} x {gw} is beyond "
+                             f"{_MAX_ADAPTIVE_GRID} per axis (row = {rois[k].tolist()})")
+        if max_mode and gh > 0 and gw > 0 and gh * gw > _MAX_ARGMAX_GRID:
+            raise ValueError(f"roiops: rois row {k}: mode 'max' with adaptive sampling gives bins of {gh} x {gw} "
+                             f"samples, more than its int32 argmax holds (2^31 - 1) (row = {rois[k].tolist()})")
 
     return [
         _AlignBox(y_start[k], x_start[k], bin_h[k], bin_w[k], grid_h[k], grid_w[k],
@@ -242,14 +325,14 @@ def _align_boxes(rois, spatial_scale, ph, pw, sampling_ratio, aligned, height, w
 
 
 def _sample_values(plane: Tensor, box: _AlignBox) -> Tensor:
-    """Bilinear value of every sample point of the box, for all channels: [C, P, Q].
+    """Bilinear value of every inside sample slot of the box, for all channels: [C, P, Q].
 
     ``plane`` is one image ``[C, H, W]`` in opmath.  Per point, as torchvision orders it:
-    ``w1*v1 + w2*v2 + w3*v3 + w4*v4``; a point outside the map is exactly 0.
+    ``w1*v1 + w2*v2 + w3*v3 + w4*v4``; a padding slot is exactly 0.
     """
     c, height, width = plane.shape
     if height == 0 or width == 0:  # every point is outside an empty map
-        return plane.new_zeros((c, box.y[0].numel(), box.x[0].numel()))
+        return plane.new_zeros((c, box.y.valid.numel(), box.x.valid.numel()))
     value = None
     for weight, rows, cols in box.corners():
         term = weight * plane[:, rows[:, None], cols[None, :]]
@@ -279,7 +362,8 @@ def roi_align_forward(input: Tensor, rois: Tensor, spatial_scale: float, pooled_
         if box.empty:  # grid <= 0: no sample points, the bin is 0
             outs.append(x.new_zeros((c, ph, pw)))
             continue
-        v = _sample_values(x[b], box).view(c, ph, box.grid_h, pw, box.grid_w)
+        # Outside samples add 0 but count in the divisor.
+        v = _sample_values(x[b], box).view(c, ph, box.my, pw, box.mx)
         outs.append(v.sum(dim=(2, 4)) / box.count)
     out = torch.stack(outs) if outs else x.new_zeros((0, c, ph, pw))
     out = _attach(out, input)
@@ -302,9 +386,9 @@ def roi_align_backward(grad: Tensor, rois: Tensor, spatial_scale: float, pooled_
     for k, (b, box) in enumerate(zip(batch, boxes)):
         if box.empty or height * width == 0:  # no sample point inside the map: no gradient
             continue
-        gh, gw = box.grid_h, box.grid_w
-        # Every sample of bin (i, j) receives that bin's gradient.
-        g = g_all[k][:, :, None, :, None].expand(channels, ph, gh, pw, gw).reshape(channels, ph * gh, pw * gw)
+        my, mx = box.my, box.mx
+        # Every inside sample of bin (i, j) receives that bin's gradient.
+        g = g_all[k][:, :, None, :, None].expand(channels, ph, my, pw, mx).reshape(channels, ph * my, pw * mx)
         valid = box.valid()
         plane = grad_input[b].view(channels, height * width)
         for weight, rows, cols in box.corners():
@@ -331,7 +415,8 @@ def roi_align_max_forward(input: Tensor, rois: Tensor, spatial_scale: float, poo
     n, c, height, width = input.shape
     opmath = _opmath(input.dtype)
     rois, batch = _prepare_rois(rois, n, opmath, input.device)
-    boxes = _align_boxes(rois, spatial_scale, ph, pw, int(sampling_ratio), bool(aligned), height, width)
+    boxes = _align_boxes(rois, spatial_scale, ph, pw, int(sampling_ratio), bool(aligned), height, width,
+                         max_mode=True)
     x = input.to(opmath)
 
     outs, argmaxes = [], []
@@ -340,13 +425,23 @@ def roi_align_max_forward(input: Tensor, rois: Tensor, spatial_scale: float, poo
             outs.append(x.new_zeros((c, ph, pw)))
             argmaxes.append(torch.full((c, ph, pw), -1, dtype=torch.int64, device=x.device))
             continue
-        gh, gw = box.grid_h, box.grid_w
-        # [C, ph, pw, gh*gw]: the samples of each bin in row-major (iy, ix) order.
-        v = _sample_values(x[b], box).view(c, ph, gh, pw, gw).permute(0, 1, 3, 2, 4).reshape(c, ph, pw, gh * gw)
-        best = _first_max(v, torch.ones((), dtype=torch.bool, device=v.device))
+        my, mx = box.my, box.mx
+        # [C, ph, pw, my*mx]: each bin's inside samples in row-major (iy, ix) order.
+        v = _sample_values(x[b], box).view(c, ph, my, pw, mx).permute(0, 1, 3, 2, 4).reshape(c, ph, pw, my * mx)
+        member = (box.y.valid.view(ph, 1, my, 1) & box.x.valid.view(1, pw, 1, mx)).reshape(ph, pw, my * mx)
+        pos = _first_max(v, member)  # my*mx: no inside sample
+        inside = pos < my * mx
         # Gather rather than amax so autograd sends the gradient to the winner only.
-        outs.append(v.gather(-1, best.unsqueeze(-1)).squeeze(-1))
-        argmaxes.append(best)
+        best = v.gather(-1, pos.clamp(max=my * mx - 1).unsqueeze(-1)).squeeze(-1)
+        iy = box.y.s0.view(1, ph, 1) + pos // mx
+        ix = box.x.s0.view(1, 1, pw) + pos % mx
+        idx = torch.where(inside, iy * box.grid_w + ix, -1)
+        # Outside samples are 0: the first one competes with the inside winner, the
+        # earlier index winning a tie, and a NaN winner staying.
+        out_idx = box.first_outside().expand(c, ph, pw)
+        take = (out_idx >= 0) & (~inside | (~torch.isnan(best) & ((best < 0) | ((best == 0) & (out_idx < idx)))))
+        outs.append(torch.where(take, 0.0, best))
+        argmaxes.append(torch.where(take, out_idx, idx))
     if outs:
         out, argmax = torch.stack(outs), torch.stack(argmaxes)
     else:
@@ -370,7 +465,8 @@ def roi_align_max_backward(grad: Tensor, argmax: Tensor, rois: Tensor, spatial_s
     _check_grad(grad, rois.size(0), channels, ph, pw)
     if argmax.shape != grad.shape:
         raise ValueError(f"roiops: argmax shape {tuple(argmax.shape)} != grad shape {tuple(grad.shape)}")
-    boxes = _align_boxes(rois, spatial_scale, ph, pw, int(sampling_ratio), bool(aligned), height, width)
+    boxes = _align_boxes(rois, spatial_scale, ph, pw, int(sampling_ratio), bool(aligned), height, width,
+                         max_mode=True)
     g_all = grad.to(opmath)
     am_all = argmax.long()
 
@@ -387,17 +483,17 @@ def roi_align_max_backward(grad: Tensor, argmax: Tensor, rois: Tensor, spatial_s
             continue
         won = am >= 0
         a = am.clamp(min=0)
-        # Row/column of the winning sample in the box's sample grid.
-        p = i * box.grid_h + a // box.grid_w  # [C, ph, pw]
-        q = j * box.grid_w + a % box.grid_w
-        (y_lo, y_hi, ly, hy, y_in), (x_lo, x_hi, lx, hx, x_in) = box.y, box.x
-        live = won & y_in[p] & x_in[q]  # an outside winner has value 0 and no gradient
+        # The winning sample (iy, ix) of bin (i, j), placed by the forward's formula.
+        y_lo, y_hi, ly, hy, y_in = _taps(_coordinate(box.y_start, box.bin_h, box.grid_h, i, a // box.grid_w),
+                                         height)
+        x_lo, x_hi, lx, hx, x_in = _taps(_coordinate(box.x_start, box.bin_w, box.grid_w, j, a % box.grid_w), width)
+        live = won & y_in & x_in  # an outside winner has value 0 and no gradient
         g = g_all[k]
         plane = grad_input[b].view(-1)
         for wy, rows, wx, cols in ((hy, y_lo, hx, x_lo), (hy, y_lo, lx, x_hi),
                                    (ly, y_hi, hx, x_lo), (ly, y_hi, lx, x_hi)):
-            contrib = torch.where(live, g * (wy[p] * wx[q]), 0.0)
-            flat = chan + rows[p] * width + cols[q]
+            contrib = torch.where(live, g * (wy * wx), 0.0)
+            flat = chan + rows * width + cols
             plane.index_add_(0, flat.reshape(-1), contrib.reshape(-1))
     return _layout(grad_input.to(grad.dtype), bool(channels_last))
 
@@ -489,18 +585,27 @@ def roi_pool_forward(input: Tensor, rois: Tensor, spatial_scale: float, pooled_h
         out = x.new_zeros((c, ph, pw))
         argmax = torch.full((c, ph, pw), -1, dtype=torch.int64, device=device)
         if not bool(empty.all()):
-            # Only look at the window the bins cover; membership of each pixel per bin.
-            r0, r1 = int(hs.min()), int(he.max())
+            # Bin row by bin row, so that memory follows the window the box covers (times C
+            # and pw), not the window times the bins. The first maximum in row-major order
+            # is: NaN if any (else the max), at the smallest flat index h * W + w among the
+            # cells holding it. Each column's first maximum over the bin row's rows comes
+            # first; then, per bin, the smallest flat index among its columns that hold it.
             c0, c1 = int(ws.min()), int(we.max())
-            rows = torch.arange(r0, r1, device=device)
             cols = torch.arange(c0, c1, device=device)
-            in_row = (rows >= hs[:, None]) & (rows < he[:, None])  # [ph, R]
             in_col = (cols >= ws[:, None]) & (cols < we[:, None])  # [pw, S]
-            member = (in_row[:, None, :, None] & in_col[None, :, None, :]).reshape(ph, pw, -1)
-            window = x[b, :, r0:r1, c0:c1].reshape(c, 1, 1, (r1 - r0) * (c1 - c0))
-            pos = _first_max(window, member)  # [C, ph, pw], row-major inside the window
-            flat = (r0 + pos // (c1 - c0)) * width + (c0 + pos % (c1 - c0))
-            flat = torch.where(empty, 0, flat)  # any in-range index; masked below
+            flat = torch.zeros((c, ph, pw), dtype=torch.int64, device=device)
+            for i in range(ph):
+                r0, r1 = int(hs[i]), int(he[i])
+                if r1 <= r0:
+                    continue
+                rows = x[b, :, r0:r1, c0:c1]  # [C, R, S]
+                pos = _first_max(rows.transpose(1, 2), torch.ones((), dtype=torch.bool, device=device))  # [C, S]
+                col_val = rows.gather(1, pos[:, None, :]).squeeze(1)[:, None, :]  # [C, 1, S]
+                col_flat = ((r0 + pos) * width + cols)[:, None, :]
+                running = torch.where(in_col, col_val, float("-inf")).amax(dim=-1, keepdim=True)  # [C, pw, 1]
+                best = in_col & ((col_val == running) | (torch.isnan(col_val) & torch.isnan(running)))
+                flat[:, i] = torch.where(best, col_flat, torch.iinfo(torch.int64).max).amin(dim=-1).clamp(
+                    max=height * width - 1)  # an empty bin's: any in-range index, masked below
             picked = x[b].reshape(c, height * width).gather(1, flat.reshape(c, ph * pw)).view(c, ph, pw)
             out = torch.where(empty, 0.0, picked)
             argmax = torch.where(empty, -1, flat)

@@ -58,12 +58,15 @@ def test_align_specific_errors():
 
 def test_value_checks_can_be_skipped_and_kernels_still_refuse():
     bad = torch.tensor([[5, 1.0, 1, 2, 2]])
+    assert roiops.config.check_box_values is None  # default: checked on CPU tensors
+    with pytest.raises(ValueError, match="boxes row 0"):
+        roiops.roi_align(X, bad, 2)
     try:
         roiops.config.check_box_values = False
         with pytest.raises(ValueError, match="batch index"):  # now raised by the C++ kernel
             roiops.roi_align(X, bad, 2)
     finally:
-        roiops.config.check_box_values = True
+        roiops.config.check_box_values = None
 
 
 def test_output_size_forms_agree():

@@ -38,6 +38,15 @@ Plans<T> build_plans(const at::Tensor& rois, double spatial_scale, int64_t ph, i
   at::parallel_for(0, K, 16, [&](int64_t k0, int64_t k1) {
     for (int64_t k = k0; k < k1; ++k) plans[k].build(roi + 5 * k, scale, ph, pw, sampling_ratio, aligned, H, W, max_mode);
   });
+  for (int64_t k = 0; max_mode && k < K; ++k) {
+    TORCH_CHECK_VALUE(!plans[k].grid_too_large, "roiops: rois row ", k, ": the adaptive sampling grid of a bin ",
+                      "exceeds 2^31 - 1 samples, beyond the int32 argmax of mode \"max\"; use a larger output_size ",
+                      "or a positive sampling_ratio");
+    // max_forward_plane holds a sample row's position in its bin as T.
+    constexpr bool kFloat = std::is_same_v<T, float>;
+    TORCH_CHECK_VALUE(!kFloat || plans[k].ys.widest_bin() <= (int64_t(1) << 24),
+                      "roiops: rois row ", k, ": more than 2^24 sample rows of one bin inside the map");
+  }
   return plans;
 }
 
@@ -286,11 +295,13 @@ ROIOPS_SIMD void max_forward_plane(const AlignPlan<T>& p, const scalar_t* plane,
   const int64_t nx = static_cast<int64_t>(p.xs.lo.size());
   T* v = scratch + 4 * nx;
   T* best = v + nx;
-  T* brow = best + nx;  // sample row of best, held as T to vectorise with it (exact: < 2^24)
+  // Position of best's sample row among the bin's inside rows, held as T to vectorise with
+  // it (exact: build_plans refuses bins of more than 2^24 inside rows).
+  T* brow = best + nx;
   for (int64_t i = 0; i < ph; ++i) {
     const bool any = nx > 0 && p.ys.begin[i] < p.ys.begin[i + 1];
     for (int64_t a = p.ys.begin[i]; any && a < p.ys.begin[i + 1]; ++a) {
-      const T iy = static_cast<T>(p.ys.first_in[i] + a - p.ys.begin[i]);
+      const T iy = static_cast<T>(a - p.ys.begin[i]);
       const bool first = a == p.ys.begin[i];
       gather_sample_row(p, plane, W, a, scratch, first ? best : v);
       if (first) {
@@ -303,7 +314,8 @@ ROIOPS_SIMD void max_forward_plane(const AlignPlan<T>& p, const scalar_t* plane,
       T m = 0;
       int64_t idx = -1;
       for (int64_t s = p.xs.begin[j]; any && s < p.xs.begin[j + 1]; ++s) {
-        const int64_t at = static_cast<int64_t>(brow[s]) * p.grid_w + p.xs.first_in[j] + s - p.xs.begin[j];
+        const int64_t at =
+            (p.ys.first_in[i] + static_cast<int64_t>(brow[s])) * p.grid_w + p.xs.first_in[j] + s - p.xs.begin[j];
         if (first_max(best[s], at, m, idx)) {
           m = best[s];
           idx = at;
@@ -662,6 +674,7 @@ std::tuple<at::Tensor, at::Tensor> forward(const at::Tensor& input_, const at::T
                                            int64_t ph, int64_t pw, int64_t sampling_ratio, bool aligned, bool max_mode) {
   check_input(input_);
   check_args(rois_, input_.scalar_type(), input_.size(2), input_.size(3), spatial_scale, ph, pw);
+  check_sampling_ratio(sampling_ratio);
   const bool channels_last = is_channels_last(input_);
   const at::Tensor input = input_.contiguous(format_of(channels_last));
   const at::Tensor rois = rois_.contiguous();
@@ -682,14 +695,15 @@ std::tuple<at::Tensor, at::Tensor> forward(const at::Tensor& input_, const at::T
 at::Tensor backward(const at::Tensor& grad_, const at::Tensor& argmax_, const at::Tensor& rois_, double spatial_scale,
                     int64_t ph, int64_t pw, int64_t N, int64_t C, int64_t H, int64_t W, int64_t sampling_ratio,
                     bool aligned, bool channels_last, bool max_mode) {
+  check_input(grad_);
+  check_args(rois_, grad_.scalar_type(), H, W, spatial_scale, ph, pw);
+  check_sampling_ratio(sampling_ratio);
   TORCH_CHECK_VALUE(grad_.dim() == 4 && grad_.size(0) == rois_.size(0) && grad_.size(1) == C &&
                         grad_.size(2) == ph && grad_.size(3) == pw,
                     "roiops: grad must be [K, C, pooled_height, pooled_width], got ", grad_.sizes());
   TORCH_CHECK_VALUE(!max_mode || argmax_.sizes() == grad_.sizes(), "roiops: argmax must have the shape of grad");
   TORCH_CHECK_VALUE(!max_mode || argmax_.scalar_type() == at::kInt, "roiops: argmax must be int32");
   TORCH_CHECK_VALUE(N >= 0 && C >= 0, "roiops: batch size and channels must be non-negative");
-  check_input(grad_);
-  check_args(rois_, grad_.scalar_type(), H, W, spatial_scale, ph, pw);
   const at::Tensor rois = rois_.contiguous();
   check_rois(rois, N, spatial_scale);
   const at::Tensor grad = grad_.contiguous(format_of(channels_last));

@@ -365,13 +365,15 @@ std::tuple<at::Tensor, at::Tensor> roi_pool_forward(const at::Tensor& input_, co
 at::Tensor roi_pool_backward(const at::Tensor& grad_, const at::Tensor& argmax_, const at::Tensor& rois_, int64_t N,
                              int64_t C, int64_t H, int64_t W, bool channels_last) {
   check_input(grad_);
+  check_args(rois_, grad_.scalar_type(), H, W, 1.0, grad_.size(2), grad_.size(3));
   TORCH_CHECK_VALUE(grad_.size(0) == rois_.size(0) && grad_.size(1) == C && argmax_.sizes() == grad_.sizes() &&
                         argmax_.scalar_type() == at::kInt,
                     "roiops: grad [K, C, ph, pw] and int32 argmax of the same shape expected");
   TORCH_CHECK_VALUE(N >= 0 && C >= 0, "roiops: batch size and channels must be non-negative");
-  check_args(rois_, grad_.scalar_type(), H, W, 1.0, grad_.size(2), grad_.size(3));
   const at::Tensor rois = rois_.contiguous();
-  check_rois(rois, N, 1.0);
+  // Only batch indices: the coordinates were checked (with spatial_scale, which this op
+  // does not receive) by the forward, and the argmax values are checked below.
+  check_rois(rois, N, 1.0, /*check_coords=*/false);
   const at::Tensor grad = grad_.contiguous(format_of(channels_last));
   const at::Tensor argmax = argmax_.contiguous(format_of(channels_last));
   // Per box and bin row: the map rows its argmax values point to, each value checked to

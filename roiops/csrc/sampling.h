@@ -24,38 +24,67 @@
 
 namespace roiops {
 
+// Limits of docs/semantics.md ("Limits"); the Python layer checks the same ones first,
+// with friendlier messages, but a direct op call reaches the kernels unchecked.
 // Coordinates beyond this many feature-map cells are refused: float32 cannot place a
 // sample there, and sampling loops sized from them would not end.
 constexpr double kMaxCoordinate = 16777216.0;  // 2^24
+// Maps larger than the coordinate range along an axis could not be addressed by a box.
+constexpr int64_t kMaxMapSide = int64_t(1) << 24;
+// Bins per output side: bin indices stay exact in float32, and one box's output plane
+// holds at most 2^32 bins.
+constexpr int64_t kMaxPooled = int64_t(1) << 16;
+// A fixed sampling_ratio costs ratio^2 samples per bin however small the box: bounded so
+// that one bin is at most 2^20 samples (practical values are 0 to 8).
+constexpr int64_t kMaxSamplingRatio = 1024;
+// "max" stores the winner of a bin as the int32 iy * grid_w + ix: a bin's grid must have
+// at most this many samples (an adaptive grid of a huge box with a small output may not).
+constexpr int64_t kMaxArgmaxGrid = INT32_MAX;
+// spatial_scale must be a normal float32 value with room for it: the kernels compute
+// x * spatial_scale in float32, where 1e39 would be inf and 1e-46 zero.
+constexpr double kMinScale = 0x1p-64, kMaxScale = 0x1p64;
 
+// The coordinates are checked as the kernels compute them, x * scale in T (an infinite or
+// NaN product fails the comparison). check_coords false: batch indices only (RoIPool's
+// backward reads only them; its argmax values are checked instead).
 template <typename T>
-void check_rois_typed(const at::Tensor& rois, int64_t batch_size, double spatial_scale) {
+void check_rois_typed(const at::Tensor& rois, int64_t batch_size, double spatial_scale, bool check_coords) {
   const T* r = rois.const_data_ptr<T>();
+  const T scale = static_cast<T>(spatial_scale);
   for (int64_t k = 0; k < rois.size(0); ++k, r += 5) {
     const T b = r[0];
     TORCH_CHECK_VALUE(std::isfinite(b) && b == std::floor(b) && b >= 0 && b < batch_size,
                       "roiops: rois row ", k, " has batch index ", b,
                       ", which is not an integer in [0, ", batch_size, ")");
-    for (int i = 1; i < 5; ++i) {
-      TORCH_CHECK_VALUE(std::isfinite(r[i]) && std::abs(r[i] * spatial_scale) <= kMaxCoordinate,
+    for (int i = 1; check_coords && i < 5; ++i) {
+      TORCH_CHECK_VALUE(std::isfinite(r[i]) && std::abs(r[i] * scale) <= static_cast<T>(kMaxCoordinate),
                         "roiops: rois row ", k, " has coordinate ", r[i],
-                        " (not finite, or beyond 2^24 feature-map cells)");
+                        " (not finite, or beyond 2^24 feature-map cells after spatial_scale)");
     }
   }
 }
 
 // Cheap checks of a direct op call; the Python layer has already given friendlier errors.
+// rois' shape is checked before anything reads its sizes.
 inline void check_args(const at::Tensor& rois, at::ScalarType input_type, int64_t height, int64_t width,
                        double spatial_scale, int64_t pooled_height, int64_t pooled_width) {
+  TORCH_CHECK_VALUE(rois.dim() == 2 && rois.size(1) == 5, "roiops: rois must be [K, 5], got ", rois.sizes());
   TORCH_CHECK_VALUE(at::isFloatingType(input_type), "roiops: input must be floating point");
   TORCH_CHECK_VALUE(height > 0 && width > 0, "roiops: input height and width must be positive");
-  TORCH_CHECK_VALUE(height < INT32_MAX && width < INT32_MAX, "roiops: input height and width must be < 2^31");
-  TORCH_CHECK_VALUE(rois.dim() == 2 && rois.size(1) == 5, "roiops: rois must be [K, 5], got ", rois.sizes());
+  TORCH_CHECK_VALUE(height <= kMaxMapSide && width <= kMaxMapSide,
+                    "roiops: input height and width must be at most 2^24, got ", height, " x ", width);
   TORCH_CHECK_VALUE(rois.scalar_type() == (input_type == at::kDouble ? at::kDouble : at::kFloat),
                     "roiops: rois must be float64 for float64 input, float32 otherwise; got ", rois.scalar_type());
   TORCH_CHECK_VALUE(rois.device().is_cpu(), "roiops: CPU kernel called with non-CPU tensors");
-  TORCH_CHECK_VALUE(pooled_height > 0 && pooled_width > 0, "roiops: output size must be positive");
-  TORCH_CHECK_VALUE(spatial_scale > 0 && std::isfinite(spatial_scale), "roiops: spatial_scale must be positive and finite");
+  TORCH_CHECK_VALUE(pooled_height > 0 && pooled_width > 0 && pooled_height <= kMaxPooled && pooled_width <= kMaxPooled,
+                    "roiops: output size must be in [1, 65536], got ", pooled_height, " x ", pooled_width);
+  TORCH_CHECK_VALUE(spatial_scale >= kMinScale && spatial_scale <= kMaxScale,
+                    "roiops: spatial_scale must be in [2^-64, 2^64], got ", spatial_scale);
+}
+
+inline void check_sampling_ratio(int64_t sampling_ratio) {
+  TORCH_CHECK_VALUE(sampling_ratio <= kMaxSamplingRatio, "roiops: sampling_ratio must be at most ", kMaxSamplingRatio,
+                    " (<= 0 for adaptive), got ", sampling_ratio);
 }
 
 inline void check_input(const at::Tensor& input) {
@@ -64,9 +93,9 @@ inline void check_input(const at::Tensor& input) {
 }
 
 // Checks every row of a [K, 5] rois tensor of the opmath type.
-inline void check_rois(const at::Tensor& rois, int64_t batch_size, double spatial_scale) {
+inline void check_rois(const at::Tensor& rois, int64_t batch_size, double spatial_scale, bool check_coords = true) {
   AT_DISPATCH_FLOATING_TYPES(rois.scalar_type(), "roiops_check_rois",
-                             [&] { check_rois_typed<scalar_t>(rois, batch_size, spatial_scale); });
+                             [&] { check_rois_typed<scalar_t>(rois, batch_size, spatial_scale, check_coords); });
 }
 
 inline bool is_channels_last(const at::Tensor& t) {
@@ -87,7 +116,7 @@ struct Tap {
 // Design.md sec. 3 border rule along one axis; false for a point with value 0.
 template <typename T>
 inline bool make_tap(T v, int64_t size, Tap<T>& t) {
-  if (v < T(-1) || v > static_cast<T>(size)) return false;
+  if (!(v >= T(-1) && v <= static_cast<T>(size))) return false;  // NaN too
   if (v <= 0) v = 0;
   int64_t lo = static_cast<int64_t>(v);
   int64_t hi;
@@ -127,28 +156,57 @@ struct AxisPlan {
     first_out.assign(pooled, -1);
     min_weight.assign(pooled, std::numeric_limits<T>::infinity());
     cell_lo = size, cell_hi = -1;
+    auto at = [&](int64_t b, int64_t s) {
+      return start + static_cast<T>(b) * bin + (static_cast<T>(s) + T(0.5)) * bin / static_cast<T>(grid);
+    };
+    // The first s in [0, grid) with pred(s), for pred false then true along s.
+    auto first = [&](int64_t b, auto pred) {
+      int64_t a = 0, e = grid;
+      while (a < e) {
+        const int64_t m = a + (e - a) / 2;
+        if (pred(at(b, m))) e = m; else a = m + 1;
+      }
+      return a;
+    };
+    const T top = static_cast<T>(size);
     for (int64_t b = 0; b < pooled; ++b) {
-      for (int64_t s = 0; s < grid; ++s) {
-        const T v = start + static_cast<T>(b) * bin +
-                    (static_cast<T>(s) + T(0.5)) * bin / static_cast<T>(grid);
+      // Positions are monotonic in s (every rounding step is), so the samples inside
+      // [-1, size] are one run [s0, s1), found by bisection: the cost follows the samples
+      // inside the map, not the grid (which for a huge box can be 2^25 per bin).
+      int64_t s0 = 0, s1 = 0;
+      if (grid > 0) {
+        if (bin >= 0) {
+          s0 = first(b, [&](T v) { return v >= T(-1); });
+          s1 = std::max(s0, first(b, [&](T v) { return v > top; }));
+        } else {
+          s0 = first(b, [&](T v) { return v <= top; });
+          s1 = std::max(s0, first(b, [&](T v) { return v < T(-1); }));
+        }
+        first_out[b] = s0 > 0 ? 0 : (s1 < grid ? s1 : -1);
+        if (s1 > s0) first_in[b] = s0;
+      }
+      for (int64_t s = s0; s < s1; ++s) {
         Tap<T> t;
-        if (make_tap(v, size, t)) {
-          if (static_cast<int64_t>(lo.size()) == begin.back()) first_in[b] = s;
-          lo.push_back(static_cast<int32_t>(t.lo));
-          hi.push_back(static_cast<int32_t>(t.hi));
-          l.push_back(t.l);
-          h.push_back(t.h);
-          cell_lo = std::min(cell_lo, t.lo);
-          cell_hi = std::max(cell_hi, t.hi);
-          for (const T w : {t.l, t.h}) {
-            if (w != T(0)) min_weight[b] = std::min(min_weight[b], w);
-          }
-        } else if (first_out[b] < 0) {
-          first_out[b] = s;
+        make_tap(at(b, s), size, t);  // inside by construction
+        lo.push_back(static_cast<int32_t>(t.lo));
+        hi.push_back(static_cast<int32_t>(t.hi));
+        l.push_back(t.l);
+        h.push_back(t.h);
+        cell_lo = std::min(cell_lo, t.lo);
+        cell_hi = std::max(cell_hi, t.hi);
+        for (const T w : {t.l, t.h}) {
+          if (w != T(0)) min_weight[b] = std::min(min_weight[b], w);
         }
       }
       begin.push_back(static_cast<int64_t>(lo.size()));
     }
+  }
+
+  // Most inside samples of one bin.
+  int64_t widest_bin() const {
+    int64_t m = 0;
+    for (size_t b = 0; b + 1 < begin.size(); ++b) m = std::max(m, begin[b + 1] - begin[b]);
+    return m;
   }
 
   bool empty() const { return lo.empty(); }
@@ -179,6 +237,8 @@ struct AlignPlan {
   int64_t grid_h = 0, grid_w = 0;
   T count = 1;
   AxisPlan<T> ys, xs;
+  // "max" only: the bin grid exceeds kMaxArgmaxGrid samples (then nothing else is built).
+  bool grid_too_large = false;
   // "max", small grids: every sample of every bin, [bin * grid_h * grid_w + index], so
   // that backward finds an argmax's neighbours and weights with one lookup.
   std::vector<MaxSample<T>> samples;
@@ -199,11 +259,17 @@ struct AlignPlan {
     const T bin_w = roi_w / static_cast<T>(pw);
     grid_h = sampling_ratio > 0 ? sampling_ratio : static_cast<int64_t>(std::ceil(bin_h));
     grid_w = sampling_ratio > 0 ? sampling_ratio : static_cast<int64_t>(std::ceil(bin_w));
-    count = static_cast<T>(std::max<int64_t>(grid_h * grid_w, 1));
+    count = static_cast<T>(std::max<int64_t>(grid_h * grid_w, 1));  // grids < 2^26 per axis: no overflow
+    samples.clear();
+    grid_too_large = max_mode && grid_h > 0 && grid_w > 0 && grid_h * grid_w > kMaxArgmaxGrid;
+    if (grid_too_large) {
+      grid_h = grid_w = 0;  // an empty plan, never run
+      return;
+    }
     ys.build(y_start, bin_h, grid_h, ph, height);
     xs.build(x_start, bin_w, grid_w, pw, width);
-    samples.clear();
-    if (max_mode && !empty() && ph * pw * grid_h * grid_w <= kMaxSampleTable) build_samples(ph, pw);
+    const int64_t gg = grid_h * grid_w;
+    if (max_mode && !empty() && gg <= kMaxSampleTable && ph * pw * gg <= kMaxSampleTable) build_samples(ph, pw);
   }
 
   void build_samples(int64_t ph, int64_t pw) {

@@ -1,0 +1,302 @@
+"""Property-based fuzzing of the public API (hypothesis, derandomized: the same cases on
+every run). Every case runs on the C++ kernels and on the reference, forward and
+backward, and is also checked against torchvision where it has the op and the case is
+in its domain. Invalid boxes must raise ValueError naming the row.
+
+Cases with huge or extreme values run in a child interpreter (`_risky_cases`), so that a
+crash or a hang fails a test instead of ending the run.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+import torchvision.ops as tv
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
+
+import roiops
+
+SETTINGS = dict(derandomize=True, database=None, deadline=None, print_blob=True,
+                suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16]
+SCALES = [1.0, 0.5, 0.25, 1 / 16, 2.0, 0.3]
+
+
+@st.composite
+def feature_maps(draw):
+    n, c = draw(st.integers(1, 2)), draw(st.integers(1, 3))
+    h, w = draw(st.integers(1, 9)), draw(st.integers(1, 9))
+    dtype = draw(st.sampled_from(DTYPES))
+    g = torch.Generator().manual_seed(draw(st.integers(0, 2**16)))
+    values = draw(st.sampled_from(["normal", "ties", "specials"]))
+    x = torch.randn(n, c, h, w, generator=g, dtype=torch.float64)
+    if values == "ties":  # many equal values and exact zeros: argmax tie-breaking
+        x = x.round()
+    elif values == "specials":
+        flat = x.view(-1)
+        for v in draw(st.lists(st.sampled_from([math.nan, math.inf, -math.inf]), min_size=1, max_size=3)):
+            flat[draw(st.integers(0, flat.numel() - 1))] = v
+    x = x.to(dtype)
+    layout = draw(st.sampled_from(["nchw", "channels_last", "strided"]))
+    if layout == "channels_last":
+        x = x.contiguous(memory_format=torch.channels_last)
+    elif layout == "strided":  # every other column of a wider tensor
+        wide = torch.zeros(n, c, h, 2 * w, dtype=dtype)
+        wide[..., ::2] = x
+        x = wide[..., ::2]
+    return x, values
+
+
+@st.composite
+def box_rows(draw, n, h, w, scale, allow_invalid):
+    """Rows (batch, x1, y1, x2, y2) in image pixels, and which of them are invalid."""
+    kinds = ["inside", "inside", "outside", "inverted", "huge", "tiny", "point"]
+    if allow_invalid:
+        kinds += ["invalid"]
+    rows, invalid = [], False
+    for _ in range(draw(st.integers(0, 4))):
+        kind = draw(st.sampled_from(kinds))
+        if kind == "invalid":
+            kind = draw(st.sampled_from(["nan", "beyond", "bad_index"]))
+        b = float(draw(st.integers(0, n - 1)))
+        cell = st.floats(-2.0, max(h, w) + 2.0, allow_nan=False, width=32)
+        x1, y1, x2, y2 = (draw(cell) for _ in range(4))
+        if kind == "inside":
+            x1, x2, y1, y2 = min(x1, x2), max(x1, x2), min(y1, y2), max(y1, y2)
+        elif kind == "outside":
+            off = draw(st.sampled_from([-30.0, 40.0]))
+            x1, x2 = x1 + off, x2 + off
+        elif kind == "inverted":
+            x1, x2, y1, y2 = max(x1, x2) + 0.5, min(x1, x2), max(y1, y2) + 0.5, min(y1, y2)
+        elif kind == "huge":
+            big = draw(st.sampled_from([1e4, 1e6]))
+            x1, y1, x2, y2 = -big, -draw(st.sampled_from([1.0, big])), big, big
+        elif kind == "tiny":
+            x2, y2 = x1 + 1e-3, y1 + 1e-3
+        elif kind == "point":
+            x2, y2 = x1, y1
+        elif kind == "nan":
+            x1 = math.nan
+        elif kind == "beyond":
+            y2 = 2.0**25
+        elif kind == "bad_index":
+            b = draw(st.sampled_from([-1.0, float(n), 0.5]))
+        invalid |= kind in ("nan", "bad_index", "beyond")  # "beyond": 2^25 cells after scale
+        rows.append([b, x1 / scale, y1 / scale, x2 / scale, y2 / scale])
+    return torch.tensor(rows, dtype=torch.float64).reshape(-1, 5), invalid
+
+
+@st.composite
+def cases(draw):
+    x, values = draw(feature_maps())
+    n, _, h, w = x.shape
+    scale = draw(st.sampled_from(SCALES))
+    rois, invalid = draw(box_rows(n, h, w, scale, allow_invalid=True))
+    op = draw(st.sampled_from(["avg", "max", "caffe", "mmdet"]))
+    args = dict(output_size=(draw(st.integers(1, 4)), draw(st.integers(1, 4))), spatial_scale=scale)
+    if op in ("avg", "max"):
+        args.update(sampling_ratio=draw(st.sampled_from([-1, 0, 1, 2, 3, 5])), aligned=draw(st.booleans()), mode=op)
+    else:
+        args.update(convention=op)
+    as_list = draw(st.booleans())  # torchvision's other box form: a list of [L, 4] per image
+    # Boxes in the input's dtype, unless that overflows (float16 holds at most 65504).
+    cast = rois.to(x.dtype) if bool(torch.isfinite(rois.to(x.dtype)[:, 1:]).all()) else rois.to(torch.float32)
+    boxes = [rois[rois[:, 0] == i, 1:] for i in range(n)] if as_list and not invalid else cast
+    if as_list and not invalid:
+        rois = torch.cat([torch.cat([torch.full((len(b), 1), float(i), dtype=b.dtype), b], 1)
+                          for i, b in enumerate(boxes)])  # the row order the list gives
+    return x, values, rois, boxes, op, args, invalid
+
+
+def run(x, boxes, op, args):
+    if op in ("avg", "max"):
+        return roiops.roi_align(x, boxes, **args)
+    return roiops.roi_pool(x, boxes, **args)
+
+
+def grid_product(rois, args) -> float:
+    """Samples per bin of an adaptive grid, in float64 (an independent estimate)."""
+    s, (ph, pw) = args["spatial_scale"], args["output_size"]
+    best = 0.0
+    for _, x1, y1, x2, y2 in rois.tolist():
+        rw, rh = (x2 - x1) * s, (y2 - y1) * s
+        if not args["aligned"]:
+            rw, rh = max(rw, 1), max(rh, 1)
+        gw, gh = math.ceil(rw / pw), math.ceil(rh / ph)
+        if gw > 0 and gh > 0:
+            best = max(best, gw * gh)
+    return best
+
+
+def tolerance(dtype):
+    return {torch.float64: 1e-9, torch.float32: 2e-5}.get(dtype, 2e-2)
+
+
+@settings(max_examples=1500, **SETTINGS)
+@given(cases())
+def test_cpu_and_reference_agree(case):
+    x, values, rois, boxes, op, args, invalid = case
+    if invalid:
+        event("invalid boxes")
+        for backend in ("cpu", "reference"):
+            with roiops.use_backend(backend), pytest.raises(ValueError, match=r"row \d+"):
+                run(x, boxes, op, args)
+        return
+    x = x.detach().requires_grad_(True)
+    results = {}
+    for backend in ("cpu", "reference"):
+        try:
+            with roiops.use_backend(backend):
+                out = run(x, boxes, op, args)
+                g_out = torch.randn(out.shape, generator=torch.Generator().manual_seed(1)).to(out.dtype)
+                (g_in,) = torch.autograd.grad(out, x, g_out) if out.numel() else (torch.zeros_like(x),)
+        except ValueError as e:
+            # Only mode "max" with an adaptive grid of more than 2^31 - 1 samples may refuse.
+            assert op == "max" and args["sampling_ratio"] <= 0 and "int32 argmax" in str(e), str(e)
+            assert grid_product(rois, args) > 2**30
+            results[backend] = None
+            event("refused: max grid beyond int32")
+            continue
+        assert out.shape == (rois.shape[0], x.shape[1], *args["output_size"]) and out.dtype == x.dtype
+        assert g_in.shape == x.shape
+        results[backend] = (out, g_in)
+    if results["cpu"] is None or results["reference"] is None:
+        assert results["cpu"] is None and results["reference"] is None
+        return
+    (out, g_in), (rout, rg_in) = results["cpu"], results["reference"]
+    tol = tolerance(x.dtype)
+    if op == "avg":
+        torch.testing.assert_close(out, rout, rtol=tol, atol=tol, equal_nan=True)
+    else:  # a maximum is one sample's value: the same bits
+        torch.testing.assert_close(out, rout, rtol=0, atol=0, equal_nan=True)
+    torch.testing.assert_close(g_in, rg_in, rtol=tol, atol=tol, equal_nan=True)
+    check_torchvision(x.detach(), values, rois, boxes, op, args, out.detach(), g_in)
+
+
+def check_torchvision(x, values, rois, boxes, op, args, out, g_in):
+    """torchvision where it has the op and the case is in its domain: float32/float64,
+    finite maps (its RoIPool never picks NaN or a bin of -inf), and for RoIAlign no huge
+    boxes (it visits every sample of the grid) nor empty aligned adaptive grids."""
+    if op in ("max", "mmdet") or x.dtype not in (torch.float32, torch.float64) or values == "specials":
+        return
+    size, s = args["output_size"], args["spatial_scale"]
+    r = rois.to(x.dtype)
+    if op == "caffe":
+        theirs = tv.roi_pool(x, r, size, s)
+    else:
+        span = (r[:, 3:] - r[:, 1:3]).abs().max() * s if r.numel() else 0
+        adaptive, aligned = args["sampling_ratio"] <= 0, args["aligned"]
+        if span > 100 or (adaptive and aligned and bool(((r[:, 3:] - r[:, 1:3]) <= 0).any())):
+            return
+        theirs = tv.roi_align(x, r, size, s, args["sampling_ratio"], aligned)
+    event(f"torchvision {op}")
+    torch.testing.assert_close(out, theirs, rtol=0, atol=0)
+    xg = x.clone().requires_grad_(True)
+    fn = tv.roi_pool if op == "caffe" else tv.roi_align
+    extra = () if op == "caffe" else (args["sampling_ratio"], args["aligned"])
+    o = fn(xg, r, size, s, *extra)
+    g_out = torch.randn(o.shape, generator=torch.Generator().manual_seed(1)).to(o.dtype)
+    (tg,) = torch.autograd.grad(o, xg, g_out) if o.numel() else (torch.zeros_like(x),)
+    torch.testing.assert_close(g_in, tg, rtol=0, atol=0)
+
+
+# ---- extreme values, in a child interpreter -----------------------------------------------
+
+# At most one argument is out of its limits, so that many cases reach the kernels (with
+# extreme but valid values: 2^24 coordinates, 2^64 scales, 1024 samples per axis).
+COORDS_OK = [2.0**24, -(2.0**24), 2.0**24 - 1, 1e6, -1e6, 0.0, 3.0, -0.5]
+COORDS_BAD = [2.0**24 + 2, 1e30, -3e38, math.inf, -math.inf, math.nan]
+SCALES_OK = [1.0, 1 / 16, 2.0**64, 2.0**-64]
+SCALES_BAD = [1e39, 2.0**65, 2.0**-70, 1e-45, 3e38, -1.0, 0.0, math.nan, math.inf]
+RATIOS_OK = [0, -1, 2, 1024, -(2**40)]
+RATIOS_BAD = [1025, 10**6, 2**31, 2**40]
+
+
+@st.composite
+def risky(draw):
+    bad = draw(st.sampled_from([None, None, None, "rows", "scale", "ratio", "size"]))
+
+    def pick(name, ok, wrong):
+        return draw(st.sampled_from(wrong if bad == name else ok))
+
+    shape = (1, draw(st.integers(1, 2)), draw(st.integers(1, 4)), draw(st.integers(1, 4)))
+    dtype = draw(st.sampled_from(DTYPES))
+    channels_last = draw(st.booleans())
+    rows = []
+    for _ in range(draw(st.integers(1, 2))):
+        rows.append([float(pick("rows", [0], [0, 1, -1, 0.5]))] + [draw(st.sampled_from(COORDS_OK)) for _ in range(4)])
+    if bad == "rows":
+        rows[0][draw(st.integers(1, 4))] = draw(st.sampled_from(COORDS_BAD))
+    scale = pick("scale", SCALES_OK, SCALES_BAD)
+    ratio = pick("ratio", RATIOS_OK, RATIOS_BAD)
+    # A fixed ratio costs output * ratio^2 samples: large outputs only with small ratios.
+    size = pick("size", [1, 2, (1, 2)] if ratio > 8 else [1, 3, (1, 2**16), (2**16, 2)],
+                [2**16 + 1, 10**20, 0, -1, (2, 0)])
+    kind = draw(st.sampled_from(["avg", "max", "caffe", "mmdet", "direct"]))
+    return dict(shape=shape, dtype=str(dtype).split(".")[1], channels_last=channels_last, rows=rows, scale=scale,
+                ratio=ratio, size=size, aligned=draw(st.booleans()), kind=kind)
+
+
+def _run_risky(case):
+    """Runs one extreme case; exceptions are fine, crashes and hangs are not. When both
+    succeed, the C++ result must equal the reference's."""
+    dtype = getattr(torch, case["dtype"])
+    x = torch.randn(case["shape"], generator=torch.Generator().manual_seed(0)).to(dtype)
+    if case["channels_last"]:
+        x = x.contiguous(memory_format=torch.channels_last)
+    rois = torch.tensor(case["rows"], dtype=torch.float64)
+    kind, s, ratio, size, aligned = case["kind"], case["scale"], case["ratio"], case["size"], case["aligned"]
+
+    def call():
+        if kind == "direct":  # the registered op with raw arguments: the kernels' own checks
+            ph, pw = (size, size) if isinstance(size, int) else size
+            r = rois.to(torch.float64 if dtype == torch.float64 else torch.float32)
+            return torch.ops.roiops.roi_align_max(x, r, s, ph, pw, ratio, aligned)[0]
+        if kind in ("avg", "max"):
+            return roiops.roi_align(x.requires_grad_(True), rois, size, s, ratio, aligned, kind)
+        return roiops.roi_pool(x.requires_grad_(True), rois, size, s, kind)
+
+    results = []
+    for backend in ("cpu", "reference"):
+        try:
+            with roiops.use_backend(backend):
+                out = call()
+                if out.requires_grad:
+                    out.sum().backward()
+            results.append(out.detach())
+        except (ValueError, TypeError, RuntimeError) as e:
+            # Public API errors name the argument or the row.
+            if kind != "direct":
+                assert isinstance(e, ValueError) and any(
+                    w in str(e) for w in ("output_size", "spatial_scale", "sampling_ratio", "row")), repr(e)
+            results.append(None)
+    if kind != "direct" and results[0] is not None and results[1] is not None:
+        torch.testing.assert_close(results[0], results[1], rtol=2e-2, atol=2e-2, equal_nan=True)
+    if kind != "direct":
+        assert (results[0] is None) == (results[1] is None), (case, results)
+
+
+@settings(max_examples=250, **SETTINGS)
+@given(risky())
+def _risky_cases(case):
+    print(case, flush=True)  # the last line printed names the case, should the process die
+    _run_risky(case)
+
+
+def test_risky_cases_in_a_child_process():
+    here = os.path.dirname(os.path.abspath(__file__))
+    code = f"import sys; sys.path.insert(0, {here!r}); import test_fuzz; test_fuzz._risky_cases(); print('ok')"
+    try:
+        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=150)
+    except subprocess.TimeoutExpired as e:
+        last = (e.stdout or b"").decode(errors="replace").strip().splitlines()[-1:] if e.stdout else []
+        pytest.fail(f"hang: risky cases ran past 150 s, last case {last}")
+    tail = proc.stdout.strip().splitlines()[-3:]
+    assert proc.returncode == 0 and tail and tail[-1] == "ok", \
+        f"exit {proc.returncode}; last cases {tail}\n{proc.stderr[-4000:]}"
