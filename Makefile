@@ -6,9 +6,19 @@ BIN    := $(VENV)/bin
 # Pinned together: the extension is compiled against this exact torch, and torchvision
 # (the tests' oracle and benchmark peer) must be the release built for it.
 PINS   := torch==2.14.1 torchvision==0.29.1
-TOOLS  := pytest==9.2.0 matplotlib==3.11.2 numpy==2.4.6 mypy==2.4.1 onnx==1.23.2 onnxruntime==1.32.0 onnxscript==0.7.2
+TOOLS  := pytest==9.2.0 hypothesis==6.170.15 matplotlib==3.11.2 numpy==2.4.6 mypy==2.4.1 onnx==1.23.2 onnxruntime==1.32.0 onnxscript==0.7.2
 
-.PHONY: demo test build bench clean
+# A second environment, only for tests/test_ptx.py under Triton 3.6.0, the Triton of
+# torch 2.11 (the oldest torch the GPU path supports). Triton releases compile the same
+# kernels to different PTX (3.6 turns tl.fdiv(..., ieee_rounding=True) into an
+# approximate division, 3.8 does not), and that test proves the PTX exact without a GPU,
+# so it must run under both. torch is there only for meta tensors: the small CPU build.
+# roiops runs from the checkout (the test sets PYTHONPATH); compiling never loads the
+# C++ extension, which is built for the pinned torch.
+VENV_T36 := .venv-triton36
+PINS_T36 := torch==2.13.0 triton==3.6.0 pytest==9.2.0
+
+.PHONY: demo test test-triton36 build bench gpu-check clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -27,11 +37,26 @@ build: $(VENV)/.built
 demo: build
 	$(BIN)/roiops demo
 
-test: build
+test: build $(VENV_T36)/.deps
 	$(BIN)/python -m pytest -q
+	$(MAKE) --no-print-directory test-triton36
+
+$(VENV_T36)/bin/python:
+	$(PYTHON) -m venv $(VENV_T36)
+
+$(VENV_T36)/.deps: $(VENV_T36)/bin/python Makefile
+	$(VENV_T36)/bin/python -m pip install -q $(PINS_T36)
+	touch $@
+
+test-triton36: $(VENV_T36)/.deps
+	$(VENV_T36)/bin/python -m pytest -q tests/test_ptx.py
 
 bench: build
 	$(BIN)/roiops bench
+
+# On a GPU machine: its own torch, Triton and torchvision, nothing installed (see README).
+gpu-check:
+	bash benchmarks/gpu_check.sh
 
 clean:
 	rm -rf build *.egg-info roiops/_C*.so $(VENV)/.built

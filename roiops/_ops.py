@@ -179,3 +179,102 @@ def _pool_backward(ctx, grad, _grad_argmax):
 
 
 roi_pool.register_autograd(_pool_backward, setup_context=_setup_pool)
+
+
+def _no_double_backward(op_name: str):
+    def backward(ctx, *grads):
+        raise RuntimeError(f"roiops: {op_name} has no double backward (gradient of its gradient); torchvision's "
+                           "RoI ops have none either")
+    return backward
+
+
+# A clear error, instead of autograd's "no autograd formula was registered".
+for _op, _name in ((_roi_align_backward, "roi_align"), (_roi_align_max_backward, "roi_align(mode='max')"),
+                   (_roi_pool_backward, "roi_pool")):
+    _op.register_autograd(_no_double_backward(_name))
+
+
+# ---- multi-level roi_align (FPN poolers) -----------------------------------------------
+#
+# Box k is pooled from inputs[levels[k]] at spatial_scales[levels[k]]; a level outside
+# [0, len(inputs)) gives 0. The Triton kernels do all levels in one launch; the other
+# backends run their single-level kernels once per level.
+
+
+def _levels_forward(kernels, inputs, rois, levels, spatial_scales, ph, pw, sampling_ratio, aligned):
+    out = _empty_out(inputs[0], rois, ph, pw).zero_()
+    for level, (x, scale) in enumerate(zip(inputs, spatial_scales)):
+        chosen = (levels == level).nonzero().squeeze(1)  # a sync, which only CPU-side kernels reach
+        if chosen.numel():
+            out.index_copy_(0, chosen, kernels.roi_align_forward(x, rois[chosen], scale, ph, pw, sampling_ratio,
+                                                                 aligned))
+    return out
+
+
+def _levels_backward(kernels, grad, rois, levels, spatial_scales, ph, pw, batch_size, channels, heights, widths,
+                     sampling_ratio, aligned, channels_last):
+    grads = []
+    for level, (scale, h, w) in enumerate(zip(spatial_scales, heights, widths)):
+        chosen = (levels == level).nonzero().squeeze(1)
+        grads.append(kernels.roi_align_backward(grad[chosen], rois[chosen], scale, ph, pw, batch_size, channels, h, w,
+                                                sampling_ratio, aligned, channels_last))
+    return grads
+
+
+@torch.library.custom_op("roiops::multi_scale_roi_align", mutates_args=())
+def multi_scale_roi_align(
+    inputs: list[Tensor], rois: Tensor, levels: Tensor, spatial_scales: list[float], pooled_height: int,
+    pooled_width: int, sampling_ratio: int, aligned: bool,
+) -> Tensor:
+    kernels = _backend.kernels(rois.device)
+    if hasattr(kernels, "multi_scale_roi_align_forward"):
+        return kernels.multi_scale_roi_align_forward(inputs, rois, levels, spatial_scales, pooled_height,
+                                                     pooled_width, sampling_ratio, aligned)
+    return _levels_forward(kernels, inputs, rois, levels, spatial_scales, pooled_height, pooled_width,
+                           sampling_ratio, aligned)
+
+
+@torch.library.custom_op("roiops::_multi_scale_roi_align_backward", mutates_args=())
+def _multi_scale_roi_align_backward(
+    grad: Tensor, rois: Tensor, levels: Tensor, spatial_scales: list[float], pooled_height: int, pooled_width: int,
+    batch_size: int, channels: int, heights: list[int], widths: list[int], sampling_ratio: int, aligned: bool,
+    channels_last: bool,
+) -> list[Tensor]:
+    kernels = _backend.kernels(grad.device)
+    args = (grad, rois, levels, spatial_scales, pooled_height, pooled_width, batch_size, channels, heights, widths,
+            sampling_ratio, aligned, channels_last)
+    if hasattr(kernels, "multi_scale_roi_align_backward"):
+        return kernels.multi_scale_roi_align_backward(*args)
+    return _levels_backward(kernels, *args)
+
+
+@multi_scale_roi_align.register_fake
+def _(inputs, rois, levels, spatial_scales, pooled_height, pooled_width, sampling_ratio, aligned):
+    return _empty_out(inputs[0], rois, pooled_height, pooled_width)
+
+
+@_multi_scale_roi_align_backward.register_fake
+def _(grad, rois, levels, spatial_scales, pooled_height, pooled_width, batch_size, channels, heights, widths,
+      sampling_ratio, aligned, channels_last):
+    return [_empty_grad(grad, batch_size, channels, h, w, channels_last) for h, w in zip(heights, widths)]
+
+
+def _setup_levels(ctx, inputs, output):
+    maps, rois, levels, spatial_scales, ph, pw, sampling_ratio, aligned = inputs
+    ctx.set_materialize_grads(False)
+    ctx.save_for_backward(rois, levels)
+    ctx.args = (spatial_scales, ph, pw, maps[0].shape[0], maps[0].shape[1], [x.shape[2] for x in maps],
+                [x.shape[3] for x in maps], sampling_ratio, aligned, _channels_last(maps[0]))
+    ctx.backend = _backend.current()
+
+
+def _levels_grad(ctx, grad):
+    if grad is None:  # a list input takes a list of gradients
+        return [None] * len(ctx.args[5]), None, None, None, None, None, None, None
+    rois, levels = ctx.saved_tensors
+    with _backend.use_backend(ctx.backend) if ctx.backend else nullcontext():
+        grads = torch.ops.roiops._multi_scale_roi_align_backward(grad, rois, levels, *ctx.args)
+    return grads, None, None, None, None, None, None, None
+
+
+multi_scale_roi_align.register_autograd(_levels_grad, setup_context=_setup_levels)

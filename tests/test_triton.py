@@ -7,14 +7,12 @@ parameter grid is a covering set rather than a full product.
 
 # tests/conftest.py sets TRITON_INTERPRET=1 without a GPU, before triton is imported.
 
-import os
-import subprocess
-import sys
-import textwrap
-from pathlib import Path
+import importlib
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 import roiops
 import roiops.triton as rt
@@ -308,6 +306,47 @@ def test_huge_coordinates_are_masked():
     assert not cpu(out).any() and (cpu(am) == -1).all()
 
 
+def test_huge_boxes_visit_only_samples_near_the_map():
+    """Adaptive grids of 2^30 samples per bin: the kernels visit only the samples that can
+    touch the map (or, in the deterministic backward, the tile) and give the C++ kernels'
+    results, argmax included (where a left-out outside sample, value 0, wins the max)."""
+    import signal
+
+    def too_slow(*_):
+        raise TimeoutError("a sampling loop ran over samples far outside the map")
+
+    x = make_input(F32, False, seed=16)
+    neg = -x.abs() - 0.5  # every map value negative: outside samples (0) win the max
+    s = 2.0 ** 14
+    rois = torch.tensor([[0, -s, -s, s, s], [1, 0.0, 0.0, s, s / 2], [0, -s / 2, 3.0, 5.0, s],
+                         [1, 2.0, -s, 6.0, 4.0], [0, 1.0, 1.0, 6.0, 5.0]], device=DEVICE)
+    previous = signal.signal(signal.SIGALRM, too_slow)
+    signal.alarm(300)
+    try:
+        for feat in (x, neg):
+            xc = cpu(feat)
+            with roiops.use_backend("cpu"):
+                ref = torch.ops.roiops.roi_align(xc, cpu(rois), 1.0, 1, 2, 0, True)
+                ref_max, ref_am = torch.ops.roiops.roi_align_max(xc, cpu(rois), 1.0, 1, 2, 0, True)
+                g = grad_like(ref, seed=17)
+                ref_gi = torch.ops.roiops._roi_align_backward(cpu(g), cpu(rois), 1.0, 1, 2, N, C, H, W, 0, True,
+                                                              False)
+                ref_gim = torch.ops.roiops._roi_align_max_backward(cpu(g), ref_am, cpu(rois), 1.0, 1, 2, N, C, H, W,
+                                                                   0, True, False)
+            assert_close(rt.roi_align_forward(feat, rois, 1.0, 1, 2, 0, True), ref, F32)
+            out, am = rt.roi_align_max_forward(feat, rois, 1.0, 1, 2, 0, True)
+            assert torch.equal(cpu(am), ref_am)
+            assert_close(out, ref_max, F32)
+            for det in (False, True):
+                assert_close(rt.roi_align_backward(g, rois, 1.0, 1, 2, N, C, H, W, 0, True, False, deterministic=det),
+                             ref_gi, F32)
+                assert_close(rt.roi_align_max_backward(g, am, rois, 1.0, 1, 2, N, C, H, W, 0, True, False,
+                                                       deterministic=det), ref_gim, F32)
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+
+
 def test_nan_and_ties_in_max():
     """First maximum wins ties; the first NaN wins over numbers (contract, sec. argmax)."""
     x = torch.zeros(1, 2, 4, 4)
@@ -408,61 +447,31 @@ def test_deterministic_path(cl):
         roiops.config.deterministic_backward = None
 
 
-# ----------------------------------------------------------------------------- GPU build
+# ----------------------------------------------------------------------------- float min/max
+# (Compiling every kernel for the GPU, and what its PTX may hold: tests/test_ptx.py.)
 
-_COMPILE_SCRIPT = textwrap.dedent("""
-    import torch, triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-    from triton.compiler.compiler import make_backend
-    from triton.runtime import jit as J
-
-    target = GPUTarget("cuda", 90, 32)
-    backend = make_backend(target)
-    done = set()
-
-    def compile_only(self, *args, grid, warmup, **kwargs):
-        # Bind and specialize exactly as a launch would, then compile to a cubin.
-        kwargs["debug"] = False
-        bound, spec, opts = J.create_function_from_signature(self.signature, self.params, backend)(*args, **kwargs)
-        options, signature, constexprs, attrs = self._pack_args(backend, kwargs, bound, spec, opts)
-        key = (self.fn.__name__, str(signature), str(constexprs))
-        if key not in done:
-            triton.compile(ASTSource(self, signature, constexprs, attrs), target=target, options=options.__dict__)
-            done.add(key)
-
-    J.JITFunction.run = compile_only
-    import roiops.triton as rt
-
-    for dtype, cl in ((torch.float32, False), (torch.bfloat16, True)):
-        x = torch.empty(2, 64, 20, 30, dtype=dtype, device="meta")
-        x = x.contiguous(memory_format=torch.channels_last) if cl else x
-        rois = torch.empty(16, 5, device="meta")
-        for det in (False, True):
-            out = rt.roi_align_forward(x, rois, 0.25, 7, 7, 2, True)
-            rt.roi_align_backward(out, rois, 0.25, 7, 7, 2, 64, 20, 30, 2, True, cl, deterministic=det)
-            out, am = rt.roi_align_max_forward(x, rois, 0.25, 7, 7, 0, False)
-            rt.roi_align_max_backward(out, am, rois, 0.25, 7, 7, 2, 64, 20, 30, 0, False, cl, deterministic=det)
-            out, am = rt.roi_pool_forward(x, rois, 0.25, 7, 7, not cl)
-            rt.roi_pool_backward(out, am, rois, 2, 64, 20, 30, cl, deterministic=det)
-    print("compiled", len(done), "variants")
-""")
+@triton.jit
+def _min_max_kernel(a_ptr, b_ptr, out_ptr, BLOCK: tl.constexpr):
+    i = tl.arange(0, BLOCK)
+    a = tl.load(a_ptr + i)
+    b = tl.load(b_ptr + i)
+    tl.store(out_ptr + i, tl.minimum(a, b))
+    tl.store(out_ptr + BLOCK + i, tl.maximum(a, b))
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="the GPU tests above compile the kernels")
-def test_kernels_compile_for_cuda():
-    """Without a GPU, still compile every kernel (fp32 NCHW and bf16 channels_last) to an
-    sm_90 cubin: the interpreter accepts code the Triton compiler rejects."""
-    pytest.importorskip("triton.backends.nvidia")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    root = Path(__file__).resolve().parents[1]
-    env["PYTHONPATH"] = os.pathsep.join([str(root), env.get("PYTHONPATH", "")])
-    r = subprocess.run([sys.executable, "-c", _COMPILE_SCRIPT], env=env, capture_output=True, text=True,
-                       timeout=300, cwd=root)
-    if r.returncode != 0 and ("ptxas" in r.stderr and "not found" in r.stderr.lower()):
-        pytest.skip("no ptxas in this Triton install")
-    assert r.returncode == 0, r.stderr[-4000:]
-    assert "compiled 20 variants" in r.stdout, r.stdout
+@pytest.mark.parametrize("dtype", [F32, F64])
+def test_float_min_max_return_the_number(dtype):
+    """tl.minimum / tl.maximum as the kernels call them (PropagateNan.NONE) return the
+    number when one operand is NaN, as the compiled min/max.f32/.f64 do (the only form
+    tests/test_ptx.py allows): interpreted and compiled kernels agree where a NaN reaches
+    the geometry. Triton 3.6's interpreter propagated the NaN instead."""
+    nan = float("nan")
+    a = torch.tensor([nan, 1.0, nan, -2.0], dtype=dtype, device=DEVICE)
+    b = torch.tensor([3.0, nan, nan, 5.0], dtype=dtype, device=DEVICE)
+    out = torch.empty(8, dtype=dtype, device=DEVICE)
+    _min_max_kernel[(1,)](a, b, out, BLOCK=4)
+    expected = torch.tensor([3.0, 1.0, nan, -2.0, 3.0, 1.0, nan, 5.0], dtype=dtype)
+    torch.testing.assert_close(cpu(out), expected, equal_nan=True)
 
 
 # ----------------------------------------------------------------------------- op layer
@@ -480,7 +489,7 @@ def test_public_api_routes_through_triton(mode):
             out = roiops.roi_align(xi, boxes, (2, 3), SCALE, 2, True, mode=mode)
         else:
             out = roiops.roi_pool(xi, boxes, (2, 3), SCALE, convention=mode)
-        out.backward(torch.arange(out.numel(), dtype=out.dtype).reshape(out.shape).sin())
+        out.backward(torch.arange(out.numel(), dtype=out.dtype, device=out.device).reshape(out.shape).sin())
         return out.detach(), xi.grad
 
     with roiops.use_backend("triton"):
@@ -489,3 +498,206 @@ def test_public_api_routes_through_triton(mode):
         ref_out, ref_grad = run()
     assert_close(out, ref_out, F32)
     assert_close(grad, ref_grad, F32)
+
+
+# ----------------------------------------------------------------------------- direct-call checks
+
+# torch.ops.roiops.* called directly skips roiops._validation: the Triton launchers must
+# then refuse what the C++ kernels refuse, from shapes, dtypes and devices alone.
+KERNEL = {"roi_align": "roi_align_forward", "roi_align_max": "roi_align_max_forward",
+          "roi_pool": "roi_pool_forward", "_roi_align_backward": "roi_align_backward",
+          "_roi_align_max_backward": "roi_align_max_backward", "_roi_pool_backward": "roi_pool_backward"}
+FWD = ("roi_align", "roi_align_max", "roi_pool")
+ALIGN_BWD = ("_roi_align_backward", "_roi_align_max_backward")
+POOL_BWD = ("_roi_pool_backward",)
+BWD = ALIGN_BWD + POOL_BWD
+MAX_BWD = ("_roi_align_max_backward", "_roi_pool_backward")
+
+
+def good_args(op, device):
+    """Arguments, in kernel-contract order, of a call both backends accept."""
+    x = torch.randn(N, C, H, W, generator=torch.Generator().manual_seed(16)).to(device)
+    rois = torch.tensor([[0, 1.0, 1.0, 5.0, 5.0], [1, 0.0, 0.0, 3.0, 4.0]], device=device)
+    grad = torch.ones(2, C, 2, 3, device=device)
+    argmax = torch.zeros(2, C, 2, 3, dtype=torch.int32, device=device)
+    sizes = dict(batch_size=N, channels=C, height=H, width=W)
+    if op in ("roi_align", "roi_align_max"):
+        return dict(input=x, rois=rois, spatial_scale=SCALE, pooled_height=2, pooled_width=3, sampling_ratio=2,
+                    aligned=True)
+    if op == "roi_pool":
+        return dict(input=x, rois=rois, spatial_scale=SCALE, pooled_height=2, pooled_width=3, continuous=False)
+    if op == "_roi_pool_backward":
+        return dict(grad=grad, argmax=argmax, rois=rois, **sizes, channels_last=False)
+    head = dict(grad=grad, argmax=argmax) if op == "_roi_align_max_backward" else dict(grad=grad)
+    return dict(**head, rois=rois, spatial_scale=SCALE, pooled_height=2, pooled_width=3, **sizes, sampling_ratio=2,
+                aligned=True, channels_last=False)
+
+
+def no_bins(a, o):
+    """Pooled width 0 (roi_pool backward: grad's), with grad and argmax of that shape."""
+    width = {"pooled_width": 0} if "pooled_width" in a else {}
+    return {**width, **{k: a[k][..., :0] for k in ("grad", "argmax") if k in a}}
+
+
+ALIGN_GRAD = r"grad must be \[K, C, pooled_height, pooled_width\]"
+POOL_PAIR = r"grad \[K, C, ph, pw\] and int32 argmax of the same shape expected"  # C++ roi_pool backward
+# (ops, case, change(args, other_device), exception, Triton message, C++ message or None
+# where the C++ kernels do not check it). One argument is wrong per case. The C++
+# fragments name what is refused, not the limit, so that tightened limits still match.
+BAD_ARGS = [
+    (FWD, "input_3d", lambda a, o: {"input": a["input"][0]}, ValueError, r"input must be 4-D", r"input must be 4-D"),
+    (FWD, "input_int", lambda a, o: {"input": a["input"].long()}, ValueError,
+     r"input must be floating point, got torch.int64", r"input must be floating point"),
+    (FWD, "input_float8", lambda a, o: {"input": a["input"].to(torch.float8_e4m3fn)}, NotImplementedError,
+     r"input dtype torch.float8_e4m3fn", r"not implemented for 'Float8_e4m3fn'"),
+    (FWD, "input_no_rows", lambda a, o: {"input": a["input"][:, :, :0]}, ValueError,
+     r"input height and width must be positive", r"input height and width must be positive"),
+    (("roi_pool",), "input_plane_2^32", lambda a, o: {"input": a["input"][:, :, :1, :1].expand(N, C, 2**16, 2**16)},
+     ValueError, r"roi_pool needs H \* W < 2\^31", r"roi_pool needs H \* W < 2\^31"),
+    (FWD + BWD, "rois_4_wide", lambda a, o: {"rois": a["rois"][:, 1:]}, ValueError, r"rois must be \[K, 5\]",
+     r"rois must be \[K, 5\], got \[2, 4\]"),
+    (FWD + BWD, "rois_int", lambda a, o: {"rois": a["rois"].long()}, ValueError,
+     r"rois must be floating point, got torch.int64", r"rois must be float64 for float64 input, float32 otherwise"),
+    (FWD + BWD, "rois_other_device", lambda a, o: {"rois": a["rois"].to(o)}, ValueError, r"rois is on (meta|cpu)",
+     r"non-CPU tensors"),
+    (FWD, "pooled_height_0", lambda a, o: {"pooled_height": 0}, ValueError,
+     r"output size must be in \[1, 65536\], got pooled_height=0", r"output size must be"),
+    (BWD, "no_bins", no_bins, ValueError, r"output size must be in \[1, 65536\], got .*pooled_width=0",
+     r"output size must be"),
+    (FWD + ALIGN_BWD, "spatial_scale_0", lambda a, o: {"spatial_scale": 0.0}, ValueError,
+     r"spatial_scale must be in \[2\^-64, 2\^64\]", r"spatial_scale must be"),
+    (FWD, "spatial_scale_nan", lambda a, o: {"spatial_scale": float("nan")}, ValueError,
+     r"spatial_scale must be in \[2\^-64, 2\^64\]", r"spatial_scale must be"),
+    (FWD, "spatial_scale_1e39", lambda a, o: {"spatial_scale": 1e39}, ValueError,
+     r"spatial_scale must be in \[2\^-64, 2\^64\], got 1e\+39", r"spatial_scale must be in"),
+    (FWD, "pooled_width_65537", lambda a, o: {"pooled_width": 65537}, ValueError,
+     r"output size must be in \[1, 65536\]", r"output size must be in \[1, 65536\]"),
+    (("roi_align", "roi_align_max"), "sampling_ratio_1025", lambda a, o: {"sampling_ratio": 1025}, ValueError,
+     r"sampling_ratio must be at most 1024", r"sampling_ratio must be at most 1024"),
+    (ALIGN_BWD, "channels_above_grad", lambda a, o: {"channels": C + 1}, ValueError,
+     ALIGN_GRAD + r" = \[2, 4, 2, 3\] .*got \[2, 3, 2, 3\]", ALIGN_GRAD),
+    (POOL_BWD, "channels_above_grad", lambda a, o: {"channels": C + 1}, ValueError,
+     r"grad must be \[K, C, ph, pw\] with K = 2 \(from rois\) and C = 4", POOL_PAIR),
+    (ALIGN_BWD, "grad_fewer_boxes", lambda a, o: {"grad": a["grad"][:1]}, ValueError, ALIGN_GRAD, ALIGN_GRAD),
+    (POOL_BWD, "grad_fewer_boxes", lambda a, o: {"grad": a["grad"][:1]}, ValueError,
+     r"grad must be \[K, C, ph, pw\] with K = 2", POOL_PAIR),
+    (ALIGN_BWD, "grad_fewer_bins", lambda a, o: {"grad": a["grad"][..., :2]}, ValueError, ALIGN_GRAD, ALIGN_GRAD),
+    # roi_pool backward takes its bins from grad: argmax must match them exactly.
+    (POOL_BWD, "grad_fewer_bins", lambda a, o: {"grad": a["grad"][..., :2]}, ValueError,
+     r"argmax must have the shape of grad \[2, 3, 2, 2\], got \[2, 3, 2, 3\]", POOL_PAIR),
+    (ALIGN_BWD, "grad_3d", lambda a, o: {"grad": a["grad"][0]}, ValueError, ALIGN_GRAD + r".*got \[3, 2, 3\]",
+     ALIGN_GRAD + r"|must be 4-D"),
+    (POOL_BWD, "grad_3d", lambda a, o: {"grad": a["grad"][0]}, ValueError, r"grad must be 4-D", r"must be 4-D"),
+    (BWD, "grad_int", lambda a, o: {"grad": a["grad"].long()}, ValueError,
+     r"grad must be floating point, got torch.int64", r"must be floating point"),
+    (("_roi_align_max_backward",), "argmax_int64", lambda a, o: {"argmax": a["argmax"].long()}, ValueError,
+     r"argmax must be int32, got torch.int64", r"argmax must be int32"),
+    (POOL_BWD, "argmax_int64", lambda a, o: {"argmax": a["argmax"].long()}, ValueError,
+     r"argmax must be int32, got torch.int64", POOL_PAIR),
+    (("_roi_align_max_backward",), "argmax_fewer_bins", lambda a, o: {"argmax": a["argmax"][..., :2]}, ValueError,
+     r"argmax must have the shape of grad", r"argmax must have the shape of grad"),
+    (POOL_BWD, "argmax_fewer_bins", lambda a, o: {"argmax": a["argmax"][..., :2]}, ValueError,
+     r"argmax must have the shape of grad", POOL_PAIR),
+    (MAX_BWD, "argmax_other_device", lambda a, o: {"argmax": a["argmax"].to(o)}, ValueError,
+     r"argmax is on (meta|cpu)", None),
+    (BWD, "batch_size_negative", lambda a, o: {"batch_size": -1}, ValueError,
+     r"batch size and channels must be non-negative, got batch_size=-1",
+     r"batch size and channels must be non-negative"),
+    (BWD, "height_0", lambda a, o: {"height": 0}, ValueError,
+     r"input height and width must be positive, got height=0", r"input height and width must be positive"),
+    (BWD, "width_2^24+1", lambda a, o: {"width": 2**24 + 1}, ValueError,
+     r"input height and width must be at most 2\^24, got 7 x 16777217", r"input height and width must be"),
+]
+BAD_CASES = [(op, change, error, msg, cpp) for ops, _, change, error, msg, cpp in BAD_ARGS for op in ops]
+BAD_IDS = [f"{op.lstrip('_')}-{case}" for ops, case, *_ in BAD_ARGS for op in ops]
+
+
+def bad_args(op, device, change, other):
+    a = good_args(op, device)
+    a.update(change(a, other))
+    return tuple(a.values())
+
+
+def has_meta(args):
+    return any(isinstance(v, torch.Tensor) and v.device.type == "meta" for v in args)
+
+
+@pytest.mark.parametrize("op", list(KERNEL))
+def test_bad_argument_cases_start_from_a_valid_call(op):
+    """Each case below changes one argument of a call that both backends run."""
+    getattr(rt, KERNEL[op])(*good_args(op, DEVICE).values())
+    with roiops.use_backend("triton"):
+        getattr(torch.ops.roiops, op)(*good_args(op, DEVICE).values())
+    with roiops.use_backend("cpu"):
+        getattr(torch.ops.roiops, op)(*good_args(op, "cpu").values())
+
+
+@pytest.mark.parametrize("op,change,error,msg,_cpp", BAD_CASES, ids=BAD_IDS)
+def test_triton_refuses_bad_arguments(op, change, error, msg, _cpp):
+    other = "meta" if DEVICE == "cpu" else "cpu"
+    args = bad_args(op, DEVICE, change, other)
+    if DEVICE == "cuda":  # the checks must not read a value from the GPU
+        torch.cuda.set_sync_debug_mode("error")
+    try:
+        with pytest.raises(error, match=msg):
+            getattr(rt, KERNEL[op])(*args)
+    finally:
+        if DEVICE == "cuda":
+            torch.cuda.set_sync_debug_mode("default")
+    # torch.ops sends a call with a meta tensor to the op's fake kernel: no backend runs.
+    if not has_meta(args):
+        with roiops.use_backend("triton"), pytest.raises(error, match=msg):
+            getattr(torch.ops.roiops, op)(*args)
+
+
+@pytest.mark.parametrize("op,change,error,_msg,cpp", [c for c in BAD_CASES if c[4] is not None],
+                         ids=[i for i, c in zip(BAD_IDS, BAD_CASES) if c[4] is not None])
+def test_cpu_kernels_refuse_the_same_arguments(op, change, error, _msg, cpp):
+    """The C++ kernels raise the same exception type for each case, so the backends agree."""
+    args = bad_args(op, "cpu", change, "meta")
+    # A meta tensor would reach the fake kernel through torch.ops: call the C++ kernel itself.
+    fn = getattr(importlib.import_module("roiops._C"), KERNEL[op]) if has_meta(args) else getattr(torch.ops.roiops, op)
+    with roiops.use_backend("cpu"), pytest.raises(error, match=cpp):
+        fn(*args)
+
+
+@pytest.mark.parametrize("op,name,value", [
+    ("roi_align", "input", None), ("roi_pool", "rois", [[0, 1.0, 1.0, 5.0, 5.0]]),
+    ("roi_align", "sampling_ratio", 2.5), ("roi_align_max", "pooled_height", 2.0),
+    ("roi_align", "aligned", torch.tensor(True)), ("roi_pool", "continuous", 1),
+    ("roi_align", "spatial_scale", "0.5"), ("_roi_align_backward", "channels", 3.0),
+    ("_roi_pool_backward", "argmax", None), ("_roi_pool_backward", "channels_last", None),
+])
+def test_triton_launchers_refuse_non_int_sizes_and_flags(op, name, value):
+    """Python scalars of the wrong type (which torch.ops' schema converts or refuses before
+    any backend runs) are a TypeError on a direct launcher call, never read from a tensor."""
+    a = good_args(op, DEVICE)
+    a[name] = value
+    with pytest.raises(TypeError, match=f"roiops: {name} must be"):
+        getattr(rt, KERNEL[op])(*a.values())
+
+
+@pytest.mark.parametrize("backend,device", [("triton", DEVICE), ("cpu", "cpu")])
+def test_op_schema_refuses_a_float_sampling_ratio(backend, device):
+    a = good_args("roi_align", device)
+    a["sampling_ratio"] = 2.5
+    with roiops.use_backend(backend), pytest.raises(RuntimeError, match="type 'int' for argument 'sampling_ratio'"):
+        torch.ops.roiops.roi_align(*a.values())
+
+
+def test_max_mode_grid_beyond_int32_argmax_is_masked():
+    """A max-mode adaptive grid of more than 2^31 - 1 samples per bin (its argmax would
+    overflow int32; the CPU kernels refuse it) pools to 0, argmax -1, no gradient; the
+    largest grid that fits keeps its exact argmax."""
+    x = torch.zeros(1, 1, 2, 2)
+    x[0, 0, 1, 1] = 1.0
+    x = x.to(DEVICE)
+    big, fits = 46341.0, 46001.0  # grid sides (box + 2, aligned=False): 46343^2 > 2^31 - 1 >= 46003^2
+    rois = torch.tensor([[0, -big, -big, 2.0, 2.0], [0, -fits, -fits, 2.0, 2.0]], device=DEVICE)
+    out, am = rt.roi_align_max_forward(x, rois, 1.0, 1, 1, 0, False)
+    assert cpu(out)[0].item() == 0.0 and cpu(am)[0].item() == -1
+    assert cpu(out)[1].item() == 1.0 and cpu(am)[1].item() == 46003 * 46003 - 1  # the last sample, at (1, 1)
+    g = torch.ones(2, 1, 1, 1, device=DEVICE)
+    for det in (False, True):
+        gi = rt.roi_align_max_backward(g, am, rois, 1.0, 1, 1, 1, 1, 2, 2, 0, False, False, deterministic=det)
+        assert cpu(gi).flatten().tolist() == [0.0, 0.0, 0.0, 1.0]

@@ -114,10 +114,8 @@ class LevelMapper:
 
     def __call__(self, boxlists: Sequence[Tensor]) -> Tensor:
         boxes = torch.cat(list(boxlists))
-        scale = ((boxes[:, 2] - boxes[:, 0]) * (boxes[:, 3] - boxes[:, 1])).sqrt()
-        level = (self.lvl0 + torch.log2(scale / self.s0)) + torch.tensor(self.eps, dtype=scale.dtype)
-        level = level.floor().clamp(min=self.k_min, max=self.k_max)
-        return level.to(torch.int64) - self.k_min
+        rois = torch.cat([boxes.new_zeros((boxes.shape[0], 1)), boxes], dim=1)
+        return F.fpn_levels(rois, self.k_min, self.k_max, self.s0, self.lvl0, "torchvision", self.eps)
 
 
 def _power_of_two_scale(feature_size: int, image_size: int) -> float:
@@ -182,15 +180,11 @@ class MultiScaleRoIAlign(nn.Module):
         rois = torch.cat([torch.cat([b.new_full((b.shape[0], 1), i), b], dim=1) for i, b in enumerate(boxes)])
         if len(features) == 1:
             return roi_align(features[0], rois, self.output_size, self.scales[0], self.sampling_ratio)
-
-        levels = self.map_levels(boxes)
-        first = features[0]
-        out = first.new_zeros((rois.shape[0], first.shape[1], *self.output_size))
-        for level, (feature, scale) in enumerate(zip(features, self.scales)):
-            (chosen,) = torch.nonzero(levels == level, as_tuple=True)
-            pooled = roi_align(feature, rois[chosen], self.output_size, scale, self.sampling_ratio)
-            out.index_copy_(0, chosen, pooled.to(out.dtype))
-        return out
+        # All levels in one op: one launch per pass on CUDA, levels picked on the device.
+        maps = v.feature_maps(features)
+        rois = v.rois(maps[0], rois, max(self.scales))
+        return torch.ops.roiops.multi_scale_roi_align(maps, rois, self.map_levels(boxes), self.scales,
+                                                      *self.output_size, self.sampling_ratio, False)
 
     def __repr__(self) -> str:
         return (f"{type(self).__name__}(featmap_names={self.featmap_names}, output_size={self.output_size}, "

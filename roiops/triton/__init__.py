@@ -7,7 +7,10 @@ Launchers look only at shapes, strides, dtypes and devices, never at values: no 
 synchronisation, no grid or compile-time constant taken from the data. A box row with a
 batch index outside [0, N), a non-integer batch index, or a non-finite coordinate (or one
 beyond 2^24 feature-map cells) cannot be reported without a sync, so it is masked: zeros
-and argmax -1 in forward, nothing scattered in backward.
+and argmax -1 in forward, nothing scattered in backward. What shapes, dtypes and devices
+show is refused as the C++ kernels refuse it (a direct ``torch.ops.roiops`` call skips the
+public API's validation): a rois tensor not [K, 5], a grad or argmax whose shape does not
+match, integer data, tensors on different devices (``_common.check_*``).
 
 Backward has a fast path (atomic adds) and a deterministic one (bit-identical from run to
 run; see the docstrings of roi_align.py and roi_pool.py for its cost), chosen per call by
@@ -15,7 +18,22 @@ run; see the docstrings of roi_align.py and roi_pool.py for its cost), chosen pe
 ``torch.are_deterministic_algorithms_enabled()``.
 """
 
-from .roi_align import roi_align_backward, roi_align_forward, roi_align_max_backward, roi_align_max_forward
+import re
+
+import triton
+
+# The oldest Triton whose compiled kernels are checked to keep the CPU kernels' bin edges
+# and grid sizes (tests/test_ptx.py runs under it and under the pinned one).
+MIN_TRITON = (3, 6)
+_found = tuple(int(v) for v in re.findall(r"\d+", triton.__version__)[:2])
+if _found < MIN_TRITON:
+    raise ImportError(
+        f"roiops' GPU kernels need Triton >= {MIN_TRITON[0]}.{MIN_TRITON[1]} (torch 2.11 and later bring one); found "
+        f"Triton {triton.__version__}. Upgrade torch, or run the pure-PyTorch kernels on the GPU with "
+        "roiops.use_backend('reference')")
+
+from .roi_align import (multi_scale_roi_align_backward, multi_scale_roi_align_forward, roi_align_backward,
+                        roi_align_forward, roi_align_max_backward, roi_align_max_forward)
 from .roi_pool import roi_pool_backward, roi_pool_forward
 
 __all__ = [
@@ -25,4 +43,6 @@ __all__ = [
     "roi_align_max_backward",
     "roi_pool_forward",
     "roi_pool_backward",
+    "multi_scale_roi_align_forward",
+    "multi_scale_roi_align_backward",
 ]

@@ -1,4 +1,5 @@
-"""Host-side helpers shared by the Triton launchers: backward path choice, layouts, block sizes.
+"""Host-side helpers shared by the Triton launchers: argument checks, backward path choice,
+layouts, block sizes.
 
 Nothing here looks at tensor *values*: launchers may only use shapes, strides, dtypes and
 devices, so that they never synchronise with the GPU and can later be wrapped with
@@ -8,6 +9,7 @@ devices, so that they never synchronise with the GPU and can later be wrapped wi
 from __future__ import annotations
 
 import inspect
+import numbers
 import struct
 
 import torch
@@ -109,7 +111,7 @@ def gather_blocks(H: int, W: int, C: int, lanes_over_channels: bool, on_cpu: boo
 # pattern, and no `.to()` on it). Strides are left specializable: stride 1 tells the
 # compiler which dimension is contiguous.
 _RUNTIME_INTS = {"scale_bits", "K", "N", "C", "H", "W", "ph", "pw", "sampling_ratio", "n_pblocks", "n_tw",
-                 "n_tiles"}
+                 "n_tiles", "n_words", "n_levels", *(f"{name}{level}" for name in ("sb", "H", "W", "p") for level in range(5))}
 
 
 def kernel(fn):
@@ -121,4 +123,188 @@ def kernel(fn):
 # Compile options for every launch. fp fusion is off so that a*b+c rounds as on the CPU:
 # the floor/ceil/round of box coordinates are discontinuous, and an FMA could move a bin
 # edge or an adaptive grid size by one relative to the C++ and reference kernels.
-LAUNCH_OPTS = dict(num_warps=4, enable_fp_fusion=False)
+# reflect_ftz is off because with it Triton compiles float32 floor/ceil to conversions that
+# flush subnormals to zero: ceil of a subnormal bin size (a tiny spatial_scale) would be 0
+# where the CPU and the interpreter give 1 (tests/test_ptx.py).
+LAUNCH_OPTS = dict(num_warps=4, enable_fp_fusion=False, enable_reflect_ftz=False)
+
+
+# ----------------------------------------------------------------------------- argument checks
+#
+# A direct torch.ops.roiops.* call skips roiops._validation, so the launchers refuse what
+# the C++ kernels refuse, with the same exception types and messages that start like
+# theirs and name the argument. Only shapes, dtypes, devices and Python scalars are read:
+# box and argmax *values* would need a host sync, and the kernels mask bad ones instead.
+
+_INT32_MAX = 2**31 - 1
+_KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def _tensor(name: str, t: object) -> torch.Tensor:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"roiops: {name} must be a Tensor, got {type(t).__name__}")
+    return t
+
+
+def _int(name: str, v: object) -> int:
+    # bool is an int to Python but never a size; a Tensor would need a sync to read.
+    if isinstance(v, bool) or not isinstance(v, numbers.Integral):
+        raise TypeError(f"roiops: {name} must be an int, got {type(v).__name__}")
+    return int(v)
+
+
+def _flag(name: str, v: object) -> None:
+    if not isinstance(v, bool):  # bool() of a Tensor would read its value
+        raise TypeError(f"roiops: {name} must be a bool, got {type(v).__name__}")
+
+
+def _floating(name: str, t: torch.Tensor) -> None:
+    if not t.is_floating_point():
+        raise ValueError(f"roiops: {name} must be floating point, got {t.dtype}")
+    if t.dtype not in _KERNEL_DTYPES:
+        # float8 types: floating point, but no kernel (the C++ dispatch says the same).
+        raise NotImplementedError(f"roiops: {name} dtype {t.dtype} is not implemented; "
+                                  "expected float16, bfloat16, float32 or float64")
+
+
+def _same_device(name: str, t: torch.Tensor, ref_name: str, ref: torch.Tensor) -> None:
+    # A pointer from another device would be read as if it were on ref's.
+    if t.device != ref.device:
+        raise ValueError(f"roiops: {name} is on {t.device} but {ref_name} is on {ref.device}")
+
+
+def _rois_shape(rois: object) -> torch.Tensor:
+    rois = _tensor("rois", rois)
+    if rois.dim() != 2 or rois.shape[1] != 5:  # the kernels read rows 5 wide
+        raise ValueError(f"roiops: rois must be [K, 5] (rows (batch_index, x1, y1, x2, y2)), got {list(rois.shape)}")
+    return rois
+
+
+def _rois_type(rois: torch.Tensor, ref_name: str, ref: torch.Tensor) -> None:
+    # Any floating dtype will do: the launchers convert rois to opmath themselves.
+    if not rois.is_floating_point():
+        raise ValueError(f"roiops: rois must be floating point, got {rois.dtype}")
+    _same_device("rois", rois, ref_name, ref)
+
+
+def _map_size(height: int, width: int) -> None:
+    if height <= 0 or width <= 0:
+        raise ValueError(f"roiops: input height and width must be positive, got height={height}, width={width}")
+    if height > 2**24 or width > 2**24:
+        raise ValueError(f"roiops: input height and width must be at most 2^24, got {height} x {width}")
+
+
+def _pooled(pooled_height: int, pooled_width: int, source: str = "") -> None:
+    if not (0 < pooled_height <= 65536 and 0 < pooled_width <= 65536):
+        raise ValueError(f"roiops: output size must be in [1, 65536], got pooled_height={pooled_height}, "
+                         f"pooled_width={pooled_width}{source}")
+
+
+def _scale(spatial_scale: object) -> None:
+    if isinstance(spatial_scale, bool) or not isinstance(spatial_scale, numbers.Real):
+        raise TypeError(f"roiops: spatial_scale must be a number, got {type(spatial_scale).__name__}")
+    if not 2.0**-64 <= float(spatial_scale) <= 2.0**64:  # the kernels use it as a float32
+        raise ValueError(f"roiops: spatial_scale must be in [2^-64, 2^64], got {spatial_scale!r}")
+
+
+def _sampling_ratio(sampling_ratio: object) -> None:
+    # A fixed ratio costs ratio^2 samples per bin, however small the box.
+    if _int("sampling_ratio", sampling_ratio) > 1024:
+        raise ValueError(f"roiops: sampling_ratio must be at most 1024 (<= 0 for adaptive), got {sampling_ratio}")
+
+
+def _check_forward(input: object, rois: object, spatial_scale: object, pooled_height: object,
+                   pooled_width: object) -> torch.Tensor:
+    ph, pw = _int("pooled_height", pooled_height), _int("pooled_width", pooled_width)
+    input = _tensor("input", input)
+    if input.dim() != 4:
+        raise ValueError(f"roiops: input must be 4-D [N, C, H, W], got {input.dim()}-D")
+    _floating("input", input)
+    _map_size(input.shape[2], input.shape[3])
+    _rois_type(_rois_shape(rois), "input", input)
+    _pooled(ph, pw)
+    _scale(spatial_scale)
+    return input
+
+
+def check_align_forward(input: object, rois: object, spatial_scale: object, pooled_height: object,
+                        pooled_width: object, sampling_ratio: object, aligned: object) -> None:
+    """What the C++ RoIAlign forward refuses, from shapes, dtypes and devices only."""
+    _sampling_ratio(sampling_ratio)
+    _flag("aligned", aligned)
+    _check_forward(input, rois, spatial_scale, pooled_height, pooled_width)
+
+
+def check_pool_forward(input: object, rois: object, spatial_scale: object, pooled_height: object,
+                       pooled_width: object, continuous: object) -> None:
+    """What the C++ RoIPool forward refuses, from shapes, dtypes and devices only."""
+    _flag("continuous", continuous)
+    x = _check_forward(input, rois, spatial_scale, pooled_height, pooled_width)
+    if x.shape[2] * x.shape[3] > _INT32_MAX:  # argmax is the int32 h * W + w
+        raise ValueError(f"roiops: roi_pool needs H * W < 2^31, got input height {x.shape[2]} and width {x.shape[3]}")
+
+
+def _argmax(argmax: object, grad: torch.Tensor) -> torch.Tensor:
+    # The kernels index argmax with grad's bins and strides.
+    argmax = _tensor("argmax", argmax)
+    if argmax.shape != grad.shape:
+        raise ValueError(f"roiops: argmax must have the shape of grad {list(grad.shape)}, got {list(argmax.shape)}")
+    if argmax.dtype != torch.int32:
+        raise ValueError(f"roiops: argmax must be int32, got {argmax.dtype}")
+    _same_device("argmax", argmax, "grad", grad)
+    return argmax
+
+
+def _backward_sizes(batch_size: object, channels: object, height: object, width: object,
+                    channels_last: object) -> tuple[int, int, int, int]:
+    _flag("channels_last", channels_last)
+    return (_int("batch_size", batch_size), _int("channels", channels), _int("height", height),
+            _int("width", width))
+
+
+def check_align_backward(grad: object, argmax: object, rois: object, spatial_scale: object, pooled_height: object,
+                         pooled_width: object, batch_size: object, channels: object, height: object, width: object,
+                         sampling_ratio: object, aligned: object, channels_last: object, max_mode: bool) -> None:
+    """What the C++ RoIAlign backward refuses (argmax only in max mode), from shapes,
+    dtypes and devices only."""
+    ph, pw = _int("pooled_height", pooled_height), _int("pooled_width", pooled_width)
+    N, C, H, W = _backward_sizes(batch_size, channels, height, width, channels_last)
+    _sampling_ratio(sampling_ratio)
+    _flag("aligned", aligned)
+    grad = _tensor("grad", grad)
+    rois = _rois_shape(rois)
+    # grad is read at every (box, channel, bin) the output has: all four sizes must match.
+    want = [rois.shape[0], C, ph, pw]
+    if list(grad.shape) != want:
+        raise ValueError(f"roiops: grad must be [K, C, pooled_height, pooled_width] = {want} (K from rois, "
+                         f"C = channels), got {list(grad.shape)}")
+    if max_mode:
+        _argmax(argmax, grad)
+    _backward_common(grad, rois, N, C, H, W)
+    _pooled(ph, pw)
+    _scale(spatial_scale)
+
+
+def _backward_common(grad: torch.Tensor, rois: torch.Tensor, N: int, C: int, H: int, W: int) -> None:
+    if N < 0 or C < 0:
+        raise ValueError(f"roiops: batch size and channels must be non-negative, got batch_size={N}, channels={C}")
+    _floating("grad", grad)
+    _map_size(H, W)
+    _rois_type(rois, "grad", grad)
+
+
+def check_pool_backward(grad: object, argmax: object, rois: object, batch_size: object, channels: object,
+                        height: object, width: object, channels_last: object) -> None:
+    """What the C++ RoIPool backward refuses, from shapes, dtypes and devices only. Its
+    pooled size is grad's, so argmax must match grad exactly."""
+    N, C, H, W = _backward_sizes(batch_size, channels, height, width, channels_last)
+    grad = _tensor("grad", grad)
+    rois = _rois_shape(rois)
+    if grad.dim() != 4:
+        raise ValueError(f"roiops: grad must be 4-D [K, C, ph, pw], got {grad.dim()}-D")
+    if grad.shape[0] != rois.shape[0] or grad.shape[1] != C:
+        raise ValueError(f"roiops: grad must be [K, C, ph, pw] with K = {rois.shape[0]} (from rois) and "
+                         f"C = {C} (channels), got {list(grad.shape)}")
+    _argmax(argmax, grad)
+    _backward_common(grad, rois, N, C, H, W)
+    _pooled(grad.shape[2], grad.shape[3], " (grad's last two sizes)")

@@ -1,4 +1,4 @@
-"""Device functions shared by the RoIAlign and RoIPool kernels (design.md sections 2-5).
+"""Device functions shared by the RoIAlign and RoIPool kernels (semantics: docs/semantics.md).
 
 Arithmetic follows the C++ kernels operation by operation (scale first, then shift; the
 same association order), so that with fp fusion off float32 results agree bit for bit
@@ -19,13 +19,14 @@ INF = tl.constexpr(float("inf"))
 
 @triton.jit
 def div_rn(a, b):
-    """IEEE division. Triton's `/` on float32 is div.full (up to 2 ulp off), which could
-    move a bin edge or an adaptive grid size away from the CPU kernels' (nvcc's `/` is
-    IEEE by default, so torchvision's CUDA kernels round like the CPU)."""
+    """Correctly rounded IEEE division, as the CPU kernels and nvcc's `/` divide. Triton's
+    float32 `/` is div.full (up to 2 ulp off), and `tl.fdiv(..., ieee_rounding=True)`
+    also lowers to it under Triton 3.6: either would move bin edges and adaptive grid
+    sizes. `tl.div_rn` is div.rn.f32 on every supported Triton (tests/test_ptx.py)."""
     if a.dtype == tl.float64:
-        res = a / b  # already div.rn.f64; the precise op has no float64 lowering
+        res = a / b  # div.rn.f64; tl.div_rn is float32 only
     else:
-        res = tl.fdiv(a, b, ieee_rounding=True)
+        res = tl.div_rn(a, b)
     return res
 
 
@@ -34,6 +35,44 @@ def sample_pos(start, idx, bin, grid):
     """Coordinate of sample idx of a bin: start + (idx + 0.5) * bin / grid, associated as
     in the CPU kernels so that forward and backward agree bit for bit."""
     return start + div_rn((idx + 0.5) * bin, grid)
+
+
+@triton.jit
+def sample_span(base, bin, gridf, lo_edge, hi_edge):
+    """[first, last) of the sample indices i whose positions base + (i + 0.5) * bin / grid
+    can lie in [lo_edge, hi_edge], as int32. A superset: widened by more than a float32
+    position's rounding and by a sample each side; callers still test each sample. Loops
+    over it cost what the samples near the map (or a tile) cost, however large the box.
+    Solved in float64, where the quotients of 2^30-sample grids stay exact enough."""
+    b = base.to(tl.float64)
+    d = bin.to(tl.float64)
+    g = gridf.to(tl.float64)
+    slack = (tl.abs(b) + tl.abs(d)) * 1e-6 + 1e-6
+    lo = lo_edge - slack - b
+    hi = hi_edge + slack - b
+    moving = d != 0.0
+    step = tl.where(moving, d, 1.0)
+    ta = lo * g / step - 0.5
+    tb = hi * g / step - 0.5
+    first = tl.floor(tl.minimum(ta, tb)) - 1.0
+    last = tl.floor(tl.maximum(ta, tb)) + 2.0
+    # A zero-size bin puts every sample at base: all of them or none.
+    hit = (lo <= 0.0) & (hi >= 0.0)
+    first = tl.where(moving, first, tl.where(hit, 0.0, g))
+    last = tl.where(moving, last, tl.where(hit, g, 0.0))
+    first = tl.minimum(tl.maximum(first, 0.0), g)
+    last = tl.minimum(tl.maximum(last, first), g)
+    return first.to(tl.int32), last.to(tl.int32)
+
+
+@triton.jit
+def first_skipped(fy, ly, fx, lx, gh, gw):
+    """Row-major index of the first sample of a gh x gw grid outside the visited rectangle
+    [fy, ly) x [fx, lx), or 2^31 - 1 when it covers the grid (or the grid is empty)."""
+    big = 2147483647
+    tail = tl.minimum(tl.where(lx < gw, lx, big), tl.where(ly < gh, ly * gw, big))
+    idx = tl.where((fy > 0) | (fx > 0), 0, tail)
+    return tl.where((gh > 0) & (gw > 0), idx, big)
 
 
 @triton.jit
@@ -67,7 +106,7 @@ def load_roi(rois_ptr, k, N, scale, SCALED: tl.constexpr = True):
 
 @triton.jit
 def align_geometry(x1, y1, x2, y2, scale, ph, pw, sampling_ratio, ALIGNED: tl.constexpr):
-    """Box start, bin size and sampling grid of design.md sec. 3, per axis.
+    """Box start, bin size and sampling grid (docs/semantics.md, RoIAlign), per axis.
 
     Returns (sx, sy, bw, bh, gwf, ghf, gw, gh, count); a grid side <= 0 becomes 0 (no
     samples), count = max(gh * gw, 1) in the coordinate type.
@@ -95,8 +134,15 @@ def align_geometry(x1, y1, x2, y2, scale, ph, pw, sampling_ratio, ALIGNED: tl.co
 
 
 @triton.jit
+def argmax_fits(ghf, gwf):
+    """Whether a max-mode bin's sample index iy * grid_w + ix fits the int32 argmax (the
+    CPU kernels refuse such a box; here it is masked like an invalid row)."""
+    return ghf.to(tl.float64) * gwf.to(tl.float64) <= 2147483647.0
+
+
+@triton.jit
 def axis_taps(v, size):
-    """Bilinear taps of coordinate v on an axis of `size` cells (design.md sec. 3).
+    """Bilinear taps of coordinate v on an axis of `size` cells (docs/semantics.md).
 
     Returns (lo, hi, l, h, inside): weight h at cell lo, l at cell hi; inside is False for
     a point with value 0 (v < -1 or v > size), whose taps are then harmless zeros.
@@ -107,8 +153,10 @@ def axis_taps(v, size):
     top = lo >= size - 1
     lo = tl.where(top, size - 1, lo)
     hi = tl.where(top, lo, lo + 1)
-    v = tl.where(top, lo.to(v.dtype), v)
-    l = v - lo.to(v.dtype)
+    # Both as if from lo (v >= 0, so floor(v) == lo), without converting the int tensor:
+    # Triton 3.6 fails to compile that conversion in float64 max-mode gather tiles.
+    v = tl.where(top, (size - 1).to(v.dtype), v)
+    l = v - tl.floor(v)
     h = 1.0 - l
     return lo, hi, l, h, inside
 
@@ -124,6 +172,33 @@ def may_touch(a, b, t_lo, t_hi, size):
 
 
 @triton.jit
+def touched_cells(a, b, size):
+    """(first, last, any) cells of an axis of `size` cells that samples between coordinates
+    a and b (either order) can interpolate from, with a cell to spare each side."""
+    lo = tl.minimum(a, b)
+    hi = tl.maximum(a, b)
+    first = tl.maximum(tl.floor(lo) - 1.0, 0.0)
+    last = tl.minimum(tl.floor(hi) + 2.0, size - 1.0)
+    return first.to(tl.int32), last.to(tl.int32), (hi >= -1.0) & (lo <= size) & (first <= last)
+
+
+@triton.jit
+def mark_box(mask_ptr, first_tile, k, r0, r1, c0, c1, W, n_words, TILE_H: tl.constexpr, TILE_W: tl.constexpr,
+             BLOCK: tl.constexpr):
+    """Sets bit k of the mask rows of the gather tiles that cover cells [r0, r1] x [c0, c1]
+    of an image whose first tile row is first_tile (a deterministic backward's prepass)."""
+    n_tw = (W + TILE_W - 1) // TILE_W
+    bit = (1 << (k % 32)).to(tl.int32)
+    c_first = c0 // TILE_W
+    c_last = c1 // TILE_W
+    for tr in range(r0 // TILE_H, r1 // TILE_H + 1):
+        for tc0 in range(c_first, c_last + 1, BLOCK):
+            tc = tc0 + tl.arange(0, BLOCK)
+            tl.atomic_or(mask_ptr + (first_tile + tr * n_tw + tc).to(tl.int64) * n_words + k // 32, bit,
+                         mask=tc <= c_last, sem="relaxed")
+
+
+@triton.jit
 def c_round(v):
     """C's round(): half away from zero (floor(|v| + 0.5) can round up 0.49999997)."""
     a = tl.abs(v)
@@ -134,7 +209,7 @@ def c_round(v):
 
 @triton.jit
 def pool_axis(c1, c2, scale, idx, pooled, size, CONTINUOUS: tl.constexpr):
-    """RoIPool bin edges [lo, hi) along one axis (design.md sec. 5), clipped to [0, size].
+    """RoIPool bin edges [lo, hi) along one axis (docs/semantics.md, RoIPool), clipped to [0, size].
 
     Returns (lo, hi, nonempty_box): the box-level emptiness of mmdetection's rule (Caffe
     boxes are never empty; their bins can still be clipped away).
@@ -158,8 +233,8 @@ def pool_axis(c1, c2, scale, idx, pooled, size, CONTINUOUS: tl.constexpr):
 
 @triton.jit
 def beats(v, best, first):
-    """The running maximum of design.md: the first candidate, a strictly greater value, or
-    the first NaN."""
+    """The running maximum of docs/semantics.md: the first candidate, a strictly greater
+    value, or the first NaN."""
     return first | (v > best) | ((v != v) & (best == best))
 
 
@@ -191,3 +266,41 @@ def along_c(v, CF: tl.constexpr):
     else:
         r = v[:, None]
     return r
+
+
+@triton.jit
+def pick(l, v0, v1, v2, v3, v4):
+    """v_l for a level index l in [0, 5): the multi-level kernels take each level's map
+    (pointer, size, scale) as separate arguments, so a launch needs no table in device
+    memory (nothing to copy per call, and CUDA graphs capture the arguments by value)."""
+    return tl.where(l == 0, v0, tl.where(l == 1, v1, tl.where(l == 2, v2, tl.where(l == 3, v3, v4))))
+
+
+@triton.jit
+def dense_strides(C, H, W, CHANNELS_LAST: tl.constexpr):
+    """(sN, sC, sH, sW) of a dense [N, C, H, W] map, int64."""
+    c = C.to(tl.int64)
+    h = H.to(tl.int64)
+    w = W.to(tl.int64)
+    one = w * 0 + 1
+    if CHANNELS_LAST:
+        sn, sc, sh, sw = h * w * c, one, w * c, c
+    else:
+        sn, sc, sh, sw = c * h * w, h * w, w, one
+    return sn, sc, sh, sw
+
+
+@triton.jit
+def box_level(lvl_ptr, k, n_levels, C, sb0, sb1, sb2, sb3, sb4, H0, H1, H2, H3, H4, W0, W1, W2, W3, W4,
+              T: tl.constexpr, CHANNELS_LAST: tl.constexpr):
+    """Box k's level in a multi-level kernel and that level's map: (valid, level, H, W,
+    sN, sC, sH, sW, scale in T). A level outside [0, n_levels) is not valid (the box
+    pools to 0; level 0's values keep its addresses in range)."""
+    lvl = tl.load(lvl_ptr + k.to(tl.int64))
+    valid = (lvl >= 0) & (lvl < n_levels)
+    l = tl.where(valid, lvl, 0).to(tl.int32)
+    H = pick(l, H0, H1, H2, H3, H4)
+    W = pick(l, W0, W1, W2, W3, W4)
+    sN, sC, sH, sW = dense_strides(C, H, W, CHANNELS_LAST)
+    scale = pick(l, sb0, sb1, sb2, sb3, sb4).to(tl.int64).to(tl.float64, bitcast=True).to(T)
+    return valid, l, H, W, sN, sC, sH, sW, scale

@@ -1,4 +1,5 @@
-"""RoIAlign in Triton: "avg" (design.md sec. 3) and "max" (sec. 4), forward and backward.
+"""RoIAlign in Triton: modes "avg" and "max" (docs/semantics.md), forward and backward, one
+or several feature-map levels.
 
 Work mapping
 ------------
@@ -24,21 +25,23 @@ with atomic adds (into a float32 scratch for half types, then one cast pass). Th
 of the atomics varies between runs, so the last bits of the gradient do too.
 
 Deterministic path (``torch.are_deterministic_algorithms_enabled()``,
-``roiops.config.deterministic_backward`` or ``deterministic=True``) is a gather, not a scatter: one
-program owns an 8x8-pixel tile x a block of channels of one image, keeps that part of the
-gradient in registers, walks all boxes in box order and adds what every bin of each box
-of its image contributes to its pixels (bilinear weights are separable: the weight of
-pixel (y, x) is wy(y) * wx(x), each summed over the bin's samples), then writes its tile
-once. Every grad address has a single writer and a fixed order of additions, so results
-are bit-identical from run to run (and independent of the tiling). What it costs:
+``roiops.config.deterministic_backward`` or ``deterministic=True``) is a gather, not a
+scatter, in two launches:
 
-- every program reads all K box rows and recomputes the geometry of its image's boxes
-  (O(K) serial loop per program, latency bound for large K);
-- less parallelism: N x H/8 x W/8 x C/32 (NCHW) or C/64 (channels_last) programs, each
-  serial over the boxes and bins that reach its tile (bins that cannot are skipped);
-- max mode evaluates [pixels x channels] compare-selects per bin.
-It needs no zero-fill and no float32 scratch for half types. Expect it to be a few times
-slower than the atomic path on typical detection workloads.
+1. A prepass (one program per box) sets bit k of a [tiles, ceil(K / 32)] int32 mask in
+   the row of every 8x8-pixel tile of its image (and level) that box k's samples can
+   reach. Bits are OR-ed, so the mask does not depend on the order of the programs.
+2. One program per tile x block of channels keeps that part of the gradient in
+   registers, walks the set bits of its mask row in increasing box index, adds what every
+   bin of each box contributes to its pixels (bilinear weights are separable: the weight
+   of pixel (y, x) is wy(y) * wx(x), each summed over the bin's samples that reach the
+   tile), then writes its tile once.
+
+Every grad address has a single writer and a fixed order of additions, so results are
+bit-identical from run to run. A tile reads K / 32 mask words and computes the geometry
+only of the boxes that reach it; the mask costs N * H * W * K / 512 bytes (1 MB for
+K = 1024 on two 200x336 maps). It needs no zero-fill of the gradient and no float32
+scratch for half types. Max mode evaluates [pixels x channels] compare-selects per bin.
 """
 
 from __future__ import annotations
@@ -48,31 +51,34 @@ import triton
 import triton.language as tl
 
 from ._common import (GPU_TILE, LAUNCH_OPTS, cdiv, check_device, f64_bits, gather_blocks, is_channels_last, kernel,
-                      memory_format, opmath, tile_blocks, use_deterministic)
-from ._jit import align_geometry, axis_taps, beats, div_rn, load_roi, may_touch, sample_pos, with_flag
+                      memory_format, next_pow2, opmath, tile_blocks, use_deterministic)
+from ._common import check_align_backward, check_align_forward
+from ._jit import (align_geometry, argmax_fits, axis_taps, beats, box_level, dense_strides, div_rn, first_skipped,
+                   load_roi, mark_box, may_touch, pick, sample_pos, sample_span, touched_cells, with_flag)
 from ._jit import along_c as _c  # per-channel vector -> tile axis
 from ._jit import along_p as _p  # per-bin / per-pixel vector -> tile axis
 
+MAX_LEVELS = 5  # of the multi-level kernels: pick() in _jit.py selects among five arguments
 
 
-@kernel
-def _align_fwd_kernel(
-    x_ptr, rois_ptr, out_ptr, arg_ptr, scale_bits,
-    N, C, H, W, ph, pw, sampling_ratio, n_pblocks,
+
+@triton.jit
+def _fwd_tile(
+    x_ptr, rois_ptr, out_ptr, arg_ptr, k, pb, cb, valid, scale,
+    N, C, H, W, ph, pw, sampling_ratio,
     sxN, sxC, sxH, sxW, soK, soC, soH, soW,
     ALIGNED: tl.constexpr, MAX_MODE: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr,
     CF: tl.constexpr,
 ):
+    """Bins [pb * BLOCK_P, +BLOCK_P) x channels [cb * BLOCK_C, +BLOCK_C) of box k; the box
+    is masked unless `valid` (the multi-level kernel's level check)."""
     T = rois_ptr.dtype.element_ty
-    pid = tl.program_id(0)
-    k = pid // n_pblocks
-    pb = pid - k * n_pblocks
-    cb = tl.program_id(1)
-    scale = scale_bits.to(tl.int64).to(tl.float64, bitcast=True).to(T)
-
     ok, b, x1, y1, x2, y2 = load_roi(rois_ptr, k.to(tl.int64), N, scale)
+    ok = ok & valid
     sx, sy, bw, bh, gwf, ghf, gw, gh, count = align_geometry(x1, y1, x2, y2, scale, ph, pw, sampling_ratio,
                                                              ALIGNED)
+    if MAX_MODE:
+        ok = ok & argmax_fits(ghf, gwf)
 
     p = pb * BLOCK_P + tl.arange(0, BLOCK_P)
     pm = p < ph * pw
@@ -85,19 +91,31 @@ def _align_fwd_kernel(
     ybase = sy + i.to(T) * bh
     xbase = sx + j.to(T) * bw
 
+    # Each bin visits only the samples that can touch the map, [fy, ey) x [fx, ex); the
+    # others are 0 and add nothing (max mode merges them in below).
+    live = with_flag(pm, ok)
+    fy, ey = sample_span(ybase, bh, ghf, -1.0, H.to(T))
+    fx, ex = sample_span(xbase, bw, gwf, -1.0, W.to(T))
+    ny = tl.where(live, ey - fy, 0)
+    nx = tl.where(live, ex - fx, 0)
+
     acc = _p(tl.zeros([BLOCK_P], dtype=T), CF) + _c(tl.zeros([BLOCK_C], dtype=T), CF)
     arg = _p(tl.full([BLOCK_P], -1, tl.int32), CF) + _c(tl.zeros([BLOCK_C], dtype=tl.int32), CF)
-    for iy in range(0, gh):
+    for dy in range(0, tl.max(ny, axis=0)):
+        iy = fy + dy
         y = sample_pos(ybase, iy, bh, ghf)
         ylo, yhi, ly, hy, iny = axis_taps(y, H)
         oylo = ylo.to(tl.int64) * sxH
         oyhi = yhi.to(tl.int64) * sxH
-        for ix in range(0, gw):
+        row = dy < ny
+        for dx in range(0, tl.max(nx, axis=0)):
+            ix = fx + dx
             x = sample_pos(xbase, ix, bw, gwf)
             xlo, xhi, lx, hx, inx = axis_taps(x, W)
             oxlo = xlo.to(tl.int64) * sxW
             oxhi = xhi.to(tl.int64) * sxW
-            m = tile_m & _p(iny & inx, CF)
+            real = row & (dx < nx)
+            m = tile_m & _p(real & iny & inx, CF)
             v1 = tl.load(x_base + _p(oylo + oxlo, CF), mask=m, other=0.0).to(T)
             v2 = tl.load(x_base + _p(oylo + oxhi, CF), mask=m, other=0.0).to(T)
             v3 = tl.load(x_base + _p(oyhi + oxlo, CF), mask=m, other=0.0).to(T)
@@ -105,11 +123,19 @@ def _align_fwd_kernel(
             val = (_p(hy * hx, CF) * v1 + _p(hy * lx, CF) * v2 + _p(ly * hx, CF) * v3
                    + _p(ly * lx, CF) * v4)
             if MAX_MODE:
-                take = beats(val, acc, arg < 0)
+                take = _p(real, CF) & beats(val, acc, arg < 0)
                 acc = tl.where(take, val, acc)
-                arg = tl.where(take, iy * gw + ix, arg)
+                arg = tl.where(take, _p(iy * gw + ix, CF), arg)
             else:
                 acc += val
+    if MAX_MODE:
+        # The first sample left out (outside the map, value 0) competes as if visited in
+        # its row-major place: it wins over nothing, a smaller maximum, or an equal one
+        # that comes later; never over NaN.
+        skip = _p(first_skipped(fy, ey, fx, ex, gh, gw), CF)
+        out0 = (skip < 2147483647) & ((arg < 0) | ((acc == acc) & ((acc < 0.0) | ((acc == 0.0) & (skip < arg)))))
+        acc = tl.where(out0, 0.0, acc)
+        arg = tl.where(out0, skip, arg)
 
     # out is allocated with soH == pw * soW, so bin p sits at p * soW: with soW == 1 (NCHW)
     # the compiler sees the stores along the bins as contiguous.
@@ -125,24 +151,58 @@ def _align_fwd_kernel(
 
 
 @kernel
-def _align_bwd_atomic_kernel(
-    grad_ptr, arg_ptr, rois_ptr, gi_ptr, scale_bits,
+def _align_fwd_kernel(
+    x_ptr, rois_ptr, out_ptr, arg_ptr, scale_bits,
     N, C, H, W, ph, pw, sampling_ratio, n_pblocks,
+    sxN, sxC, sxH, sxW, soK, soC, soH, soW,
+    ALIGNED: tl.constexpr, MAX_MODE: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr,
+    CF: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    k = pid // n_pblocks
+    scale = scale_bits.to(tl.int64).to(tl.float64, bitcast=True).to(rois_ptr.dtype.element_ty)
+    _fwd_tile(x_ptr, rois_ptr, out_ptr, arg_ptr, k, pid - k * n_pblocks, tl.program_id(1), k >= 0, scale,
+              N, C, H, W, ph, pw, sampling_ratio, sxN, sxC, sxH, sxW, soK, soC, soH, soW,
+              ALIGNED, MAX_MODE, BLOCK_P, BLOCK_C, CF)
+
+
+@kernel
+def _align_fwd_levels_kernel(
+    x0, x1, x2, x3, x4, rois_ptr, lvl_ptr, out_ptr,
+    sb0, sb1, sb2, sb3, sb4, H0, H1, H2, H3, H4, W0, W1, W2, W3, W4, n_levels,
+    N, C, ph, pw, sampling_ratio, n_pblocks, soK, soC, soH, soW,
+    ALIGNED: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr, CF: tl.constexpr,
+):
+    """Multi-level RoIAlign in one launch: box k reads the map of level lvl[k] (a box
+    whose level is outside [0, n_levels) pools to 0)."""
+    pid = tl.program_id(0)
+    k = pid // n_pblocks
+    valid, l, H, W, sxN, sxC, sxH, sxW, scale = box_level(
+        lvl_ptr, k, n_levels, C, sb0, sb1, sb2, sb3, sb4, H0, H1, H2, H3, H4, W0, W1, W2, W3, W4,
+        rois_ptr.dtype.element_ty, CF)
+    _fwd_tile(pick(l, x0, x1, x2, x3, x4), rois_ptr, out_ptr, out_ptr, k, pid - k * n_pblocks, tl.program_id(1),
+              valid, scale, N, C, H, W, ph, pw, sampling_ratio, sxN, sxC, sxH, sxW, soK, soC, soH, soW,
+              ALIGNED, False, BLOCK_P, BLOCK_C, CF)
+
+
+@triton.jit
+def _bwd_atomic_tile(
+    grad_ptr, arg_ptr, rois_ptr, gi_ptr, k, pb, cb, valid, scale,
+    N, C, H, W, ph, pw, sampling_ratio,
     sgK, sgC, sgH, sgW, saK, saC, saH, saW, siN, siC, siH, siW,
     ALIGNED: tl.constexpr, MAX_MODE: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr,
     CF: tl.constexpr,
 ):
+    """Scatters the grad of bins [pb * BLOCK_P, +BLOCK_P) x channels [cb * BLOCK_C, +BLOCK_C)
+    of box k (masked unless `valid`)."""
     T = rois_ptr.dtype.element_ty
     G = gi_ptr.dtype.element_ty
-    pid = tl.program_id(0)
-    k = pid // n_pblocks
-    pb = pid - k * n_pblocks
-    cb = tl.program_id(1)
-    scale = scale_bits.to(tl.int64).to(tl.float64, bitcast=True).to(T)
-
     ok, b, x1, y1, x2, y2 = load_roi(rois_ptr, k.to(tl.int64), N, scale)
+    ok = ok & valid
     sx, sy, bw, bh, gwf, ghf, gw, gh, count = align_geometry(x1, y1, x2, y2, scale, ph, pw, sampling_ratio,
                                                              ALIGNED)
+    if MAX_MODE:
+        ok = ok & argmax_fits(ghf, gwf)
 
     p = pb * BLOCK_P + tl.arange(0, BLOCK_P)
     pm = p < ph * pw
@@ -183,17 +243,24 @@ def _align_bwd_atomic_kernel(
         tl.atomic_add(gi_base + oyhi + oxlo, ((ly * hx) * g).to(G), mask=m, sem="relaxed")
         tl.atomic_add(gi_base + oyhi + oxhi, ((ly * lx) * g).to(G), mask=m, sem="relaxed")
     else:
-        for iy in range(0, gh):
-            y = sample_pos(ybase, iy, bh, ghf)
+        # Only the samples that can touch the map (see the forward).
+        live = with_flag(pm, ok)
+        fy, ey = sample_span(ybase, bh, ghf, -1.0, H.to(T))
+        fx, ex = sample_span(xbase, bw, gwf, -1.0, W.to(T))
+        ny = tl.where(live, ey - fy, 0)
+        nx = tl.where(live, ex - fx, 0)
+        for dy in range(0, tl.max(ny, axis=0)):
+            y = sample_pos(ybase, fy + dy, bh, ghf)
             ylo, yhi, ly, hy, iny = axis_taps(y, H)
             oylo = ylo.to(tl.int64) * siH
             oyhi = yhi.to(tl.int64) * siH
-            for ix in range(0, gw):
-                x = sample_pos(xbase, ix, bw, gwf)
+            iny = iny & (dy < ny)
+            for dx in range(0, tl.max(nx, axis=0)):
+                x = sample_pos(xbase, fx + dx, bw, gwf)
                 xlo, xhi, lx, hx, inx = axis_taps(x, W)
                 oxlo = xlo.to(tl.int64) * siW
                 oxhi = xhi.to(tl.int64) * siW
-                m = tile_m & _p(iny & inx, CF)
+                m = tile_m & _p(iny & inx & (dx < nx), CF)
                 tl.atomic_add(gi_base + _p(oylo + oxlo, CF), div_rn(g * _p(hy * hx, CF), count).to(G),
                               mask=m, sem="relaxed")
                 tl.atomic_add(gi_base + _p(oylo + oxhi, CF), div_rn(g * _p(hy * lx, CF), count).to(G),
@@ -205,22 +272,111 @@ def _align_bwd_atomic_kernel(
 
 
 @kernel
-def _align_bwd_gather_kernel(
+def _align_bwd_atomic_kernel(
     grad_ptr, arg_ptr, rois_ptr, gi_ptr, scale_bits,
-    K, N, C, H, W, ph, pw, sampling_ratio, n_tw, n_tiles,
+    N, C, H, W, ph, pw, sampling_ratio, n_pblocks,
+    sgK, sgC, sgH, sgW, saK, saC, saH, saW, siN, siC, siH, siW,
+    ALIGNED: tl.constexpr, MAX_MODE: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr,
+    CF: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    k = pid // n_pblocks
+    scale = scale_bits.to(tl.int64).to(tl.float64, bitcast=True).to(rois_ptr.dtype.element_ty)
+    _bwd_atomic_tile(grad_ptr, arg_ptr, rois_ptr, gi_ptr, k, pid - k * n_pblocks, tl.program_id(1), k >= 0, scale,
+                     N, C, H, W, ph, pw, sampling_ratio, sgK, sgC, sgH, sgW, saK, saC, saH, saW, siN, siC, siH, siW,
+                     ALIGNED, MAX_MODE, BLOCK_P, BLOCK_C, CF)
+
+
+@kernel
+def _align_bwd_atomic_levels_kernel(
+    grad_ptr, rois_ptr, lvl_ptr, g0, g1, g2, g3, g4,
+    sb0, sb1, sb2, sb3, sb4, H0, H1, H2, H3, H4, W0, W1, W2, W3, W4, n_levels,
+    N, C, ph, pw, sampling_ratio, n_pblocks, sgK, sgC, sgH, sgW,
+    ALIGNED: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr, CF: tl.constexpr,
+):
+    """Atomic backward of _align_fwd_levels_kernel: box k scatters into level lvl[k]'s grad."""
+    pid = tl.program_id(0)
+    k = pid // n_pblocks
+    valid, l, H, W, siN, siC, siH, siW, scale = box_level(
+        lvl_ptr, k, n_levels, C, sb0, sb1, sb2, sb3, sb4, H0, H1, H2, H3, H4, W0, W1, W2, W3, W4,
+        rois_ptr.dtype.element_ty, CF)
+    _bwd_atomic_tile(grad_ptr, grad_ptr, rois_ptr, pick(l, g0, g1, g2, g3, g4), k, pid - k * n_pblocks,
+                     tl.program_id(1), valid, scale, N, C, H, W, ph, pw, sampling_ratio,
+                     sgK, sgC, sgH, sgW, sgK, sgC, sgH, sgW, siN, siC, siH, siW, ALIGNED, False, BLOCK_P, BLOCK_C, CF)
+
+
+@triton.jit
+def _gather_box(
+    acc, k, grad_ptr, arg_ptr, rois_ptr, n, r, s, r_lo, r_hi, s_lo, s_hi, cm, c64, scale,
+    N, H, W, ph, pw, sampling_ratio, sgK, sgC, sgH, sgW, saK, saC, saH, saW,
+    ALIGNED: tl.constexpr, MAX_MODE: tl.constexpr, TILE_H: tl.constexpr, TILE_W: tl.constexpr, CF: tl.constexpr,
+):
+    """acc plus what box k gives the tile's pixels (the bins and samples that reach them)."""
+    T = rois_ptr.dtype.element_ty
+    Hf = H.to(T)
+    Wf = W.to(T)
+    ok, b, x1, y1, x2, y2 = load_roi(rois_ptr, k, N, scale)
+    sx, sy, bw, bh, gwf, ghf, gw, gh, count = align_geometry(x1, y1, x2, y2, scale, ph, pw, sampling_ratio,
+                                                             ALIGNED)
+    use = ok & (b == n) & (gh > 0) & (gw > 0)
+    if MAX_MODE:
+        use = use & argmax_fits(ghf, gwf)
+    use = use & may_touch(sy, sy + ph * bh, r_lo, r_hi, Hf) & may_touch(sx, sx + pw * bw, s_lo, s_hi, Wf)
+    if use:
+        for i in range(0, ph):
+            ya = sy + i * bh
+            if may_touch(ya, ya + bh, r_lo, r_hi, Hf):
+                if not MAX_MODE:
+                    # Row weights of this bin row, summed over its samples.
+                    wy = tl.zeros([TILE_H * TILE_W], dtype=T)
+                    fy, ey = sample_span(ya, bh, ghf, r_lo - 1.0, r_hi + 1.0)
+                    for iy in range(fy, ey):
+                        y = sample_pos(ya, iy, bh, ghf)
+                        ylo, yhi, ly, hy, iny = axis_taps(y, H)
+                        wy += tl.where(iny, tl.where(r == ylo, hy, 0.0) + tl.where(r == yhi, ly, 0.0), 0.0)
+                for j in range(0, pw):
+                    xa = sx + j * bw
+                    if may_touch(xa, xa + bw, s_lo, s_hi, Wf):
+                        go = k * sgK + c64 * sgC + i * sgH + j * sgW
+                        g = tl.load(grad_ptr + go, mask=cm, other=0.0).to(T)
+                        if MAX_MODE:
+                            a = tl.load(arg_ptr + k * saK + c64 * saC + i * saH + j * saW, mask=cm, other=-1)
+                            has = cm & (a >= 0) & (a < gh * gw)
+                            iy = tl.where(has, a // gw, 0)
+                            ix = tl.where(has, a - (a // gw) * gw, 0)
+                            y = sample_pos(ya, iy, bh, ghf)
+                            x = sample_pos(xa, ix, bw, gwf)
+                            ylo, yhi, ly, hy, iny = axis_taps(y, H)
+                            xlo, xhi, lx, hx, inx = axis_taps(x, W)
+                            g = tl.where(has & iny & inx, g, 0.0)
+                            wy2 = (tl.where(_p(r, CF) == _c(ylo, CF), _c(hy, CF), 0.0)
+                                   + tl.where(_p(r, CF) == _c(yhi, CF), _c(ly, CF), 0.0))
+                            wx2 = (tl.where(_p(s, CF) == _c(xlo, CF), _c(hx, CF), 0.0)
+                                   + tl.where(_p(s, CF) == _c(xhi, CF), _c(lx, CF), 0.0))
+                            acc += (wy2 * wx2) * _c(g, CF)
+                        else:
+                            wx = tl.zeros([TILE_H * TILE_W], dtype=T)
+                            fx, ex = sample_span(xa, bw, gwf, s_lo - 1.0, s_hi + 1.0)
+                            for ix in range(fx, ex):
+                                x = sample_pos(xa, ix, bw, gwf)
+                                xlo, xhi, lx, hx, inx = axis_taps(x, W)
+                                wx += tl.where(inx, tl.where(s == xlo, hx, 0.0) + tl.where(s == xhi, lx, 0.0),
+                                               0.0)
+                            acc += div_rn(_c(g, CF) * _p(wy * wx, CF), count)
+    return acc
+
+
+@triton.jit
+def _bwd_gather_tile(
+    grad_ptr, arg_ptr, rois_ptr, gi_ptr, mask_ptr, tile, n_words, n, th, tw, cb, scale,
+    N, C, H, W, ph, pw, sampling_ratio,
     sgK, sgC, sgH, sgW, saK, saC, saH, saW, siN, siC, siH, siW,
     ALIGNED: tl.constexpr, MAX_MODE: tl.constexpr,
     TILE_H: tl.constexpr, TILE_W: tl.constexpr, BLOCK_C: tl.constexpr, CF: tl.constexpr,
 ):
+    """Pixels of tile (th, tw) x channels [cb * BLOCK_C, +BLOCK_C) of image n: the sum of
+    what the boxes marked in the tile's row `tile` of the mask give them, in box order."""
     T = rois_ptr.dtype.element_ty
-    pid = tl.program_id(0)
-    n = pid // n_tiles
-    t = pid - n * n_tiles
-    th = t // n_tw
-    tw = t - th * n_tw
-    cb = tl.program_id(1)
-    scale = scale_bits.to(tl.int64).to(tl.float64, bitcast=True).to(T)
-
     q = tl.arange(0, TILE_H * TILE_W)
     r = th * TILE_H + q // TILE_W
     s = tw * TILE_W + q % TILE_W
@@ -232,64 +388,127 @@ def _align_bwd_gather_kernel(
     r_hi = (tl.minimum(th * TILE_H + TILE_H, H) - 1).to(T)
     s_lo = (tw * TILE_W).to(T)
     s_hi = (tl.minimum(tw * TILE_W + TILE_W, W) - 1).to(T)
-    Hf = H.to(T)
-    Wf = W.to(T)
 
     acc = _p(tl.zeros([TILE_H * TILE_W], dtype=T), CF) + _c(tl.zeros([BLOCK_C], dtype=T), CF)
-    for k in range(0, K.to(tl.int64)):
-        ok, b, x1, y1, x2, y2 = load_roi(rois_ptr, k, N, scale)
-        sx, sy, bw, bh, gwf, ghf, gw, gh, count = align_geometry(x1, y1, x2, y2, scale, ph, pw, sampling_ratio,
-                                                                 ALIGNED)
-        use = ok & (b == n) & (gh > 0) & (gw > 0)
-        use = use & may_touch(sy, sy + ph * bh, r_lo, r_hi, Hf) & may_touch(sx, sx + pw * bw, s_lo, s_hi, Wf)
-        if use:
-            for i in range(0, ph):
-                ya = sy + i * bh
-                if may_touch(ya, ya + bh, r_lo, r_hi, Hf):
-                    if not MAX_MODE:
-                        # Row weights of this bin row, summed over its samples.
-                        wy = tl.zeros([TILE_H * TILE_W], dtype=T)
-                        for iy in range(0, gh):
-                            y = sample_pos(ya, iy, bh, ghf)
-                            ylo, yhi, ly, hy, iny = axis_taps(y, H)
-                            wy += tl.where(iny, tl.where(r == ylo, hy, 0.0) + tl.where(r == yhi, ly, 0.0), 0.0)
-                    for j in range(0, pw):
-                        xa = sx + j * bw
-                        if may_touch(xa, xa + bw, s_lo, s_hi, Wf):
-                            go = k * sgK + c64 * sgC + i * sgH + j * sgW
-                            g = tl.load(grad_ptr + go, mask=cm, other=0.0).to(T)
-                            if MAX_MODE:
-                                a = tl.load(arg_ptr + k * saK + c64 * saC + i * saH + j * saW, mask=cm, other=-1)
-                                has = cm & (a >= 0) & (a < gh * gw)
-                                iy = tl.where(has, a // gw, 0)
-                                ix = tl.where(has, a - (a // gw) * gw, 0)
-                                y = sample_pos(ya, iy, bh, ghf)
-                                x = sample_pos(xa, ix, bw, gwf)
-                                ylo, yhi, ly, hy, iny = axis_taps(y, H)
-                                xlo, xhi, lx, hx, inx = axis_taps(x, W)
-                                g = tl.where(has & iny & inx, g, 0.0)
-                                wy2 = (tl.where(_p(r, CF) == _c(ylo, CF), _c(hy, CF), 0.0)
-                                       + tl.where(_p(r, CF) == _c(yhi, CF), _c(ly, CF), 0.0))
-                                wx2 = (tl.where(_p(s, CF) == _c(xlo, CF), _c(hx, CF), 0.0)
-                                       + tl.where(_p(s, CF) == _c(xhi, CF), _c(lx, CF), 0.0))
-                                acc += (wy2 * wx2) * _c(g, CF)
-                            else:
-                                wx = tl.zeros([TILE_H * TILE_W], dtype=T)
-                                for ix in range(0, gw):
-                                    x = sample_pos(xa, ix, bw, gwf)
-                                    xlo, xhi, lx, hx, inx = axis_taps(x, W)
-                                    wx += tl.where(inx, tl.where(s == xlo, hx, 0.0) + tl.where(s == xhi, lx, 0.0),
-                                                   0.0)
-                                acc += div_rn(_c(g, CF) * _p(wy * wx, CF), count)
+    # The boxes marked for this tile by _align_tiles_kernel, in increasing index.
+    row = mask_ptr + tile.to(tl.int64) * n_words
+    for w in range(0, n_words.to(tl.int64)):  # int64: box k indexes grad as k * sgK
+        bits = tl.load(row + w)
+        if bits != 0:
+            for j in range(0, 32):
+                if ((bits >> j) & 1) != 0:
+                    acc = _gather_box(acc, w * 32 + j, grad_ptr, arg_ptr, rois_ptr, n, r, s, r_lo, r_hi,
+                                      s_lo, s_hi, cm, c64, scale, N, H, W, ph, pw, sampling_ratio,
+                                      sgK, sgC, sgH, sgW, saK, saC, saH, saW, ALIGNED, MAX_MODE, TILE_H, TILE_W, CF)
 
     om = _p((r < H) & (s < W), CF) & _c(cm, CF)
     o = n.to(tl.int64) * siN + _c(c64, CF) * siC + _p(r.to(tl.int64) * siH + s.to(tl.int64) * siW, CF)
     tl.store(gi_ptr + o, acc.to(gi_ptr.dtype.element_ty), mask=om)
 
 
+@kernel
+def _align_tiles_kernel(
+    rois_ptr, lvl_ptr, mask_ptr, sb0, sb1, sb2, sb3, sb4, H0, H1, H2, H3, H4, W0, W1, W2, W3, W4, p1, p2, p3, p4,
+    n_levels, N, ph, pw, sampling_ratio, n_words,
+    ALIGNED: tl.constexpr, LEVELS: tl.constexpr, TILE_H: tl.constexpr, TILE_W: tl.constexpr, BLOCK: tl.constexpr,
+):
+    """Prepass of the deterministic backward, one program per box: sets bit k of the mask
+    row of every gather tile that box k's samples can reach. A tile's row numbers its
+    program: level start + image * tiles + tile (levels only with LEVELS). OR-ing bits is
+    order-free, so the mask, and what the gather does with it, is the same every run."""
+    k = tl.program_id(0)
+    T = rois_ptr.dtype.element_ty
+    if LEVELS:
+        # (the strides box_level derives, here for N channels, go unused)
+        valid, l, H, W, sN, sC, sH, sW, scale = box_level(
+            lvl_ptr, k, n_levels, N, sb0, sb1, sb2, sb3, sb4, H0, H1, H2, H3, H4, W0, W1, W2, W3, W4, T, False)
+        start = pick(l, 0, p1, p2, p3, p4)
+    else:
+        valid = k >= 0
+        H = H0
+        W = W0
+        scale = sb0.to(tl.int64).to(tl.float64, bitcast=True).to(T)
+        start = 0
+    ok, b, x1, y1, x2, y2 = load_roi(rois_ptr, k.to(tl.int64), N, scale)
+    sx, sy, bw, bh, gwf, ghf, gw, gh, count = align_geometry(x1, y1, x2, y2, scale, ph, pw, sampling_ratio,
+                                                             ALIGNED)
+    # Cells the samples can touch: a sample at y reaches rows floor(y) and floor(y) + 1;
+    # one more each side for the rounding of its position.
+    r0, r1, rows = touched_cells(sy, sy + ph * bh, H)
+    c0, c1, cols = touched_cells(sx, sx + pw * bw, W)
+    if valid & ok & (gh > 0) & (gw > 0) & rows & cols:
+        first = start + b * (((H + TILE_H - 1) // TILE_H) * ((W + TILE_W - 1) // TILE_W))
+        mark_box(mask_ptr, first, k, r0, r1, c0, c1, W, n_words, TILE_H, TILE_W, BLOCK)
+
+
+@kernel
+def _align_bwd_gather_kernel(
+    grad_ptr, arg_ptr, rois_ptr, gi_ptr, mask_ptr, scale_bits,
+    N, C, H, W, ph, pw, sampling_ratio, n_tw, n_tiles, n_words,
+    sgK, sgC, sgH, sgW, saK, saC, saH, saW, siN, siC, siH, siW,
+    ALIGNED: tl.constexpr, MAX_MODE: tl.constexpr,
+    TILE_H: tl.constexpr, TILE_W: tl.constexpr, BLOCK_C: tl.constexpr, CF: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    n = pid // n_tiles
+    t = pid - n * n_tiles
+    th = t // n_tw
+    scale = scale_bits.to(tl.int64).to(tl.float64, bitcast=True).to(rois_ptr.dtype.element_ty)
+    _bwd_gather_tile(grad_ptr, arg_ptr, rois_ptr, gi_ptr, mask_ptr, pid, n_words, n, th, t - th * n_tw,
+                     tl.program_id(1), scale, N, C, H, W, ph, pw, sampling_ratio,
+                     sgK, sgC, sgH, sgW, saK, saC, saH, saW, siN, siC, siH, siW,
+                     ALIGNED, MAX_MODE, TILE_H, TILE_W, BLOCK_C, CF)
+
+
+@kernel
+def _align_bwd_gather_levels_kernel(
+    grad_ptr, rois_ptr, mask_ptr, g0, g1, g2, g3, g4,
+    sb0, sb1, sb2, sb3, sb4, H0, H1, H2, H3, H4, W0, W1, W2, W3, W4, p1, p2, p3, p4,
+    N, C, ph, pw, sampling_ratio, n_words, sgK, sgC, sgH, sgW,
+    ALIGNED: tl.constexpr, TILE_H: tl.constexpr, TILE_W: tl.constexpr, BLOCK_C: tl.constexpr, CF: tl.constexpr,
+):
+    """Deterministic backward of _align_fwd_levels_kernel: programs [p_l, p_(l+1)) own
+    level l's tiles (p_0 = 0; unused levels start past the grid)."""
+    tile = tl.program_id(0)
+    l = (tile >= p1).to(tl.int32) + (tile >= p2).to(tl.int32) + (tile >= p3).to(tl.int32) + (tile >= p4).to(tl.int32)
+    pid = tile - pick(l, 0, p1, p2, p3, p4)
+    H = pick(l, H0, H1, H2, H3, H4)
+    W = pick(l, W0, W1, W2, W3, W4)
+    siN, siC, siH, siW = dense_strides(C, H, W, CF)
+    n_tw = (W + TILE_W - 1) // TILE_W
+    n_tiles = ((H + TILE_H - 1) // TILE_H) * n_tw
+    n = pid // n_tiles
+    t = pid - n * n_tiles
+    th = t // n_tw
+    scale = pick(l, sb0, sb1, sb2, sb3, sb4).to(tl.int64).to(tl.float64, bitcast=True).to(rois_ptr.dtype.element_ty)
+    _bwd_gather_tile(grad_ptr, grad_ptr, rois_ptr, pick(l, g0, g1, g2, g3, g4), mask_ptr, tile, n_words, n, th,
+                     t - th * n_tw, tl.program_id(1), scale, N, C, H, W, ph, pw, sampling_ratio,
+                     sgK, sgC, sgH, sgW, sgK, sgC, sgH, sgW, siN, siC, siH, siW,
+                     ALIGNED, False, TILE_H, TILE_W, BLOCK_C, True)
+
+
 # ----------------------------------------------------------------------------- launchers
 
+def _mark_tiles(rois, levels, scales, heights, widths, starts, N, ph, pw, sampling_ratio, aligned, n_tiles, tile_h,
+                tile_w, levels_on):
+    """[n_tiles, ceil(K / 32)] int32 bit mask: bit k of row t is set when box k can reach
+    gather tile t (see _align_tiles_kernel). Zero-filled and written on the device."""
+    K = rois.shape[0]
+    mask = torch.zeros((n_tiles, cdiv(K, 32)), dtype=torch.int32, device=rois.device)
+    pad = MAX_LEVELS - len(scales)
+    sbits = [f64_bits(s) for s in scales] + [f64_bits(scales[0])] * pad
+    hs = list(heights) + [heights[0]] * pad
+    ws = list(widths) + [widths[0]] * pad
+    starts = list(starts) + [2 ** 31 - 1] * (MAX_LEVELS - 1 - len(starts))
+    _align_tiles_kernel[(K,)](
+        rois, levels, mask, *sbits, *hs, *ws, *starts, len(scales), N, ph, pw, int(sampling_ratio), mask.shape[1],
+        ALIGNED=bool(aligned), LEVELS=levels_on, TILE_H=tile_h, TILE_W=tile_w,
+        BLOCK=min(next_pow2(cdiv(max(ws), tile_w)), 64), **LAUNCH_OPTS)
+    return mask
+
+
 def _forward(input, rois, spatial_scale, pooled_height, pooled_width, sampling_ratio, aligned, max_mode):
+    check_align_forward(input, rois, spatial_scale, pooled_height, pooled_width, sampling_ratio, aligned)
     check_device(input, _align_fwd_kernel)
     N, C, H, W = input.shape
     K = rois.shape[0]
@@ -322,6 +541,8 @@ def _forward(input, rois, spatial_scale, pooled_height, pooled_width, sampling_r
 
 def _backward(grad, argmax, rois, spatial_scale, pooled_height, pooled_width, batch_size, channels, height, width,
               sampling_ratio, aligned, channels_last, max_mode, deterministic):
+    check_align_backward(grad, argmax, rois, spatial_scale, pooled_height, pooled_width, batch_size, channels, height,
+                         width, sampling_ratio, aligned, channels_last, max_mode)
     check_device(grad, _align_bwd_atomic_kernel)
     N, C, H, W = int(batch_size), int(channels), int(height), int(width)
     K = rois.shape[0]
@@ -339,10 +560,12 @@ def _backward(grad, argmax, rois, spatial_scale, pooled_height, pooled_width, ba
         tile_h, tile_w, block_c = gather_blocks(H, W, C, bool(channels_last), on_cpu, grad.dtype == torch.float64)
         n_tw = cdiv(W, tile_w)
         n_tiles = cdiv(H, tile_h) * n_tw
+        mask = _mark_tiles(rois, rois, [spatial_scale], [H], [W], [], N, ph, pw, sampling_ratio, aligned, N * n_tiles,
+                           tile_h, tile_w, levels_on=False)
         grid = (N * n_tiles, cdiv(C, block_c))
         _align_bwd_gather_kernel[grid](
-            grad, arg, rois, gi, *common,
-            K, N, C, H, W, ph, pw, int(sampling_ratio), n_tw, n_tiles,
+            grad, arg, rois, gi, mask, *common,
+            N, C, H, W, ph, pw, int(sampling_ratio), n_tw, n_tiles, mask.shape[1],
             *grad.stride(), *arg.stride(), *gi.stride(),
             ALIGNED=bool(aligned), MAX_MODE=max_mode, TILE_H=tile_h, TILE_W=tile_w, BLOCK_C=block_c,
             # [pixels, channels] for both layouts: the NCHW tile's single store gets its own
@@ -403,3 +626,98 @@ def roi_align_max_backward(grad: torch.Tensor, argmax: torch.Tensor, rois: torch
     argmax sample with their bilinear weights."""
     return _backward(grad, argmax, rois, spatial_scale, pooled_height, pooled_width, batch_size, channels, height,
                      width, sampling_ratio, aligned, channels_last, True, deterministic)
+
+
+# ----------------------------------------------------------------------------- multi-level
+
+
+def _level_args(tensors, scales, heights, widths):
+    """The per-level kernel arguments (pointers, scale bits, heights, widths), padded to
+    MAX_LEVELS with level 0's (padding is never selected: boxes of other levels are masked)."""
+    L = len(tensors)
+    if not 1 <= L <= MAX_LEVELS:
+        raise ValueError(f"roiops: multi-level RoIAlign takes 1 to {MAX_LEVELS} levels, got {L}")
+    pad = MAX_LEVELS - L
+    return ([*tensors, *[tensors[0]] * pad], [f64_bits(s) for s in [*scales, *[scales[0]] * pad]],
+            [*heights, *[heights[0]] * pad], [*widths, *[widths[0]] * pad])
+
+
+def multi_scale_roi_align_forward(inputs: list[torch.Tensor], rois: torch.Tensor, levels: torch.Tensor,
+                                  spatial_scales: list[float], pooled_height: int, pooled_width: int,
+                                  sampling_ratio: int, aligned: bool) -> torch.Tensor:
+    """RoIAlign "avg" of box k on ``inputs[levels[k]]`` at ``spatial_scales[levels[k]]``,
+    all levels in one launch: [K, C, ph, pw] in the first input's dtype and memory format.
+    A box whose level is not in [0, len(inputs)) gives 0."""
+    first = inputs[0]
+    check_device(first, _align_fwd_levels_kernel)
+    fmt = memory_format(is_channels_last(first))
+    # Dense in one layout, so that the kernel derives each level's strides from its size.
+    maps = [x.contiguous(memory_format=fmt) for x in inputs]
+    N, C = first.shape[:2]
+    K = rois.shape[0]
+    ph, pw = int(pooled_height), int(pooled_width)
+    rois = rois.to(opmath(first.dtype)).contiguous()
+    levels = levels.to(torch.int64).contiguous()
+    out = torch.empty((K, C, ph, pw), dtype=first.dtype, device=first.device, memory_format=fmt)
+    if out.numel() == 0:
+        return out
+    ptrs, sbits, hs, ws = _level_args(maps, spatial_scales, [x.shape[2] for x in maps], [x.shape[3] for x in maps])
+    cl = fmt == torch.channels_last
+    budget = GPU_TILE // 2 if first.dtype == torch.float64 else GPU_TILE
+    block_p, block_c = tile_blocks(ph * pw, C, cl, first.device.type == "cpu", budget)
+    n_pb = triton.cdiv(ph * pw, block_p)
+    _align_fwd_levels_kernel[(K * n_pb, cdiv(C, block_c))](
+        *ptrs, rois, levels, out, *sbits, *hs, *ws, len(maps),
+        N, C, ph, pw, int(sampling_ratio), n_pb, *out.stride(),
+        ALIGNED=bool(aligned), BLOCK_P=block_p, BLOCK_C=block_c, CF=cl, **LAUNCH_OPTS)
+    return out
+
+
+def multi_scale_roi_align_backward(grad: torch.Tensor, rois: torch.Tensor, levels: torch.Tensor,
+                                   spatial_scales: list[float], pooled_height: int, pooled_width: int,
+                                   batch_size: int, channels: int, heights: list[int], widths: list[int],
+                                   sampling_ratio: int, aligned: bool, channels_last: bool, *,
+                                   deterministic: bool | None = None) -> list[torch.Tensor]:
+    """Gradients of multi_scale_roi_align_forward w.r.t. each level's input, in one launch:
+    [N, C, H_l, W_l] in grad's dtype."""
+    check_device(grad, _align_bwd_atomic_levels_kernel)
+    N, C = int(batch_size), int(channels)
+    K = rois.shape[0]
+    ph, pw = int(pooled_height), int(pooled_width)
+    rois = rois.to(opmath(grad.dtype)).contiguous()
+    levels = levels.to(torch.int64).contiguous()
+    on_cpu = grad.device.type == "cpu"
+    det = use_deterministic(deterministic)
+    # The gather writes every cell once; the scatter adds into zeros, in float32 for half types.
+    acc_dtype = grad.dtype if det or grad.dtype in (torch.float32, torch.float64) else torch.float32
+    fmt = memory_format(bool(channels_last))
+    grads = [torch.empty((N, C, int(h), int(w)), dtype=acc_dtype, device=grad.device, memory_format=fmt)
+             for h, w in zip(heights, widths)]
+    empty = K == 0 or all(v.numel() == 0 for v in grads)
+    if empty or not det:
+        for v in grads:
+            v.zero_()
+    if not empty:
+        ptrs, sbits, hs, ws = _level_args(grads, spatial_scales, [int(h) for h in heights], [int(w) for w in widths])
+        L = len(grads)
+        if det:
+            tile_h, tile_w, block_c = gather_blocks(max(hs), max(ws), C, bool(channels_last), on_cpu,
+                                                    grad.dtype == torch.float64)
+            programs = [N * cdiv(h, tile_h) * cdiv(w, tile_w) for h, w in zip(hs[:L], ws[:L])]
+            starts = [sum(programs[:i]) for i in range(1, L)] + [2 ** 31 - 1] * (MAX_LEVELS - L)
+            mask = _mark_tiles(rois, levels, spatial_scales, hs[:L], ws[:L], starts, N, ph, pw, sampling_ratio,
+                               aligned, sum(programs), tile_h, tile_w, levels_on=True)
+            _align_bwd_gather_levels_kernel[(sum(programs), cdiv(C, block_c))](
+                grad, rois, mask, *ptrs, *sbits, *hs, *ws, *starts,
+                N, C, ph, pw, int(sampling_ratio), mask.shape[1], *grad.stride(),
+                ALIGNED=bool(aligned), TILE_H=tile_h, TILE_W=tile_w, BLOCK_C=block_c, CF=bool(channels_last),
+                **LAUNCH_OPTS)
+        else:
+            budget = GPU_TILE // 2 if grad.dtype == torch.float64 else GPU_TILE
+            block_p, block_c = tile_blocks(ph * pw, C, bool(channels_last), on_cpu, budget)
+            n_pb = triton.cdiv(ph * pw, block_p)
+            _align_bwd_atomic_levels_kernel[(K * n_pb, cdiv(C, block_c))](
+                grad, rois, levels, *ptrs, *sbits, *hs, *ws, L,
+                N, C, ph, pw, int(sampling_ratio), n_pb, *grad.stride(),
+                ALIGNED=bool(aligned), BLOCK_P=block_p, BLOCK_C=block_c, CF=bool(channels_last), **LAUNCH_OPTS)
+    return grads if acc_dtype == grad.dtype else [v.to(grad.dtype) for v in grads]

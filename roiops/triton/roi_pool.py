@@ -1,4 +1,4 @@
-"""RoIPool in Triton, both conventions of design.md sec. 5: Caffe/torchvision (default) and
+"""RoIPool in Triton, both conventions of docs/semantics.md: Caffe/torchvision (default) and
 mmdetection's continuous bins (``continuous=True``).
 
 Work mapping as in roi_align.py: one program per (box, block of bins, block of channels);
@@ -14,14 +14,14 @@ Fast path: an atomic add of each bin's grad at its argmax cell (float32 scratch 
 types, then a cast pass); the order of the atomics, hence the last bits, vary per run.
 
 Deterministic path: a gather. The backward contract carries no box geometry (no scale),
-so a first small pass reads argmax once and records, per (box, bin) and per box, the
-bounding rectangle of the argmax cells over all channels (16 bytes per bin of scratch).
-Then one program per (image, 8x8-pixel tile, channel block) walks the boxes in order,
-skips boxes and bins whose rectangle misses its tile, adds the grads whose argmax hits its
-pixels in registers and writes its tile once: one writer per grad address and a fixed
-order of additions, so bit-identical across runs. Cost: the extra footprint pass, an
-O(K) serial scan of box rows and footprints per program, fewer programs than the
-scatter, and a [pixels x channels] compare per bin that reaches a tile.
+so a prepass (one program per box) reads argmax once, records per (box, bin) the
+bounding rectangle of the argmax cells over all channels (16 bytes per bin), and sets bit
+k of the mask rows of the 8x8-pixel tiles that box k's rectangle covers (OR-ed bits: the
+same mask whatever the order of the programs). Then one program per (image, tile,
+channel block) walks the set bits of its row in increasing box index, skips bins whose
+rectangle misses its tile, adds the grads whose argmax hits its pixels in registers and
+writes its tile once: one writer per grad address and a fixed order of additions, so
+bit-identical across runs.
 """
 
 from __future__ import annotations
@@ -32,9 +32,10 @@ import triton.language as tl
 
 from ._common import (LAUNCH_OPTS, cdiv, check_device, f64_bits, gather_blocks, is_channels_last, kernel,
                       memory_format, next_pow2, opmath, tile_blocks, use_deterministic)
+from ._common import check_pool_backward, check_pool_forward
 from ._jit import along_c as _c  # per-channel vector -> tile axis
 from ._jit import along_p as _p  # per-bin / per-pixel vector -> tile axis
-from ._jit import beats, load_roi, pool_axis, with_flag
+from ._jit import beats, load_roi, mark_box, pool_axis, with_flag
 
 _BIG = tl.constexpr(2147483647)
 
@@ -128,11 +129,15 @@ def _pool_bwd_atomic_kernel(
 
 @kernel
 def _pool_footprint_kernel(
-    arg_ptr, fbin_ptr, fbox_ptr,
-    C, W, ph, pw,
+    arg_ptr, rois_ptr, fbin_ptr, mask_ptr,
+    N, C, H, W, ph, pw, n_words,
     saK, saC, saH, saW,
-    BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr,
+    BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr, TILE_H: tl.constexpr, TILE_W: tl.constexpr,
+    BLOCK_T: tl.constexpr,
 ):
+    """Prepass of the deterministic backward, one program per box: the rectangle of each
+    bin's argmax cells over all channels, and bit k of the mask rows of the gather tiles
+    that box k's rectangle covers (OR-ing bits is order-free: the same mask every run)."""
     k = tl.program_id(0)
     k64 = k.to(tl.int64)
     P = ph * pw
@@ -154,7 +159,7 @@ def _pool_footprint_kernel(
             m = pm[:, None] & (c < C)[None, :]
             a = tl.load(arg_ptr + k64 * saK + (c.to(tl.int64) * saC)[None, :]
                         + (i.to(tl.int64) * saH + j.to(tl.int64) * saW)[:, None], mask=m, other=-1)
-            has = a >= 0
+            has = (a >= 0) & (a.to(tl.int64) < H.to(tl.int64) * W)
             row = a // W
             col = a - row * W
             rmin = tl.minimum(rmin, tl.min(tl.where(has, row, _BIG), axis=1))
@@ -170,16 +175,35 @@ def _pool_footprint_kernel(
         box_rmax = tl.maximum(box_rmax, tl.max(rmax, axis=0))
         box_cmin = tl.minimum(box_cmin, tl.min(cmin, axis=0))
         box_cmax = tl.maximum(box_cmax, tl.max(cmax, axis=0))
-    tl.store(fbox_ptr + k64 * 4, box_rmin)
-    tl.store(fbox_ptr + k64 * 4 + 1, box_rmax)
-    tl.store(fbox_ptr + k64 * 4 + 2, box_cmin)
-    tl.store(fbox_ptr + k64 * 4 + 3, box_cmax)
+    ok, b, x1, y1, x2, y2 = load_roi(rois_ptr, k64, N, 1.0, False)
+    if ok & (box_rmax >= 0):
+        first = b * (((H + TILE_H - 1) // TILE_H) * ((W + TILE_W - 1) // TILE_W))
+        mark_box(mask_ptr, first, k, box_rmin, box_rmax, box_cmin, box_cmax, W, n_words, TILE_H, TILE_W, BLOCK_T)
+
+
+@triton.jit
+def _pool_gather_box(acc, k, grad_ptr, arg_ptr, fbin_ptr, cell, r_lo, r_hi, s_lo, s_hi, cm, c64, ph, pw,
+                     sgK, sgC, sgH, sgW, saK, saC, saH, saW, CF: tl.constexpr):
+    """acc plus the grads of box k's bins whose argmax cells reach the tile."""
+    T = acc.dtype
+    P = ph * pw
+    for p in range(0, P):
+        fb = fbin_ptr + (k * P + p) * 4
+        hit = (tl.load(fb) <= r_hi) & (tl.load(fb + 1) >= r_lo)
+        hit = hit & (tl.load(fb + 2) <= s_hi) & (tl.load(fb + 3) >= s_lo)
+        if hit:
+            i = p // pw
+            j = p - i * pw
+            a = tl.load(arg_ptr + k * saK + c64 * saC + i * saH + j * saW, mask=cm, other=-1)
+            g = tl.load(grad_ptr + k * sgK + c64 * sgC + i * sgH + j * sgW, mask=cm, other=0.0).to(T)
+            acc += tl.where(_p(cell, CF) == _c(a, CF), _c(g, CF), 0.0)
+    return acc
 
 
 @kernel
 def _pool_bwd_gather_kernel(
-    grad_ptr, arg_ptr, rois_ptr, gi_ptr, fbin_ptr, fbox_ptr,
-    K, N, C, H, W, ph, pw, n_tw, n_tiles,
+    grad_ptr, arg_ptr, rois_ptr, gi_ptr, fbin_ptr, mask_ptr,
+    C, H, W, ph, pw, n_tw, n_tiles, n_words,
     sgK, sgC, sgH, sgW, saK, saC, saH, saW, siN, siC, siH, siW,
     TILE_H: tl.constexpr, TILE_W: tl.constexpr, BLOCK_C: tl.constexpr, CF: tl.constexpr,
 ):
@@ -202,25 +226,17 @@ def _pool_bwd_gather_kernel(
     r_hi = tl.minimum(r_lo + TILE_H, H) - 1
     s_lo = tw * TILE_W
     s_hi = tl.minimum(s_lo + TILE_W, W) - 1
-    P = ph * pw
 
     acc = _p(tl.zeros([TILE_H * TILE_W], dtype=T), CF) + _c(tl.zeros([BLOCK_C], dtype=T), CF)
-    for k in range(0, K.to(tl.int64)):
-        ok, b, x1, y1, x2, y2 = load_roi(rois_ptr, k, N, 1.0, False)
-        fx = fbox_ptr + k * 4
-        use = ok & (b == n) & (tl.load(fx) <= r_hi) & (tl.load(fx + 1) >= r_lo)
-        use = use & (tl.load(fx + 2) <= s_hi) & (tl.load(fx + 3) >= s_lo)
-        if use:
-            for p in range(0, P):
-                fb = fbin_ptr + (k * P + p) * 4
-                hit = (tl.load(fb) <= r_hi) & (tl.load(fb + 1) >= r_lo)
-                hit = hit & (tl.load(fb + 2) <= s_hi) & (tl.load(fb + 3) >= s_lo)
-                if hit:
-                    i = p // pw
-                    j = p - i * pw
-                    a = tl.load(arg_ptr + k * saK + c64 * saC + i * saH + j * saW, mask=cm, other=-1)
-                    g = tl.load(grad_ptr + k * sgK + c64 * sgC + i * sgH + j * sgW, mask=cm, other=0.0).to(T)
-                    acc += tl.where(_p(cell, CF) == _c(a, CF), _c(g, CF), 0.0)
+    # The boxes the prepass marked for this tile (valid rows of this image), in order.
+    row = mask_ptr + pid.to(tl.int64) * n_words
+    for w in range(0, n_words.to(tl.int64)):  # int64: box k indexes grad as k * sgK
+        bits = tl.load(row + w)
+        if bits != 0:
+            for j in range(0, 32):
+                if ((bits >> j) & 1) != 0:
+                    acc = _pool_gather_box(acc, w * 32 + j, grad_ptr, arg_ptr, fbin_ptr, cell, r_lo, r_hi, s_lo,
+                                           s_hi, cm, c64, ph, pw, sgK, sgC, sgH, sgW, saK, saC, saH, saW, CF)
 
     om = _p((r < H) & (s < W), CF) & _c(cm, CF)
     o = n.to(tl.int64) * siN + _c(c64, CF) * siC + _p(r.to(tl.int64) * siH + s.to(tl.int64) * siW, CF)
@@ -233,6 +249,7 @@ def roi_pool_forward(input: torch.Tensor, rois: torch.Tensor, spatial_scale: flo
                      pooled_width: int, continuous: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """RoIPool forward: (out, argmax int32 = h * W + w in the image plane, -1 for an empty
     bin), in the input's dtype and memory format."""
+    check_pool_forward(input, rois, spatial_scale, pooled_height, pooled_width, continuous)
     check_device(input, _pool_fwd_kernel)
     N, C, H, W = input.shape
     K = rois.shape[0]
@@ -266,6 +283,7 @@ def roi_pool_backward(grad: torch.Tensor, argmax: torch.Tensor, rois: torch.Tens
     deterministic: None follows roiops.config.deterministic_backward, then torch's deterministic flag;
     see the module docstring for what the deterministic path costs.
     """
+    check_pool_backward(grad, argmax, rois, batch_size, channels, height, width, channels_last)
     check_device(grad, _pool_bwd_atomic_kernel)
     N, C, H, W = int(batch_size), int(channels), int(height), int(width)
     K, _, ph, pw = grad.shape
@@ -278,20 +296,21 @@ def roi_pool_backward(grad: torch.Tensor, argmax: torch.Tensor, rois: torch.Tens
     if use_deterministic(deterministic):
         P = ph * pw
         fbin = torch.empty((K, P, 4), dtype=torch.int32, device=grad.device)
-        fbox = torch.empty((K, 4), dtype=torch.int32, device=grad.device)
-        fp_block_p = min(next_pow2(P), 1 << 12 if on_cpu else 64)
-        fp_block_c = max(1, min(next_pow2(C), (1 << 14 if on_cpu else 1024) // fp_block_p))
-        _pool_footprint_kernel[(K,)](
-            argmax, fbin, fbox, C, W, ph, pw, *argmax.stride(),
-            BLOCK_P=fp_block_p, BLOCK_C=fp_block_c, **LAUNCH_OPTS)
-        gi = torch.empty((N, C, H, W), dtype=grad.dtype, device=grad.device, memory_format=fmt)
         tile_h, tile_w, block_c = gather_blocks(H, W, C, bool(channels_last), on_cpu, grad.dtype == torch.float64)
         n_tw = cdiv(W, tile_w)
         n_tiles = cdiv(H, tile_h) * n_tw
+        mask = torch.zeros((N * n_tiles, cdiv(K, 32)), dtype=torch.int32, device=grad.device)
+        fp_block_p = min(next_pow2(P), 1 << 12 if on_cpu else 64)
+        fp_block_c = max(1, min(next_pow2(C), (1 << 14 if on_cpu else 1024) // fp_block_p))
+        _pool_footprint_kernel[(K,)](
+            argmax, rois, fbin, mask, N, C, H, W, ph, pw, mask.shape[1], *argmax.stride(),
+            BLOCK_P=fp_block_p, BLOCK_C=fp_block_c, TILE_H=tile_h, TILE_W=tile_w,
+            BLOCK_T=min(next_pow2(n_tw), 64), **LAUNCH_OPTS)
+        gi = torch.empty((N, C, H, W), dtype=grad.dtype, device=grad.device, memory_format=fmt)
         grid = (N * n_tiles, cdiv(C, block_c))
         _pool_bwd_gather_kernel[grid](
-            grad, argmax, rois, gi, fbin, fbox,
-            K, N, C, H, W, ph, pw, n_tw, n_tiles,
+            grad, argmax, rois, gi, fbin, mask,
+            C, H, W, ph, pw, n_tw, n_tiles, mask.shape[1],
             *grad.stride(), *argmax.stride(), *gi.stride(),
             TILE_H=tile_h, TILE_W=tile_w, BLOCK_C=block_c, CF=True, **LAUNCH_OPTS)  # see roi_align
         return gi
