@@ -331,3 +331,40 @@ def test_extension_links_libstdcxx_dynamically(tmp_path):
             so = tmp_path / f"t{len(flags)}.so"
             subprocess.run(["g++", "-shared", "-fPIC", *flags, str(src), "-o", str(so)], check=True)
             assert bool(problems(str(so))) == bad
+
+
+def test_many_boxes_run_in_chunks_with_the_same_results():
+    """More boxes than one chunk of plans (2^14): avg equals torchvision bit for bit, max
+    equals the same boxes run in two calls below the chunk size, and an error names the
+    row in the whole tensor."""
+    g = torch.Generator().manual_seed(7)
+    x = torch.randn(2, 3, 24, 30, generator=g)
+    K = (1 << 14) + 300
+    xy = torch.rand(K, 2, generator=g) * torch.tensor([30.0, 24.0])
+    rois = torch.cat([torch.randint(0, 2, (K, 1), generator=g).float(), xy,
+                      xy + torch.rand(K, 2, generator=g) * 12], 1)
+    assert torch.equal(roiops.roi_align(x, rois, 3, 1.0, 0, True), tv.roi_align(x, rois, 3, 1.0, 0, True))
+    out = roiops.roi_align(x, rois, 3, 1.0, 0, True, mode="max")
+    half = K // 2
+    assert torch.equal(out, torch.cat([roiops.roi_align(x, rois[:half], 3, 1.0, 0, True, mode="max"),
+                                       roiops.roi_align(x, rois[half:], 3, 1.0, 0, True, mode="max")]))
+    bad = rois.clone()
+    bad[(1 << 14) + 5] = torch.tensor([0, -46341.0, -46341.0, 2.0, 2.0])
+    with _no_box_checks(), pytest.raises(ValueError, match=f"row {(1 << 14) + 5}:"):
+        roiops.roi_align(x, bad, 1, mode="max")
+
+
+def test_max_backward_beyond_the_sample_table_budget():
+    """Max-mode backward whose per-sample tables would pass their budget (2^22 entries):
+    the boxes past it look their taps up in the axis plans, with the same result."""
+    g = torch.Generator().manual_seed(8)
+    x = torch.randn(1, 2, 20, 20, generator=g, dtype=torch.float64)  # float64: sums of thousands of terms
+    K = 1500  # 1500 boxes x 196 bins x 16 samples = 4.7M entries
+    xy = torch.rand(K, 2, generator=g, dtype=torch.float64) * 16
+    rois = torch.cat([torch.zeros(K, 1, dtype=torch.float64), xy,
+                      xy + 1 + torch.rand(K, 2, generator=g, dtype=torch.float64) * 6], 1)
+    out, am = OPS.roi_align_max(x, rois, 1.0, 14, 14, 4, True)
+    grad = torch.randn(out.shape, generator=g, dtype=torch.float64)
+    got = OPS._roi_align_max_backward(grad, am, rois, 1.0, 14, 14, 1, 2, 20, 20, 4, True, False)
+    want = ref.roi_align_max_backward(grad, am, rois, 1.0, 14, 14, 1, 2, 20, 20, 4, True, False)
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)

@@ -28,9 +28,11 @@ namespace {
 template <typename T>
 using Plans = std::vector<AlignPlan<T>>;
 
+// Plans of rois' rows; row0 numbers the first one in error messages (rois may be a chunk);
+// sample_table: also the per-sample tables of the max backward.
 template <typename T>
 Plans<T> build_plans(const at::Tensor& rois, double spatial_scale, int64_t ph, int64_t pw, int64_t sampling_ratio,
-                     bool aligned, int64_t H, int64_t W, bool max_mode) {
+                     bool aligned, int64_t H, int64_t W, bool max_mode, bool sample_table, int64_t row0) {
   const int64_t K = rois.size(0);
   Plans<T> plans(static_cast<size_t>(K));
   const T* roi = rois.const_data_ptr<T>();
@@ -38,14 +40,26 @@ Plans<T> build_plans(const at::Tensor& rois, double spatial_scale, int64_t ph, i
   at::parallel_for(0, K, 16, [&](int64_t k0, int64_t k1) {
     for (int64_t k = k0; k < k1; ++k) plans[k].build(roi + 5 * k, scale, ph, pw, sampling_ratio, aligned, H, W, max_mode);
   });
+  if (sample_table) {
+    // The max backward's per-sample tables (one lookup per argmax) for the first boxes up to
+    // a budget, so that memory does not grow with K; the others find their taps from the
+    // axis plans, with the same products, hence the same bits.
+    int64_t left = kSampleTableBudget, last = 0;
+    for (; last < K && plans[last].sample_table_size(ph, pw) <= left; ++last) left -= plans[last].sample_table_size(ph, pw);
+    at::parallel_for(0, last, 16, [&](int64_t k0, int64_t k1) {
+      for (int64_t k = k0; k < k1; ++k) {
+        if (plans[k].sample_table_size(ph, pw) > 0) plans[k].build_samples(ph, pw);
+      }
+    });
+  }
   for (int64_t k = 0; max_mode && k < K; ++k) {
-    TORCH_CHECK_VALUE(!plans[k].grid_too_large, "roiops: rois row ", k, ": the adaptive sampling grid of a bin ",
+    TORCH_CHECK_VALUE(!plans[k].grid_too_large, "roiops: rois row ", row0 + k, ": the adaptive sampling grid of a bin ",
                       "exceeds 2^31 - 1 samples, beyond the int32 argmax of mode \"max\"; use a larger output_size ",
                       "or a positive sampling_ratio");
     // max_forward_plane holds a sample row's position in its bin as T.
     constexpr bool kFloat = std::is_same_v<T, float>;
     TORCH_CHECK_VALUE(!kFloat || plans[k].ys.widest_bin() <= (int64_t(1) << 24),
-                      "roiops: rois row ", k, ": more than 2^24 sample rows of one bin inside the map");
+                      "roiops: rois row ", row0 + k, ": more than 2^24 sample rows of one bin inside the map");
   }
   return plans;
 }
@@ -535,7 +549,7 @@ bool use_tile(const Plans<T>& plans, const std::vector<int64_t>& boxes, int64_t 
 
 template <typename scalar_t, bool kMax>
 void forward_impl(const at::Tensor& input, const at::Tensor& rois, double spatial_scale, int64_t ph, int64_t pw,
-                  int64_t sampling_ratio, bool aligned, at::Tensor& out, at::Tensor& argmax) {
+                  int64_t sampling_ratio, bool aligned, at::Tensor& out, at::Tensor& argmax, int64_t row0) {
   using T = at::opmath_type<scalar_t>;
   const int64_t K = rois.size(0), N = input.size(0), C = input.size(1), H = input.size(2), W = input.size(3);
   const int64_t sN = input.stride(0), sC = input.stride(1), sH = input.stride(2), sW = input.stride(3);
@@ -544,7 +558,7 @@ void forward_impl(const at::Tensor& input, const at::Tensor& rois, double spatia
   scalar_t* o = out.data_ptr<scalar_t>();
   int32_t* am = kMax ? argmax.data_ptr<int32_t>() : nullptr;
   if (K == 0 || C == 0) return;
-  const Plans<T> plans = build_plans<T>(rois, spatial_scale, ph, pw, sampling_ratio, aligned, H, W, kMax);
+  const Plans<T> plans = build_plans<T>(rois, spatial_scale, ph, pw, sampling_ratio, aligned, H, W, kMax, false, row0);
   Scratch<T> tile, acc;
   Scratch<int32_t> idx;
   // Box k on channels [c0, c0 + nc) of a channels-last view of its image (cell stride vW).
@@ -621,7 +635,7 @@ void backward_impl(const at::Tensor& grad, const at::Tensor& argmax, const at::T
   using T = at::opmath_type<scalar_t>;
   const int64_t N = gi.size(0), C = gi.size(1), H = gi.size(2), W = gi.size(3);
   if (gi.numel() == 0) return;
-  const Plans<T> plans = build_plans<T>(rois, spatial_scale, ph, pw, sampling_ratio, aligned, H, W, kMax);
+  const Plans<T> plans = build_plans<T>(rois, spatial_scale, ph, pw, sampling_ratio, aligned, H, W, kMax, kMax, 0);
   const bool channels_last = is_channels_last(gi);
   std::vector<std::pair<int64_t, int64_t>> spans(plans.size());
   for (size_t k = 0; k < plans.size(); ++k) spans[k] = plans[k].row_span();
@@ -682,11 +696,20 @@ std::tuple<at::Tensor, at::Tensor> forward(const at::Tensor& input_, const at::T
   const auto opts = input.options().memory_format(format_of(channels_last));
   at::Tensor out = empty_output({rois.size(0), input.size(1), ph, pw}, opts);
   at::Tensor argmax = max_mode ? empty_output({rois.size(0), input.size(1), ph, pw}, opts.dtype(at::kInt)) : at::Tensor();
+  // Boxes run in chunks, each with its own plans: plan memory (of the order of a kilobyte
+  // per box, more than the output row of a box with few channels) stays bounded for any K.
+  constexpr int64_t kBoxChunk = int64_t(1) << 14;
+  const int64_t K = rois.size(0);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, input.scalar_type(), "roiops_roi_align_forward", [&] {
-    if (max_mode) {
-      forward_impl<scalar_t, true>(input, rois, spatial_scale, ph, pw, sampling_ratio, aligned, out, argmax);
-    } else {
-      forward_impl<scalar_t, false>(input, rois, spatial_scale, ph, pw, sampling_ratio, aligned, out, argmax);
+    for (int64_t k0 = 0; k0 < K; k0 += kBoxChunk) {
+      const int64_t n = std::min(kBoxChunk, K - k0);
+      at::Tensor o = out.narrow(0, k0, n), a = max_mode ? argmax.narrow(0, k0, n) : argmax;
+      const at::Tensor r = rois.narrow(0, k0, n);
+      if (max_mode) {
+        forward_impl<scalar_t, true>(input, r, spatial_scale, ph, pw, sampling_ratio, aligned, o, a, k0);
+      } else {
+        forward_impl<scalar_t, false>(input, r, spatial_scale, ph, pw, sampling_ratio, aligned, o, a, k0);
+      }
     }
   });
   return {out, argmax};

@@ -228,6 +228,8 @@ struct MaxSample {
 
 // Boxes with at most this many samples get a MaxSample table (32 bytes each).
 constexpr int64_t kMaxSampleTable = 4096;
+// Entries of all boxes' tables together in one call (128 MiB of MaxSample<float>).
+constexpr int64_t kSampleTableBudget = int64_t(1) << 22;
 
 // RoIAlign plan of one box, shared by all channels: the taps of its sample rows and
 // columns (a sample's four weights are products of one row and one column tap).
@@ -268,8 +270,12 @@ struct AlignPlan {
     }
     ys.build(y_start, bin_h, grid_h, ph, height);
     xs.build(x_start, bin_w, grid_w, pw, width);
+  }
+
+  // Entries `samples` would take (build_samples), 0 for a plan that gets none.
+  int64_t sample_table_size(int64_t ph, int64_t pw) const {
     const int64_t gg = grid_h * grid_w;
-    if (max_mode && !empty() && gg <= kMaxSampleTable && ph * pw * gg <= kMaxSampleTable) build_samples(ph, pw);
+    return !empty() && gg <= kMaxSampleTable && ph * pw * gg <= kMaxSampleTable ? ph * pw * gg : 0;
   }
 
   void build_samples(int64_t ph, int64_t pw) {
