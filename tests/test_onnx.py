@@ -130,6 +130,10 @@ def test_onnxruntime_matches_roiops_on_nasty_boxes(all_ops, name):
 @pytest.mark.parametrize("k", [0, 1])
 def test_zero_and_one_box(all_ops, k):
     _, session = all_ops
+    if k == 0 and tuple(int(v) for v in ort.__version__.split(".")[:2]) < (1, 32):
+        # Seen with 1.30: the adaptive max-mode decomposition, run on zero boxes, fails in a
+        # Mul ("Can broadcast 0 by 0 or 1. 3 is invalid"); 1.32 (pinned) runs it.
+        pytest.skip(f"onnxruntime {ort.__version__} refuses the zero-box graph; tested with 1.32")
     _compare(session, _AllOps(), _inputs()["randn"], _test_boxes()[:k], exact_from=4)
 
 
