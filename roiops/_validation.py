@@ -6,6 +6,7 @@ argument (and for box values, the first offending row).
 
 from __future__ import annotations
 
+import math
 import sys
 from collections.abc import Sequence
 from typing import TypeGuard, Union
@@ -98,10 +99,16 @@ def feature_maps(features: object) -> list[Tensor]:
     return maps
 
 
-def spatial_scales(values: object, count: int) -> list[float]:
+def spatial_scales(values: object, count: int, pyramid: bool = False) -> list[float]:
+    """One scale per feature map; with `pyramid`, consecutive powers of two, finest first
+    (what the FPN level rules assume)."""
     if isinstance(values, (str, bytes)) or not isinstance(values, Sequence) or len(values) != count:
         raise ValueError(f"spatial_scales must list one scale per feature map ({count}), got {values!r}")
-    return [spatial_scale(s) for s in values]
+    scales = [spatial_scale(s) for s in values]
+    if pyramid and (not math.log2(scales[0]).is_integer() or any(s != scales[0] / 2**i for i, s in enumerate(scales))):
+        raise ValueError(f"spatial_scales must be consecutive powers of two, finest first (e.g. [1/4, 1/8, 1/16]), "
+                         f"got {list(values)}")
+    return scales
 
 
 def rois(input: Tensor, boxes: BoxesType, scale: float,

@@ -95,7 +95,6 @@ def roi_pool(
     return torch.ops.roiops.roi_pool(input, rois, scale, h, w, convention == "mmdet")[0]
 
 
-
 def fpn_levels(rois: Tensor, k_min: int, k_max: int, canonical_box_size: float = 224.0, canonical_level: int = 4,
                rule: Literal["torchvision", "detectron2"] = "torchvision", eps: float = 1e-6) -> Tensor:
     """FPN level of each ``(batch_index, x1, y1, x2, y2)`` row (Feature Pyramid Networks,
@@ -151,16 +150,13 @@ def multi_scale_roi_align(
         torch.Size([2, 256, 7, 7])
     """
     maps = v.feature_maps(features)
-    scales = v.spatial_scales(spatial_scales, len(maps))
-    k_min = -math.log2(scales[0])
-    if k_min != round(k_min) or any(s != scales[0] / 2**i for i, s in enumerate(scales)):
-        raise ValueError(f"spatial_scales must be consecutive powers of two, finest first (e.g. [1/4, 1/8, 1/16]), "
-                         f"got {list(spatial_scales)}")
+    scales = v.spatial_scales(spatial_scales, len(maps), pyramid=True)
+    k_min = -int(math.log2(scales[0]))
     h, w = v.output_size(output_size)
     ratio = v.sampling_ratio(sampling_ratio)
     aligned = v.flag("aligned", aligned)
     rule = v.choice("level_rule", level_rule, ("torchvision", "detectron2"))
     rois = v.rois(maps[0], boxes, max(scales))
-    levels = fpn_levels(rois, int(round(k_min)), int(round(k_min)) + len(maps) - 1, canonical_box_size,
-                        canonical_level, rule)  # type: ignore[arg-type]
+    levels = fpn_levels(rois, k_min, k_min + len(maps) - 1, canonical_box_size, canonical_level,
+                        rule)  # type: ignore[arg-type]
     return torch.ops.roiops.multi_scale_roi_align(maps, rois, levels, scales, h, w, ratio, aligned)

@@ -76,6 +76,22 @@ def first_skipped(fy, ly, fx, lx, gh, gw):
 
 
 @triton.jit
+def scale_of(bits, T: tl.constexpr):
+    """spatial_scale in T from the IEEE-754 bits that _common.f64_bits passes (an int64
+    travels exactly where a Python float argument would be rounded to float32)."""
+    return bits.to(tl.int64).to(tl.float64, bitcast=True).to(T)
+
+
+@triton.jit
+def map_spans(live, ybase, xbase, bh, bw, ghf, gwf, H, W):
+    """Per bin, the samples that can touch an H x W map: [fy, ey) x [fx, ex) (sample_span)
+    and the counts ny, nx to loop over (0 for a bin that is not live)."""
+    fy, ey = sample_span(ybase, bh, ghf, -1.0, H.to(ybase.dtype))
+    fx, ex = sample_span(xbase, bw, gwf, -1.0, W.to(xbase.dtype))
+    return fy, ey, tl.where(live, ey - fy, 0), fx, ex, tl.where(live, ex - fx, 0)
+
+
+@triton.jit
 def load_roi(rois_ptr, k, N, scale, SCALED: tl.constexpr = True):
     """Row k of rois as (ok, batch, x1, y1, x2, y2).
 
@@ -162,24 +178,23 @@ def axis_taps(v, size):
 
 
 @triton.jit
-def may_touch(a, b, t_lo, t_hi, size):
-    """Whether samples between coordinates a and b (either order) can interpolate from a
-    cell in [t_lo, t_hi]. Conservative by a cell each side, so that rounding of the
-    sample positions never makes it skip a real contribution."""
-    lo = tl.minimum(a, b)
-    hi = tl.maximum(a, b)
-    return (tl.floor(hi) + 2.0 >= t_lo) & (tl.minimum(tl.floor(lo) - 1.0, size - 1.0) <= t_hi)
-
-
-@triton.jit
 def touched_cells(a, b, size):
     """(first, last, any) cells of an axis of `size` cells that samples between coordinates
-    a and b (either order) can interpolate from, with a cell to spare each side."""
+    a and b (either order) can interpolate from: a sample at v reaches cells floor(v) and
+    floor(v) + 1, and one more each side covers the rounding of its position."""
     lo = tl.minimum(a, b)
     hi = tl.maximum(a, b)
     first = tl.maximum(tl.floor(lo) - 1.0, 0.0)
     last = tl.minimum(tl.floor(hi) + 2.0, size - 1.0)
-    return first.to(tl.int32), last.to(tl.int32), (hi >= -1.0) & (lo <= size) & (first <= last)
+    return first.to(tl.int32), last.to(tl.int32), first <= last
+
+
+@triton.jit
+def may_touch(a, b, t_lo, t_hi, size):
+    """Whether samples between coordinates a and b (either order) can interpolate from a
+    cell in [t_lo, t_hi] (touched_cells, so conservative by a cell each side)."""
+    first, last, any = touched_cells(a, b, size)
+    return any & (first <= t_hi) & (last >= t_lo)
 
 
 @triton.jit
@@ -291,6 +306,16 @@ def dense_strides(C, H, W, CHANNELS_LAST: tl.constexpr):
 
 
 @triton.jit
+def level_map(l, C, sb0, sb1, sb2, sb3, sb4, H0, H1, H2, H3, H4, W0, W1, W2, W3, W4,
+              T: tl.constexpr, CHANNELS_LAST: tl.constexpr):
+    """Level l's dense map in a multi-level kernel: (H, W, sN, sC, sH, sW, scale in T)."""
+    H = pick(l, H0, H1, H2, H3, H4)
+    W = pick(l, W0, W1, W2, W3, W4)
+    sN, sC, sH, sW = dense_strides(C, H, W, CHANNELS_LAST)
+    return H, W, sN, sC, sH, sW, scale_of(pick(l, sb0, sb1, sb2, sb3, sb4), T)
+
+
+@triton.jit
 def box_level(lvl_ptr, k, n_levels, C, sb0, sb1, sb2, sb3, sb4, H0, H1, H2, H3, H4, W0, W1, W2, W3, W4,
               T: tl.constexpr, CHANNELS_LAST: tl.constexpr):
     """Box k's level in a multi-level kernel and that level's map: (valid, level, H, W,
@@ -299,8 +324,6 @@ def box_level(lvl_ptr, k, n_levels, C, sb0, sb1, sb2, sb3, sb4, H0, H1, H2, H3, 
     lvl = tl.load(lvl_ptr + k.to(tl.int64))
     valid = (lvl >= 0) & (lvl < n_levels)
     l = tl.where(valid, lvl, 0).to(tl.int32)
-    H = pick(l, H0, H1, H2, H3, H4)
-    W = pick(l, W0, W1, W2, W3, W4)
-    sN, sC, sH, sW = dense_strides(C, H, W, CHANNELS_LAST)
-    scale = pick(l, sb0, sb1, sb2, sb3, sb4).to(tl.int64).to(tl.float64, bitcast=True).to(T)
+    H, W, sN, sC, sH, sW, scale = level_map(l, C, sb0, sb1, sb2, sb3, sb4, H0, H1, H2, H3, H4, W0, W1, W2, W3, W4,
+                                            T, CHANNELS_LAST)
     return valid, l, H, W, sN, sC, sH, sW, scale

@@ -53,13 +53,12 @@ import triton.language as tl
 from ._common import (GPU_TILE, LAUNCH_OPTS, cdiv, check_device, f64_bits, gather_blocks, is_channels_last, kernel,
                       memory_format, next_pow2, opmath, tile_blocks, use_deterministic)
 from ._common import check_align_backward, check_align_forward
-from ._jit import (align_geometry, argmax_fits, axis_taps, beats, box_level, dense_strides, div_rn, first_skipped,
-                   load_roi, mark_box, may_touch, pick, sample_pos, sample_span, touched_cells, with_flag)
+from ._jit import (align_geometry, argmax_fits, axis_taps, beats, box_level, div_rn, first_skipped, level_map, load_roi,
+                   map_spans, mark_box, may_touch, pick, sample_pos, sample_span, scale_of, touched_cells, with_flag)
 from ._jit import along_c as _c  # per-channel vector -> tile axis
 from ._jit import along_p as _p  # per-bin / per-pixel vector -> tile axis
 
 MAX_LEVELS = 5  # of the multi-level kernels: pick() in _jit.py selects among five arguments
-
 
 
 @triton.jit
@@ -93,11 +92,7 @@ def _fwd_tile(
 
     # Each bin visits only the samples that can touch the map, [fy, ey) x [fx, ex); the
     # others are 0 and add nothing (max mode merges them in below).
-    live = with_flag(pm, ok)
-    fy, ey = sample_span(ybase, bh, ghf, -1.0, H.to(T))
-    fx, ex = sample_span(xbase, bw, gwf, -1.0, W.to(T))
-    ny = tl.where(live, ey - fy, 0)
-    nx = tl.where(live, ex - fx, 0)
+    fy, ey, ny, fx, ex, nx = map_spans(with_flag(pm, ok), ybase, xbase, bh, bw, ghf, gwf, H, W)
 
     acc = _p(tl.zeros([BLOCK_P], dtype=T), CF) + _c(tl.zeros([BLOCK_C], dtype=T), CF)
     arg = _p(tl.full([BLOCK_P], -1, tl.int32), CF) + _c(tl.zeros([BLOCK_C], dtype=tl.int32), CF)
@@ -160,7 +155,7 @@ def _align_fwd_kernel(
 ):
     pid = tl.program_id(0)
     k = pid // n_pblocks
-    scale = scale_bits.to(tl.int64).to(tl.float64, bitcast=True).to(rois_ptr.dtype.element_ty)
+    scale = scale_of(scale_bits, rois_ptr.dtype.element_ty)
     _fwd_tile(x_ptr, rois_ptr, out_ptr, arg_ptr, k, pid - k * n_pblocks, tl.program_id(1), k >= 0, scale,
               N, C, H, W, ph, pw, sampling_ratio, sxN, sxC, sxH, sxW, soK, soC, soH, soW,
               ALIGNED, MAX_MODE, BLOCK_P, BLOCK_C, CF)
@@ -244,11 +239,7 @@ def _bwd_atomic_tile(
         tl.atomic_add(gi_base + oyhi + oxhi, ((ly * lx) * g).to(G), mask=m, sem="relaxed")
     else:
         # Only the samples that can touch the map (see the forward).
-        live = with_flag(pm, ok)
-        fy, ey = sample_span(ybase, bh, ghf, -1.0, H.to(T))
-        fx, ex = sample_span(xbase, bw, gwf, -1.0, W.to(T))
-        ny = tl.where(live, ey - fy, 0)
-        nx = tl.where(live, ex - fx, 0)
+        fy, ey, ny, fx, ex, nx = map_spans(with_flag(pm, ok), ybase, xbase, bh, bw, ghf, gwf, H, W)
         for dy in range(0, tl.max(ny, axis=0)):
             y = sample_pos(ybase, fy + dy, bh, ghf)
             ylo, yhi, ly, hy, iny = axis_taps(y, H)
@@ -281,7 +272,7 @@ def _align_bwd_atomic_kernel(
 ):
     pid = tl.program_id(0)
     k = pid // n_pblocks
-    scale = scale_bits.to(tl.int64).to(tl.float64, bitcast=True).to(rois_ptr.dtype.element_ty)
+    scale = scale_of(scale_bits, rois_ptr.dtype.element_ty)
     _bwd_atomic_tile(grad_ptr, arg_ptr, rois_ptr, gi_ptr, k, pid - k * n_pblocks, tl.program_id(1), k >= 0, scale,
                      N, C, H, W, ph, pw, sampling_ratio, sgK, sgC, sgH, sgW, saK, saC, saH, saW, siN, siC, siH, siW,
                      ALIGNED, MAX_MODE, BLOCK_P, BLOCK_C, CF)
@@ -427,7 +418,7 @@ def _align_tiles_kernel(
         valid = k >= 0
         H = H0
         W = W0
-        scale = sb0.to(tl.int64).to(tl.float64, bitcast=True).to(T)
+        scale = scale_of(sb0, T)
         start = 0
     ok, b, x1, y1, x2, y2 = load_roi(rois_ptr, k.to(tl.int64), N, scale)
     sx, sy, bw, bh, gwf, ghf, gw, gh, count = align_geometry(x1, y1, x2, y2, scale, ph, pw, sampling_ratio,
@@ -453,7 +444,7 @@ def _align_bwd_gather_kernel(
     n = pid // n_tiles
     t = pid - n * n_tiles
     th = t // n_tw
-    scale = scale_bits.to(tl.int64).to(tl.float64, bitcast=True).to(rois_ptr.dtype.element_ty)
+    scale = scale_of(scale_bits, rois_ptr.dtype.element_ty)
     _bwd_gather_tile(grad_ptr, arg_ptr, rois_ptr, gi_ptr, mask_ptr, pid, n_words, n, th, t - th * n_tw,
                      tl.program_id(1), scale, N, C, H, W, ph, pw, sampling_ratio,
                      sgK, sgC, sgH, sgW, saK, saC, saH, saW, siN, siC, siH, siW,
@@ -472,15 +463,13 @@ def _align_bwd_gather_levels_kernel(
     tile = tl.program_id(0)
     l = (tile >= p1).to(tl.int32) + (tile >= p2).to(tl.int32) + (tile >= p3).to(tl.int32) + (tile >= p4).to(tl.int32)
     pid = tile - pick(l, 0, p1, p2, p3, p4)
-    H = pick(l, H0, H1, H2, H3, H4)
-    W = pick(l, W0, W1, W2, W3, W4)
-    siN, siC, siH, siW = dense_strides(C, H, W, CF)
+    H, W, siN, siC, siH, siW, scale = level_map(l, C, sb0, sb1, sb2, sb3, sb4, H0, H1, H2, H3, H4, W0, W1, W2, W3,
+                                                W4, rois_ptr.dtype.element_ty, CF)
     n_tw = (W + TILE_W - 1) // TILE_W
     n_tiles = ((H + TILE_H - 1) // TILE_H) * n_tw
     n = pid // n_tiles
     t = pid - n * n_tiles
     th = t // n_tw
-    scale = pick(l, sb0, sb1, sb2, sb3, sb4).to(tl.int64).to(tl.float64, bitcast=True).to(rois_ptr.dtype.element_ty)
     _bwd_gather_tile(grad_ptr, grad_ptr, rois_ptr, pick(l, g0, g1, g2, g3, g4), mask_ptr, tile, n_words, n, th,
                      t - th * n_tw, tl.program_id(1), scale, N, C, H, W, ph, pw, sampling_ratio,
                      sgK, sgC, sgH, sgW, sgK, sgC, sgH, sgW, siN, siC, siH, siW,
@@ -489,19 +478,32 @@ def _align_bwd_gather_levels_kernel(
 
 # ----------------------------------------------------------------------------- launchers
 
-def _mark_tiles(rois, levels, scales, heights, widths, starts, N, ph, pw, sampling_ratio, aligned, n_tiles, tile_h,
+def _level_args(tensors, scales, heights, widths):
+    """The per-level kernel arguments (pointers, scale bits, heights, widths), padded to
+    MAX_LEVELS with level 0's (padding is never selected: boxes of other levels are masked)."""
+    L = len(tensors)
+    if not 1 <= L <= MAX_LEVELS:
+        raise ValueError(f"roiops: multi-level RoIAlign takes 1 to {MAX_LEVELS} levels, got {L}")
+    pad = MAX_LEVELS - L
+    return ([*tensors, *[tensors[0]] * pad], [f64_bits(s) for s in [*scales, *[scales[0]] * pad]],
+            [*heights, *[heights[0]] * pad], [*widths, *[widths[0]] * pad])
+
+
+def _level_starts(programs):
+    """First program of levels 1 to 4 in a grid of per-level program counts, the missing
+    levels' past any grid."""
+    return [sum(programs[:i]) for i in range(1, len(programs))] + [2 ** 31 - 1] * (MAX_LEVELS - len(programs))
+
+
+def _mark_tiles(rois, levels, sbits, hs, ws, starts, n_levels, N, ph, pw, sampling_ratio, aligned, n_tiles, tile_h,
                 tile_w, levels_on):
     """[n_tiles, ceil(K / 32)] int32 bit mask: bit k of row t is set when box k can reach
-    gather tile t (see _align_tiles_kernel). Zero-filled and written on the device."""
+    gather tile t (see _align_tiles_kernel). Zero-filled and written on the device. The
+    per-level arguments come padded (_level_args, _level_starts)."""
     K = rois.shape[0]
     mask = torch.zeros((n_tiles, cdiv(K, 32)), dtype=torch.int32, device=rois.device)
-    pad = MAX_LEVELS - len(scales)
-    sbits = [f64_bits(s) for s in scales] + [f64_bits(scales[0])] * pad
-    hs = list(heights) + [heights[0]] * pad
-    ws = list(widths) + [widths[0]] * pad
-    starts = list(starts) + [2 ** 31 - 1] * (MAX_LEVELS - 1 - len(starts))
     _align_tiles_kernel[(K,)](
-        rois, levels, mask, *sbits, *hs, *ws, *starts, len(scales), N, ph, pw, int(sampling_ratio), mask.shape[1],
+        rois, levels, mask, *sbits, *hs, *ws, *starts, n_levels, N, ph, pw, int(sampling_ratio), mask.shape[1],
         ALIGNED=bool(aligned), LEVELS=levels_on, TILE_H=tile_h, TILE_W=tile_w,
         BLOCK=min(next_pow2(cdiv(max(ws), tile_w)), 64), **LAUNCH_OPTS)
     return mask
@@ -560,8 +562,9 @@ def _backward(grad, argmax, rois, spatial_scale, pooled_height, pooled_width, ba
         tile_h, tile_w, block_c = gather_blocks(H, W, C, bool(channels_last), on_cpu, grad.dtype == torch.float64)
         n_tw = cdiv(W, tile_w)
         n_tiles = cdiv(H, tile_h) * n_tw
-        mask = _mark_tiles(rois, rois, [spatial_scale], [H], [W], [], N, ph, pw, sampling_ratio, aligned, N * n_tiles,
-                           tile_h, tile_w, levels_on=False)
+        _, sbits, hs, ws = _level_args([rois], [spatial_scale], [H], [W])
+        mask = _mark_tiles(rois, rois, sbits, hs, ws, _level_starts([N * n_tiles]), 1, N, ph, pw, sampling_ratio,
+                           aligned, N * n_tiles, tile_h, tile_w, levels_on=False)
         grid = (N * n_tiles, cdiv(C, block_c))
         _align_bwd_gather_kernel[grid](
             grad, arg, rois, gi, mask, *common,
@@ -631,17 +634,6 @@ def roi_align_max_backward(grad: torch.Tensor, argmax: torch.Tensor, rois: torch
 # ----------------------------------------------------------------------------- multi-level
 
 
-def _level_args(tensors, scales, heights, widths):
-    """The per-level kernel arguments (pointers, scale bits, heights, widths), padded to
-    MAX_LEVELS with level 0's (padding is never selected: boxes of other levels are masked)."""
-    L = len(tensors)
-    if not 1 <= L <= MAX_LEVELS:
-        raise ValueError(f"roiops: multi-level RoIAlign takes 1 to {MAX_LEVELS} levels, got {L}")
-    pad = MAX_LEVELS - L
-    return ([*tensors, *[tensors[0]] * pad], [f64_bits(s) for s in [*scales, *[scales[0]] * pad]],
-            [*heights, *[heights[0]] * pad], [*widths, *[widths[0]] * pad])
-
-
 def multi_scale_roi_align_forward(inputs: list[torch.Tensor], rois: torch.Tensor, levels: torch.Tensor,
                                   spatial_scales: list[float], pooled_height: int, pooled_width: int,
                                   sampling_ratio: int, aligned: bool) -> torch.Tensor:
@@ -704,9 +696,9 @@ def multi_scale_roi_align_backward(grad: torch.Tensor, rois: torch.Tensor, level
             tile_h, tile_w, block_c = gather_blocks(max(hs), max(ws), C, bool(channels_last), on_cpu,
                                                     grad.dtype == torch.float64)
             programs = [N * cdiv(h, tile_h) * cdiv(w, tile_w) for h, w in zip(hs[:L], ws[:L])]
-            starts = [sum(programs[:i]) for i in range(1, L)] + [2 ** 31 - 1] * (MAX_LEVELS - L)
-            mask = _mark_tiles(rois, levels, spatial_scales, hs[:L], ws[:L], starts, N, ph, pw, sampling_ratio,
-                               aligned, sum(programs), tile_h, tile_w, levels_on=True)
+            starts = _level_starts(programs)
+            mask = _mark_tiles(rois, levels, sbits, hs, ws, starts, L, N, ph, pw, sampling_ratio, aligned,
+                               sum(programs), tile_h, tile_w, levels_on=True)
             _align_bwd_gather_levels_kernel[(sum(programs), cdiv(C, block_c))](
                 grad, rois, mask, *ptrs, *sbits, *hs, *ws, *starts,
                 N, C, ph, pw, int(sampling_ratio), mask.shape[1], *grad.stride(),

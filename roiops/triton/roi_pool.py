@@ -35,7 +35,7 @@ from ._common import (LAUNCH_OPTS, cdiv, check_device, f64_bits, gather_blocks, 
 from ._common import check_pool_backward, check_pool_forward
 from ._jit import along_c as _c  # per-channel vector -> tile axis
 from ._jit import along_p as _p  # per-bin / per-pixel vector -> tile axis
-from ._jit import beats, load_roi, mark_box, pool_axis, with_flag
+from ._jit import beats, load_roi, mark_box, pool_axis, scale_of, with_flag
 
 _BIG = tl.constexpr(2147483647)
 
@@ -52,7 +52,7 @@ def _pool_fwd_kernel(
     k = pid // n_pblocks
     pb = pid - k * n_pblocks
     cb = tl.program_id(1)
-    scale = scale_bits.to(tl.int64).to(tl.float64, bitcast=True).to(T)
+    scale = scale_of(scale_bits, T)
     ok, b, x1, y1, x2, y2 = load_roi(rois_ptr, k.to(tl.int64), N, scale)
 
     p = pb * BLOCK_P + tl.arange(0, BLOCK_P)
