@@ -54,6 +54,7 @@ def test_inductor_fullgraph_dynamic_boxes_forward_backward():
     counter = CompileCounterWithBackend("inductor")
     compiled = torch.compile(_all_ops, backend=counter, fullgraph=True, dynamic=True)
     x = torch.randn(2, 3, 8, 8)
+    compiles = []
     for k in (6, 11):
         boxes = _boxes(k)
         out, grad = _run(compiled, x, boxes)
@@ -61,7 +62,11 @@ def test_inductor_fullgraph_dynamic_boxes_forward_backward():
         assert out.shape == (k, 15, 2, 2)
         torch.testing.assert_close(out, ref_out, rtol=0, atol=0)
         torch.testing.assert_close(grad, ref_grad)
-    assert counter.frame_count == 1, "a second box count recompiled"
+        compiles.append(counter.frame_count)
+    # The first count can be 2: with a cold inductor cache dynamo may restart its analysis
+    # of the one frame (tensorifying the Python float scales) and call the backend again.
+    assert compiles[0] >= 1
+    assert compiles[1] == compiles[0], "a second box count recompiled"
 
 
 class _Head(torch.nn.Module):
