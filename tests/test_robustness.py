@@ -354,6 +354,48 @@ def test_many_boxes_run_in_chunks_with_the_same_results():
         roiops.roi_align(x, bad, 1, mode="max")
 
 
+def _chunk_boxes(g: torch.Generator, K: int, dtype=torch.float32) -> torch.Tensor:
+    xy = torch.rand(K, 2, generator=g, dtype=dtype) * torch.tensor([30.0, 24.0], dtype=dtype)
+    return torch.cat([torch.randint(0, 2, (K, 1), generator=g).to(dtype), xy,
+                      xy + torch.rand(K, 2, generator=g, dtype=dtype) * 12], 1)
+
+
+def _input_grad(x: torch.Tensor, rois: torch.Tensor, grad: torch.Tensor, **kw) -> torch.Tensor:
+    x = x.detach().clone().requires_grad_(True)
+    roiops.roi_align(x, rois, 3, 1.0, 0, True, **kw).backward(grad)
+    return x.grad
+
+
+@pytest.mark.parametrize("channels_last", [False, True], ids=["nchw", "cl"])
+def test_many_boxes_backward_runs_in_chunks_with_the_same_results(channels_last):
+    """Backward over more boxes than one chunk of plans carries each cell's sum on from
+    chunk to chunk in box order: avg equals torchvision bit for bit, float16 equals the
+    float32 gradient rounded once (its sums run on in float32 across chunks), and max
+    equals the sum of single-chunk calls on thirds of the boxes."""
+    g = torch.Generator().manual_seed(9)
+    K = (1 << 14) * 2 + 300  # three chunks
+    fmt = torch.channels_last if channels_last else torch.contiguous_format
+    x = torch.randn(2, 3, 24, 30, generator=g).contiguous(memory_format=fmt)
+    rois = _chunk_boxes(g, K)
+    grad = torch.randn(K, 3, 3, 3, generator=g)
+    xt = x.detach().clone().requires_grad_(True)
+    tv.roi_align(xt, rois, 3, 1.0, 0, True).backward(grad)
+    got = _input_grad(x, rois, grad)
+    assert got.is_contiguous(memory_format=fmt)
+    assert torch.equal(got, xt.grad)
+    half = _input_grad(x.half(), rois.half().float(), grad.half())
+    assert half.dtype == torch.float16 and half.is_contiguous(memory_format=fmt)
+    assert torch.equal(half, _input_grad(x.half().float(), rois.half().float(), grad.half().float()).half())
+    x64, rois64 = x.double(), _chunk_boxes(g, K, torch.float64)
+    out, am = OPS.roi_align_max(x64, rois64, 1.0, 3, 3, 2, True)
+    grad64 = torch.randn(out.shape, generator=g, dtype=torch.float64)
+    got = OPS._roi_align_max_backward(grad64, am, rois64, 1.0, 3, 3, 2, 3, 24, 30, 2, True, channels_last)
+    parts = [OPS._roi_align_max_backward(grad64[s], am[s], rois64[s], 1.0, 3, 3, 2, 3, 24, 30, 2, True,
+                                         channels_last)
+             for s in (slice(0, K // 3), slice(K // 3, 2 * K // 3), slice(2 * K // 3, K))]
+    torch.testing.assert_close(got, sum(parts), rtol=1e-12, atol=1e-12)
+
+
 def test_max_backward_beyond_the_sample_table_budget():
     """Max-mode backward whose per-sample tables would pass their budget (2^22 entries):
     the boxes past it look their taps up in the axis plans, with the same result."""

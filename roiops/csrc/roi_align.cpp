@@ -1,4 +1,4 @@
-// RoIAlign on the CPU, "avg" and "max" modes (design.md sections 3 and 4).
+// RoIAlign on the CPU, "avg" and "max" modes (docs/semantics.md, "roi_align avg" and "roi_align max").
 //
 // Every box's sampling plan is built once per call, in parallel, and shared by all
 // channels (sampling.h). Work is split into tasks of (image, block of channels), and for
@@ -73,8 +73,8 @@ std::vector<int64_t> batches(const Plans<T>& plans) {
 
 // ---- avg, one box -------------------------------------------------------------------
 
-// Sample values are summed in torchvision's order and arithmetic (design.md sec. 3): per
-// bin, samples in row-major order, each w1*v1 + w2*v2 + w3*v3 + w4*v4, the sum divided by
+// Sample values are summed in torchvision's order and arithmetic (semantics.md "roi_align
+// avg"): per bin, samples in row-major order, each w1*v1 + w2*v2 + w3*v3 + w4*v4, the sum divided by
 // the count; samples outside the map add nothing. float32 results are then torchvision's
 // bit for bit, and a 0-weight tap on an infinite value gives NaN as it does there.
 
@@ -280,7 +280,7 @@ ROIOPS_SIMD void avg_backward_cl(const AlignPlan<T>& p, const G* g, int64_t gH, 
 
 // ---- max, one box -------------------------------------------------------------------
 
-// Design.md sec. 4, each sample in the reference's arithmetic: w1*v1 + w2*v2 + w3*v3 +
+// semantics.md "roi_align max", each sample in the reference's arithmetic: w1*v1 + w2*v2 + w3*v3 +
 // w4*v4 with w1 = hy*hx, w2 = hy*lx, w3 = ly*hx, w4 = ly*lx. The winner is the first
 // largest sample in row-major order; NaN wins, the first NaN first. Inside samples are
 // compared first; the first outside sample (value 0) is then merged by its index.
@@ -547,6 +547,11 @@ bool use_tile(const Plans<T>& plans, const std::vector<int64_t>& boxes, int64_t 
   return rect[0] < rect[1] && tile_pays(rect, area, H, W, cb, sizeof(T));
 }
 
+// Forward and backward run boxes in chunks, each with its own plans: plan memory (of the
+// order of a kilobyte per box, more than the output row of a box with few channels) stays
+// bounded for any K.
+constexpr int64_t kBoxChunk = int64_t(1) << 14;
+
 template <typename scalar_t, bool kMax>
 void forward_impl(const at::Tensor& input, const at::Tensor& rois, double spatial_scale, int64_t ph, int64_t pw,
                   int64_t sampling_ratio, bool aligned, at::Tensor& out, at::Tensor& argmax, int64_t row0) {
@@ -629,13 +634,15 @@ ROIOPS_SIMD void bins_to_cl(const S* src, int64_t sC, int64_t n_, int64_t e0, in
 // argmax are read in place, by all the task's channels at once. NCHW: the band is a
 // channels-last tile of a block of channels, and each box's block of grad (and argmax)
 // is first transposed to channels-last scratch.
-template <typename scalar_t, bool kMax>
+// gi (of scalar type out_t) is fresh or holds the sums of the boxes before rois (row0 on).
+template <typename scalar_t, typename out_t, bool kMax>
 void backward_impl(const at::Tensor& grad, const at::Tensor& argmax, const at::Tensor& rois, double spatial_scale,
-                   int64_t ph, int64_t pw, int64_t sampling_ratio, bool aligned, at::Tensor& gi) {
+                   int64_t ph, int64_t pw, int64_t sampling_ratio, bool aligned, at::Tensor& gi, int64_t row0,
+                   bool fresh) {
   using T = at::opmath_type<scalar_t>;
   const int64_t N = gi.size(0), C = gi.size(1), H = gi.size(2), W = gi.size(3);
   if (gi.numel() == 0) return;
-  const Plans<T> plans = build_plans<T>(rois, spatial_scale, ph, pw, sampling_ratio, aligned, H, W, kMax, kMax, 0);
+  const Plans<T> plans = build_plans<T>(rois, spatial_scale, ph, pw, sampling_ratio, aligned, H, W, kMax, kMax, row0);
   const bool channels_last = is_channels_last(gi);
   std::vector<std::pair<int64_t, int64_t>> spans(plans.size());
   for (size_t k = 0; k < plans.size(); ++k) spans[k] = plans[k].row_span();
@@ -647,7 +654,7 @@ void backward_impl(const at::Tensor& grad, const at::Tensor& argmax, const at::T
 
   Scratch<T> gt, sel;
   Scratch<int32_t> at_buf;
-  for_each_band<T, scalar_t>(split, gi, [&](const BackwardSplit::Task& task, T* acc, int64_t aW) {
+  for_each_band<T, out_t>(split, gi, fresh, [&](const BackwardSplit::Task& task, T* acc, int64_t aW) {
     const int64_t y0 = task.y0, y1 = task.y1, c0 = task.c0, nc = task.nc;
     const std::vector<int64_t>& list = split.bands.boxes[task.band];
     for (size_t q = 0; q < list.size(); ++q) {
@@ -696,9 +703,6 @@ std::tuple<at::Tensor, at::Tensor> forward(const at::Tensor& input_, const at::T
   const auto opts = input.options().memory_format(format_of(channels_last));
   at::Tensor out = empty_output({rois.size(0), input.size(1), ph, pw}, opts);
   at::Tensor argmax = max_mode ? empty_output({rois.size(0), input.size(1), ph, pw}, opts.dtype(at::kInt)) : at::Tensor();
-  // Boxes run in chunks, each with its own plans: plan memory (of the order of a kilobyte
-  // per box, more than the output row of a box with few channels) stays bounded for any K.
-  constexpr int64_t kBoxChunk = int64_t(1) << 14;
   const int64_t K = rois.size(0);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, input.scalar_type(), "roiops_roi_align_forward", [&] {
     for (int64_t k0 = 0; k0 < K; k0 += kBoxChunk) {
@@ -733,11 +737,32 @@ at::Tensor backward(const at::Tensor& grad_, const at::Tensor& argmax_, const at
   // grad and argmax share strides, so one offset serves both.
   const at::Tensor argmax = max_mode ? argmax_.contiguous(format_of(channels_last)) : at::Tensor();
   at::Tensor gi = empty_output({N, C, H, W}, grad.options().memory_format(format_of(channels_last)));
+  const int64_t K = rois.size(0);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, grad.scalar_type(), "roiops_roi_align_backward", [&] {
-    if (max_mode) {
-      backward_impl<scalar_t, true>(grad, argmax, rois, spatial_scale, ph, pw, sampling_ratio, aligned, gi);
+    // Each chunk carries on the sums of the chunks before it (the first one zeroes gi),
+    // adding boxes in the same order as one pass would.
+    auto chunks = [&](auto out_type, at::Tensor& out) {
+      using out_t = decltype(out_type);
+      for (int64_t k0 = 0; k0 == 0 || k0 < K; k0 += kBoxChunk) {
+        const int64_t n = std::min(kBoxChunk, K - k0);
+        const at::Tensor g = grad.narrow(0, k0, n), a = max_mode ? argmax.narrow(0, k0, n) : argmax;
+        const at::Tensor r = rois.narrow(0, k0, n);
+        if (max_mode) {
+          backward_impl<scalar_t, out_t, true>(g, a, r, spatial_scale, ph, pw, sampling_ratio, aligned, out, k0, k0 == 0);
+        } else {
+          backward_impl<scalar_t, out_t, false>(g, a, r, spatial_scale, ph, pw, sampling_ratio, aligned, out, k0, k0 == 0);
+        }
+      }
+    };
+    using T = at::opmath_type<scalar_t>;
+    if (std::is_same_v<T, scalar_t> || K <= kBoxChunk) {
+      chunks(scalar_t{}, gi);
     } else {
-      backward_impl<scalar_t, false>(grad, argmax, rois, spatial_scale, ph, pw, sampling_ratio, aligned, gi);
+      // float16/bfloat16 over several chunks: the sums carry on in T and are rounded once.
+      at::Tensor acc = empty_output(gi.sizes(), gi.options().dtype(c10::CppTypeToScalarType<T>::value)
+                                                    .memory_format(format_of(channels_last)));
+      chunks(T{}, acc);
+      gi.copy_(acc);
     }
   });
   return gi;

@@ -1,4 +1,4 @@
-// RoIPool on the CPU, Caffe and mmdetection conventions (design.md section 5).
+// RoIPool on the CPU, Caffe and mmdetection conventions (docs/semantics.md, "roi_pool").
 //
 // Tasks as in roi_align.cpp: (image, block of channels) for forward, read in place when
 // channels_last and from a channels-last tile of the block when NCHW (per-plane kernels
@@ -303,7 +303,7 @@ void backward_impl(const at::Tensor& grad, const at::Tensor& argmax, const std::
   const int32_t* am_p = argmax.const_data_ptr<int32_t>();
   const int64_t gK = grad.stride(0), gC = grad.stride(1), gH = grad.stride(2), gW = grad.stride(3);
 
-  for_each_band<T, scalar_t>(split, gi, [&](const BackwardSplit::Task& task, T* acc, int64_t aW) {
+  for_each_band<T, scalar_t>(split, gi, /*fresh=*/true, [&](const BackwardSplit::Task& task, T* acc, int64_t aW) {
     const int64_t y0 = task.y0, y1 = task.y1, c0 = task.c0, nc = task.nc;
     const scalar_t* g = grad_p + c0 * gC;
     const int32_t* am = am_p + c0 * gC;

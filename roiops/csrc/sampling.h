@@ -1,5 +1,5 @@
 // Geometry shared by the CPU kernels: box checks, RoIAlign sampling plans, RoIPool bins.
-// Arithmetic follows design.md sections 3-5 in the order torchvision uses, so float32
+// Arithmetic follows docs/semantics.md ("roi_align avg", "roi_align max", "roi_pool") in the order torchvision uses, so float32
 // results agree with it bit for bit where the formulas are the same.
 #pragma once
 
@@ -113,7 +113,7 @@ struct Tap {
   T l, h;
 };
 
-// Design.md sec. 3 border rule along one axis; false for a point with value 0.
+// semantics.md "roi_align avg" border rule along one axis; false for a point with value 0.
 template <typename T>
 inline bool make_tap(T v, int64_t size, Tap<T>& t) {
   if (!(v >= T(-1) && v <= static_cast<T>(size))) return false;  // NaN too
@@ -375,7 +375,7 @@ struct PoolPlan {
   }
 };
 
-// The running maximum of design.md (strictly greater wins, the first NaN wins) with
+// The running maximum of docs/semantics.md (strictly greater wins, the first NaN wins) with
 // positions: does candidate (v, a) come before (best, idx) in row-major order of the first
 // maximum? idx < 0: nothing yet. Vectorised loops spell out the same rule branch-free.
 template <typename T>
@@ -669,26 +669,29 @@ struct BackwardSplit {
   int64_t C_, H_;
 };
 
-// Runs body(task, acc, aW) for every task of `split` on all threads, with the task's zeroed
+// Runs body(task, acc, aW) for every task of `split` on all threads, with the task's
 // accumulator: cell (y, x) of its band, channel c0 + c, at acc + ((y - y0) * W + x) * aW + c.
+// fresh: grad_input (gi, N x C x H x W) holds nothing yet and every task starts from zero;
+// otherwise gi holds the sums of earlier boxes, which tasks with boxes carry on from.
 // A channels-last float/double gradient accumulates in place; otherwise in a tile of the
-// opmath type T, written to grad_input (gi, N x C x H x W) afterwards.
+// opmath type T, written to gi afterwards.
 template <typename T, typename scalar_t, typename F>
-void for_each_band(const BackwardSplit& split, at::Tensor& gi, const F& body) {
+void for_each_band(const BackwardSplit& split, at::Tensor& gi, bool fresh, const F& body) {
   const bool channels_last = is_channels_last(gi);
   const int64_t W = gi.size(3), sN = gi.stride(0), sC = gi.stride(1), sH = gi.stride(2), sW = gi.stride(3);
   scalar_t* out = gi.data_ptr<scalar_t>();
   Scratch<T> tile;
   parallel_tasks(split.tasks(), [&](int64_t t) {
     const BackwardSplit::Task task = split.task(t);
-    const int64_t cells = task.cells(W), nc = task.nc;
+    if (!fresh && split.bands.boxes[task.band].empty()) return;
+    const int64_t cells = task.cells(W), nc = task.nc, rows = task.y1 - task.y0;
     scalar_t* img = out + task.n * sN + task.c0 * sC;
     if constexpr (std::is_same_v<scalar_t, T>) {
       if (channels_last) {
         T* acc = img + task.y0 * sH;
-        if (nc == sW) {
+        if (fresh && nc == sW) {
           std::fill_n(acc, cells * nc, T(0));
-        } else {
+        } else if (fresh) {
           for (int64_t e = 0; e < cells; ++e) std::fill_n(acc + e * sW, nc, T(0));
         }
         body(task, acc, sW);
@@ -696,7 +699,13 @@ void for_each_band(const BackwardSplit& split, at::Tensor& gi, const F& body) {
       }
     }
     T* acc = tile.get(cells * nc);
-    std::fill_n(acc, cells * nc, T(0));
+    if (fresh) {
+      std::fill_n(acc, cells * nc, T(0));
+    } else if (channels_last) {
+      cells_to_tile(img + task.y0 * sH, sH, sW, W, nc, 0, rows, 0, W, acc);
+    } else {
+      planes_to_tile(img + task.y0 * W, sC, W, nc, 0, rows, 0, W, acc);
+    }
     body(task, acc, nc);
     if (channels_last) {
       tile_to_cells(acc, nc, cells, img + task.y0 * sH, sW);
