@@ -18,7 +18,14 @@ TOOLS  := pytest==9.2.0 hypothesis==6.170.15 matplotlib==3.11.2 numpy==2.4.6 myp
 VENV_T36 := .venv-triton36
 PINS_T36 := torch==2.13.0 triton==3.6.0 pytest==9.2.0
 
-.PHONY: demo test test-triton36 build bench gpu-check clean
+# A third environment with the oldest torch the package supports (pyproject.toml), where
+# the whole suite runs again against roiops installed from a copy of the sources (the
+# checkout's in-place build belongs to .venv), from outside the checkout so that Python
+# finds that install. torchvision: the release built for that torch.
+VENV_OLD := .venv-oldest
+PINS_OLD := torch==2.6.0 torchvision==0.21.0
+
+.PHONY: demo test test-triton36 test-oldest build bench gpu-check clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -37,9 +44,10 @@ build: $(VENV)/.built
 demo: build
 	$(BIN)/roiops demo
 
-test: build $(VENV_T36)/.deps
+test: build $(VENV_T36)/.deps $(VENV_OLD)/.built
 	$(BIN)/python -m pytest -q
 	$(MAKE) --no-print-directory test-triton36
+	$(MAKE) --no-print-directory test-oldest
 
 $(VENV_T36)/bin/python:
 	$(PYTHON) -m venv $(VENV_T36)
@@ -51,6 +59,24 @@ $(VENV_T36)/.deps: $(VENV_T36)/bin/python Makefile
 test-triton36: $(VENV_T36)/.deps
 	$(VENV_T36)/bin/python -m pytest -q tests/test_ptx.py
 
+$(VENV_OLD)/bin/python:
+	$(PYTHON) -m venv $(VENV_OLD)
+
+$(VENV_OLD)/.deps: $(VENV_OLD)/bin/python Makefile
+	$(VENV_OLD)/bin/python -m pip install -q --upgrade pip setuptools wheel ninja
+	$(VENV_OLD)/bin/python -m pip install -q $(PINS_OLD) $(TOOLS)
+	touch $@
+
+$(VENV_OLD)/.built: $(VENV_OLD)/.deps setup.py pyproject.toml build_backend.py $(wildcard roiops/*.py roiops/*/*.py roiops/csrc/*)
+	rm -rf $(VENV_OLD)/src && mkdir -p $(VENV_OLD)/src
+	git ls-files -co --exclude-standard roiops setup.py pyproject.toml build_backend.py MANIFEST.in README.md \
+		| tar --ignore-failed-read -cf - -T - 2>/dev/null | tar -xf - -C $(VENV_OLD)/src
+	cd $(VENV_OLD)/src && ../bin/python -m pip install -q --no-build-isolation --no-deps .
+	touch $@
+
+test-oldest: $(VENV_OLD)/.built
+	cd $(VENV_OLD) && bin/python -m pytest -q -p no:cacheprovider --rootdir=$(CURDIR) $(CURDIR)/tests
+
 bench: build
 	$(BIN)/roiops bench
 
@@ -59,4 +85,4 @@ gpu-check:
 	bash benchmarks/gpu_check.sh
 
 clean:
-	rm -rf build *.egg-info roiops/_C*.so $(VENV)/.built
+	rm -rf build *.egg-info roiops/_C*.so roiops/_build_info.py $(VENV)/.built $(VENV_OLD)/.built

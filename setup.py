@@ -8,6 +8,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import torch
 from setuptools import setup
 from torch.utils.cpp_extension import BuildExtension, CppExtension
 
@@ -51,6 +52,16 @@ class BuildExt(BuildExtension):
             if problems:
                 raise RuntimeError(f"{ext.name} must link libstdc++ dynamically (as torch does): "
                                    + "; ".join(problems))
+
+    def run(self):
+        super().run()
+        # Beside the extension, where it ended up (the wheel's tree, or the sources for an
+        # editable install): roiops compares it with the running torch before loading _C.
+        info = Path(self.get_ext_fullpath("roiops._C")).parent / "_build_info.py"
+        info.write_text('"""Written by setup.py: what the C++ kernels were built against."""\n'
+                        f"TORCH_VERSION = {torch.__version__!r}\n"
+                        f"SOURCE = {str(Path.cwd().resolve())!r}\n"
+                        f"EDITABLE = {bool(self.inplace)!r}\n")
 
 
 setup(

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
 import importlib
 import os
 from collections.abc import Iterator
@@ -13,7 +14,7 @@ from types import ModuleType
 import torch
 
 BACKENDS = ("cpu", "triton", "reference")
-_MODULES = {"cpu": "roiops._C", "triton": "roiops.triton", "reference": "roiops.reference"}
+_MODULES = {"triton": "roiops.triton", "reference": "roiops.reference"}
 
 
 class _Entry:
@@ -81,6 +82,41 @@ def select(device: torch.device) -> str:
     return name
 
 
+def _release(version: str) -> str:
+    return version.split("+")[0]  # 2.14.1+cu128 and 2.14.1+cpu share one C++ ABI
+
+
+def _rebuild_hint(info: ModuleType | None) -> str:
+    source = getattr(info, "SOURCE", None)
+    if source and os.path.isdir(source):
+        editable = "-e " if getattr(info, "EDITABLE", False) else ""
+        return f"pip install --no-build-isolation --no-deps --force-reinstall {editable}{source}"
+    return "pip install --no-build-isolation --no-deps --force-reinstall <roiops source directory>"
+
+
+@functools.cache
+def _cpu_kernels() -> ModuleType:
+    """roiops._C, once it is known to be built for the running torch: a build for another
+    torch fails late and obscurely (undefined symbols, or C++ errors that lose their Python
+    exception type)."""
+    try:
+        info: ModuleType | None = importlib.import_module("roiops._build_info")
+    except ImportError:
+        info = None  # a build by other means: nothing to compare
+    built = getattr(info, "TORCH_VERSION", None)
+    if built is not None and _release(built) != _release(torch.__version__):
+        raise ImportError(f"roiops: its C++ kernels were built against torch {built}, but torch "
+                          f"{torch.__version__} is running; rebuild them for this torch: {_rebuild_hint(info)}")
+    try:
+        return importlib.import_module("roiops._C")
+    except ImportError as e:
+        raise ImportError(f"roiops: its C++ kernels cannot be loaded ({e}); build them for the running torch "
+                          f"{torch.__version__}: {_rebuild_hint(info)}") from e
+
+
 def kernels(device: torch.device) -> ModuleType:
     """The module holding the six kernel-contract functions for this call."""
-    return importlib.import_module(_MODULES[select(device)])
+    name = select(device)
+    if name == "cpu":
+        return _cpu_kernels()
+    return importlib.import_module(_MODULES[name])

@@ -9,6 +9,7 @@ orders are the kernel contract of docs/architecture.md.
 from __future__ import annotations
 
 from contextlib import nullcontext
+from typing import List  # noqa: UP035  (schema inference before torch 2.7 knows no list[...])
 
 import torch
 from torch import Tensor
@@ -223,7 +224,7 @@ def _levels_backward(kernels, grad, rois, levels, spatial_scales, ph, pw, batch_
 
 @torch.library.custom_op("roiops::multi_scale_roi_align", mutates_args=())
 def multi_scale_roi_align(
-    inputs: list[Tensor], rois: Tensor, levels: Tensor, spatial_scales: list[float], pooled_height: int,
+    inputs: List[Tensor], rois: Tensor, levels: Tensor, spatial_scales: List[float], pooled_height: int,
     pooled_width: int, sampling_ratio: int, aligned: bool,
 ) -> Tensor:
     kernels = _backend.kernels(rois.device)
@@ -236,10 +237,10 @@ def multi_scale_roi_align(
 
 @torch.library.custom_op("roiops::_multi_scale_roi_align_backward", mutates_args=())
 def _multi_scale_roi_align_backward(
-    grad: Tensor, rois: Tensor, levels: Tensor, spatial_scales: list[float], pooled_height: int, pooled_width: int,
-    batch_size: int, channels: int, heights: list[int], widths: list[int], sampling_ratio: int, aligned: bool,
+    grad: Tensor, rois: Tensor, levels: Tensor, spatial_scales: List[float], pooled_height: int, pooled_width: int,
+    batch_size: int, channels: int, heights: List[int], widths: List[int], sampling_ratio: int, aligned: bool,
     channels_last: bool,
-) -> list[Tensor]:
+) -> List[Tensor]:
     kernels = _backend.kernels(grad.device)
     args = (grad, rois, levels, spatial_scales, pooled_height, pooled_width, batch_size, channels, heights, widths,
             sampling_ratio, aligned, channels_last)

@@ -128,7 +128,8 @@ def rois(input: Tensor, boxes: BoxesType, scale: float,
         for i, b in enumerate(boxes):
             _box_tensor(b, input, 4, f"boxes[{i}]")
         if boxes:
-            parts = [torch.cat([torch.full_like(b[:, :1], i, dtype=coord_type), b.to(coord_type)], dim=1)
+            # narrow, not b[:, :1]: torch 2.6's export would guard the box count against 2^63 - 1
+            parts = [torch.cat([torch.full_like(b.narrow(1, 0, 1), i, dtype=coord_type), b.to(coord_type)], dim=1)
                      for i, b in enumerate(boxes)]
             out = torch.cat(parts, dim=0)
         else:

@@ -15,7 +15,8 @@ import triton
 import triton.language as tl
 
 import roiops
-import roiops.triton as rt
+# Skipped, with the reason, where Triton is older than roiops supports (torch < 2.11).
+rt = pytest.importorskip("roiops.triton", exc_type=ImportError)
 from boxes import nasty_boxes, random_boxes
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
