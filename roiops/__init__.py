@@ -5,7 +5,10 @@ Public API: :func:`roi_align`, :func:`roi_pool`, :func:`multi_scale_roi_align`, 
 :mod:`roiops.reference` (the pure-PyTorch oracle). Semantics: docs/semantics.md.
 """
 
-from . import config
+import importlib
+from types import ModuleType
+
+from . import _onnx_hook, config
 from ._backend import use_backend
 from .functional import fpn_levels, multi_scale_roi_align, roi_align, roi_pool
 from .modules import RoIAlign, RoIPool
@@ -13,3 +16,18 @@ from .modules import RoIAlign, RoIPool
 __all__ = ["RoIAlign", "RoIPool", "config", "fpn_levels", "multi_scale_roi_align", "roi_align", "roi_pool",
            "use_backend"]
 __version__ = "0.1.0"
+
+_onnx_hook.install()
+
+# Loaded on first attribute access, so that `import roiops` does not pay for them.
+_LAZY = ("compat", "onnx", "reference")
+
+
+def __getattr__(name: str) -> ModuleType:
+    if name in _LAZY:
+        return importlib.import_module(f"{__name__}.{name}")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})

@@ -1,11 +1,14 @@
 """ONNX export of the roiops ops with torch.onnx's dynamo exporter (ONNX opset >= 16).
 
-Either::
+Once ``roiops`` is imported, a plain ``torch.onnx.export(model, args, dynamo=True)``
+translates the roiops ops: roiops adds the default translations below to the exporter's
+own when torch loads its exporter (checked with torch 2.6 and 2.14). To choose other
+translations, or if a newer torch warns that roiops could not add them, either::
 
     program = roiops.onnx.export(model, (images, boxes), dynamic_shapes=...)
     program.save("model.onnx")
 
-or pass the translations to torch.onnx yourself::
+or pass them to torch.onnx yourself (yours for the same ops take precedence over ours)::
 
     torch.onnx.export(model, args, dynamo=True,
                       custom_translation_table=roiops.onnx.translation_table())
@@ -42,7 +45,9 @@ inputs are computed in float32 and cast back, which is what roiops' kernels do.
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Callable, Mapping
+from types import ModuleType
 from typing import Any, Literal
 
 import numpy as np
@@ -116,12 +121,49 @@ def export(
                          f"coordinate_transformation_mode), got opset_version={opset_version}")
     if kwargs.pop("dynamo", True) is not True:
         raise ValueError("roiops ops export only with the dynamo exporter (dynamo=True)")
-    table = translation_table(align_avg=align_avg)
+    table: dict[Callable[..., Any], Any] = translation_table(align_avg=align_avg)  # torch types the values variously
     table.update(custom_translation_table or {})
     program = torch.onnx.export(model, args, f, dynamo=True, opset_version=opset_version,
                                 custom_translation_table=table, **kwargs)
     assert program is not None  # always returned by the dynamo exporter
     return program
+
+
+_NOT_AUTOMATIC = (
+    f"roiops could not add its ONNX translations to torch.onnx.export's defaults (torch {torch.__version__}): "
+    "to export a model using roiops ops, call roiops.onnx.export(...) or pass "
+    "custom_translation_table=roiops.onnx.translation_table() to torch.onnx.export")
+
+
+def _extend_default_registry(registration: ModuleType) -> None:
+    """Makes every ``torch.onnx.export(..., dynamo=True)`` translate the roiops ops.
+
+    Called with ``torch.onnx._internal.exporter._registration`` once torch has loaded it
+    (roiops/_onnx_hook.py waits for that, so ``import roiops`` imports no ONNX code).
+    torch.onnx has no public way to extend its default translations. Each export builds its
+    registry with the private ``ONNXRegistry.from_torchlib`` (torch 2.6 to 2.14), then adds
+    the ``custom_translation_table`` entries with ``register_op``, each ahead of those
+    before it; wrapping the former to add ours with the latter keeps a user's own
+    translation of a roiops op first. If torch moves either, exports go on without ours and
+    a warning names the explicit routes.
+    """
+    try:
+        registry_cls = registration.ONNXRegistry
+        build = vars(registry_cls)["from_torchlib"].__func__
+    except (AttributeError, KeyError):
+        warnings.warn(_NOT_AUTOMATIC, stacklevel=2)
+        return
+
+    def from_torchlib(cls: type, *args: Any, **kwargs: Any) -> Any:
+        registry = build(cls, *args, **kwargs)
+        try:
+            for target, translation in translation_table().items():
+                registry.register_op(target, translation)
+        except Exception:  # a change in torch's registry must not break exports of other models
+            warnings.warn(_NOT_AUTOMATIC, stacklevel=2)
+        return registry
+
+    registry_cls.from_torchlib = classmethod(from_torchlib)
 
 
 # ---- small graph helpers -----------------------------------------------------------------
@@ -213,7 +255,7 @@ def _roi_align_native(
 
 
 class _Taps:
-    """Bilinear taps of one box axis (design.md sec. 3), each ``[K, pooled, G]``."""
+    """Bilinear taps of one box axis (semantics.md "roi_align avg"), each ``[K, pooled, G]``."""
 
     def __init__(self, start: ir.Value, bin_size: ir.Value, grid: ir.Value, big_grid: ir.Value,
                  adaptive: bool, pooled: int, size: ir.Value, t: ir.DataType) -> None:

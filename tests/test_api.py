@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import textwrap
+
 import pytest
 import torch
 
@@ -115,3 +119,23 @@ def test_other_devices_fall_back_to_reference():
     from roiops import _backend
     assert _backend.select(torch.device("meta")) == "reference"
     assert _backend.select(torch.device("cpu")) == "cpu"
+
+
+def test_subpackages_load_on_first_attribute_access():
+    code = textwrap.dedent("""
+        import sys, roiops
+        lazy = ("roiops.compat", "roiops.compat.torchvision", "roiops.onnx", "roiops.reference")
+        assert not any(m in sys.modules for m in lazy), [m for m in lazy if m in sys.modules]
+        assert roiops.compat.torchvision.MultiScaleRoIAlign.__module__ == "roiops.compat.torchvision"
+        assert callable(roiops.compat.mmcv.roi_align) and callable(roiops.onnx.translation_table)
+        assert callable(roiops.reference.roi_align_forward)
+        assert {"compat", "onnx", "reference"} <= set(dir(roiops)) and "detectron2" in dir(roiops.compat)
+        for owner, name in ((roiops, "nope"), (roiops.compat, "nope")):
+            try:
+                getattr(owner, name)
+            except AttributeError as e:
+                assert repr(name) in str(e)
+            else:
+                raise AssertionError(name)
+    """)
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)

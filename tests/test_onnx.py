@@ -5,6 +5,10 @@ Exports are slow (seconds each), so each fixture exports one model holding many 
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import types
+
 import numpy as np
 import pytest
 import torch
@@ -12,6 +16,7 @@ from torch.export import Dim
 
 import roiops
 from boxes import nasty_boxes, random_boxes
+from roiops.compat import torchvision as tv
 
 onnx = pytest.importorskip("onnx")
 ort = pytest.importorskip("onnxruntime")
@@ -201,3 +206,69 @@ def test_translation_table_with_torch_onnx_export():
     session = ort.InferenceSession(program.model_proto.SerializeToString(), providers=["CPUExecutionProvider"])
     (got,) = session.run(None, {"x": x.numpy(), "boxes": boxes.numpy()})
     _same(got, One()(x, boxes), exact=True, what="roi_pool")
+
+
+class _Detector(torch.nn.Module):
+    """A user's model: torchvision's RoI layers (through roiops.compat) and roiops' API."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.align = tv.RoIAlign(OUT, SCALE, sampling_ratio=2, aligned=True)
+        self.pool = tv.RoIPool(OUT, SCALE)
+
+    def forward(self, x: torch.Tensor, boxes: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return (self.align(x, boxes), roiops.roi_align(x, boxes, OUT, SCALE, 0, True), self.pool(x, boxes),
+                roiops.roi_align(x, boxes, OUT, SCALE, 0, True, mode="max"),
+                roiops.roi_pool(x, boxes, OUT, SCALE, convention="mmdet"))
+
+
+def _session(program):
+    return ort.InferenceSession(program.model_proto.SerializeToString(), providers=["CPUExecutionProvider"])
+
+
+def test_plain_torch_onnx_export():
+    # No custom_translation_table: importing roiops is enough. The example boxes are the
+    # test boxes, so their count (static without dynamic_shapes) fits.
+    boxes = _test_boxes()
+    program = torch.onnx.export(_Detector().eval(), (_inputs()["randn"], boxes), dynamo=True)
+    session = _session(program)
+    assert len([n for n in program.model_proto.graph.node if n.op_type == "RoiAlign"]) == 2
+    for x in _inputs().values():
+        _compare(session, _Detector(), x, boxes, exact_from=2)
+
+
+def test_own_translations_come_first_and_ours_fill_in():
+    class AvgAndPool(torch.nn.Module):
+        def forward(self, x: torch.Tensor, boxes: torch.Tensor) -> tuple[torch.Tensor, ...]:
+            return roiops.roi_align(x, boxes, OUT, SCALE, 0, True), roiops.roi_pool(x, boxes, OUT, SCALE)
+
+    align = torch.ops.roiops.roi_align.default
+    own = {align: roiops_onnx.translation_table(align_avg="decompose")[align]}  # roi_pool left to ours
+    boxes = _test_boxes()
+    program = torch.onnx.export(AvgAndPool().eval(), (_inputs()["randn"], boxes), dynamo=True,
+                                custom_translation_table=own)
+    assert not [n for n in program.model_proto.graph.node if n.op_type == "RoiAlign"]
+    _compare(_session(program), AvgAndPool(), _inputs()["nan"], boxes, exact_from=0)
+
+
+def test_where_torch_moved_its_registry_a_warning_names_the_explicit_routes():
+    match = r"roiops\.onnx\.export.*custom_translation_table=roiops\.onnx\.translation_table\(\)"
+    with pytest.warns(UserWarning, match=match):
+        roiops_onnx._extend_default_registry(types.ModuleType("no_registry"))
+
+    class Registry:  # from_torchlib still there, register_op gone
+        @classmethod
+        def from_torchlib(cls) -> Registry:
+            return cls()
+
+    moved = types.ModuleType("moved_register_op")
+    moved.ONNXRegistry = Registry
+    roiops_onnx._extend_default_registry(moved)
+    with pytest.warns(UserWarning, match=match):
+        assert isinstance(Registry.from_torchlib(), Registry)  # exports go on, without ours
+
+
+def test_import_roiops_loads_no_onnx_code():
+    code = ("import sys, roiops; loaded = [m for m in sys.modules if m.split('.')[0] in ('onnx', 'onnxscript', "
+            "'onnx_ir') or m.startswith(('torch.onnx', 'roiops.onnx'))]; assert not loaded, loaded")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)

@@ -19,10 +19,23 @@ defaults, box format) and reproduces its numbers on top of roiops:
 - ``roiops.compat.mmcv``: ``RoIAlign``, ``RoIPool``, ``roi_align``, ``roi_pool`` of
   ``mmcv.ops`` (RoIPool in mmcv's continuous convention).
 
-The modules are imported on demand (``from roiops.compat import mmdet``) so that
-importing roiops does not pay for them. ``docs/porting.md`` lists, per system,
+The modules are imported on first use (``roiops.compat.mmdet``, or
+``from roiops.compat import mmdet``) so that importing roiops does not pay for them. ``docs/porting.md`` lists, per system,
 the old import, the new one and every behavioural difference.
 """
 
+import importlib
+from types import ModuleType
+
 __all__ = ["detectron2", "faster_rcnn_pytorch", "maskrcnn_benchmark", "mmcv", "mmdet", "simple_faster_rcnn",
            "torchvision"]
+
+
+def __getattr__(name: str) -> ModuleType:
+    if name in __all__:
+        return importlib.import_module(f"{__name__}.{name}")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})
