@@ -6,18 +6,36 @@ import argparse
 import sys
 
 
+def package_version() -> str:
+    """The installed distribution's version; ``roiops.__version__`` when run from a tree
+    that was never installed."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("roiops")
+    except PackageNotFoundError:
+        import roiops
+
+        return roiops.__version__
+
+
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
     parser = argparse.ArgumentParser(
         prog="roiops", description="RoIAlign and RoIPool for PyTorch.",
         epilog="Run 'roiops COMMAND --help' for a command's options.")
+    parser.add_argument("--version", action="version", version=f"roiops {package_version()}")
     parser.add_argument("command", choices=["demo", "explain", "bench"],
                         help="demo: show what RoIPool quantises and RoIAlign keeps (writes a PNG); "
-                             "explain: the same picture for your own box; bench: roiops vs torchvision speed")
-    args = parser.parse_args(argv[:1])
-    rest = argv[1:]
+                             "explain: the same for a box you give (--box); "
+                             "bench: roiops vs torchvision speed on the CPU")
+    # everything after the command is the command's to parse, --help included
+    parser.add_argument("options", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+    try:
+        args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    except SystemExit as e:  # argparse: --help/--version (0) or a usage error (2), already printed
+        return e.code if isinstance(e.code, int) else 2
     if args.command in ("demo", "explain"):
         from . import demo
-        return demo.main(rest, prog=f"roiops {args.command}")
+        return demo.main(args.options, command=args.command)
     from . import bench
-    return bench.main(rest)
+    return bench.main(args.options)

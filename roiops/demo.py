@@ -4,7 +4,8 @@ On a real photograph turned into a stride-S feature map (each cell the average c
 an S x S block, so the true value of any box is known exactly), one proposal is pooled
 with ``roiops.roi_pool`` and ``roiops.roi_align``. The numbers that tell the story are
 printed, and a PNG shows the grid, the proposal, RoIPool's snapped bins, RoIAlign's bins
-with their sample points, and both outputs beside the exact bin averages.
+with their sample points, and the outputs beside the exact bin averages: RoIPool's, its
+snapped windows averaged (snapping without the max) and RoIAlign's.
 
 The default example is the classic one: an 800 x 800 image, a stride-32 backbone (a
 25 x 25 map), a 665 x 665 proposal, 7 x 7 output, 2 x 2 samples per bin.
@@ -17,12 +18,19 @@ import math
 import sys
 import textwrap
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 import roiops
+
+if TYPE_CHECKING:  # matplotlib is optional: imported only to draw
+    from matplotlib.artist import Artist
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
+    from matplotlib.gridspec import SubplotSpec
 
 IMAGE_SIZE = 800
 DEFAULT_BOX = (70.0, 40.0, 735.0, 705.0)
@@ -32,15 +40,24 @@ MAX_DRAWN_POINTS = 20000
 
 # ----------------------------------------------------------------------------- arguments
 
-def build_parser(prog: str = "roiops demo") -> argparse.ArgumentParser:
+def build_parser(command: str = "demo") -> argparse.ArgumentParser:
+    """``demo``: the classic example, any option may change it; ``explain``: the box is
+    required, and the picture goes to its own file so that the demo's is kept."""
+    explain = command == "explain"
     p = argparse.ArgumentParser(
-        prog=prog,
-        description="Show, in numbers and a picture, how RoIPool and RoIAlign pool one box "
-                    f"of an {IMAGE_SIZE}x{IMAGE_SIZE}-px image into a fixed grid of bins.")
-    p.add_argument("--box", nargs=4, type=float, metavar=("X1", "Y1", "X2", "Y2"),
-                   default=DEFAULT_BOX,
-                   help="proposal in image pixels, 0 <= x1 < x2 <= %d, same for y "
-                        "(default: %s, 665 x 665 px)" % (IMAGE_SIZE, " ".join(f"{v:g}" for v in DEFAULT_BOX)))
+        prog=f"roiops {command}",
+        description=f"Show, in numbers and a picture, how RoIPool and RoIAlign pool "
+                    f"{'the box you give' if explain else 'one box'} of an {IMAGE_SIZE}x{IMAGE_SIZE}-px "
+                    "image into a fixed grid of bins.")
+    box_help = f"proposal in image pixels, 0 <= x1 < x2 <= {IMAGE_SIZE}, same for y"
+    if explain:
+        p.add_argument("--box", nargs=4, type=float, metavar=("X1", "Y1", "X2", "Y2"), required=True,
+                       help=f"{box_help} (required)")
+    else:
+        p.add_argument("--box", nargs=4, type=float, metavar=("X1", "Y1", "X2", "Y2"),
+                       default=DEFAULT_BOX,
+                       help=f"{box_help} (default: {' '.join(f'{v:g}' for v in DEFAULT_BOX)}, "
+                            "665 x 665 px)")
     p.add_argument("--stride", type=int, default=32, metavar="S",
                    help="backbone stride: image pixels per feature-map cell (default 32: a 25x25 map)")
     p.add_argument("--output-size", type=int, default=7, metavar="P",
@@ -51,8 +68,8 @@ def build_parser(prog: str = "roiops demo") -> argparse.ArgumentParser:
     p.add_argument("--aligned", action="store_true",
                    help="RoIAlign with aligned=True (detectron2): shift by half a cell so that a "
                         "cell's value sits at the cell's centre")
-    p.add_argument("--out", default="roiops_demo.png", metavar="FILE.png",
-                   help="where to write the picture (default roiops_demo.png)")
+    p.add_argument("--out", default=f"roiops_{command}.png", metavar="FILE.png",
+                   help=f"where to write the picture (default roiops_{command}.png)")
     p.add_argument("--no-png", action="store_true", help="print the numbers only")
     return p
 
@@ -168,6 +185,11 @@ class Axis:
         return self.cells if self.aligned else max(self.cells, 1.0)
 
     @property
+    def stretched(self) -> bool:
+        """aligned=False (the legacy RoIAlign) widens a box side under 1 cell to 1 cell."""
+        return self.align_cells > self.cells
+
+    @property
     def grid(self) -> int:
         if self.sampling_ratio > 0:
             return self.sampling_ratio
@@ -175,6 +197,15 @@ class Axis:
 
     def exact_edges(self) -> list[tuple[float, float]]:
         return [(self.lo + j * self.bin_px, self.lo + (j + 1) * self.bin_px) for j in range(self.bins)]
+
+    @property
+    def align_bin_px(self) -> float:
+        return self.align_cells * self.stride / self.bins
+
+    def align_edges(self) -> list[tuple[float, float]]:
+        """RoIAlign's bins in image pixels: the exact ones unless the box side was stretched."""
+        step = self.align_bin_px
+        return [(self.lo + j * step, self.lo + (j + 1) * step) for j in range(self.bins)]
 
     def pool_edge_errors(self) -> list[float]:
         """Image-pixel distance of each RoIPool window edge from the exact bin edge."""
@@ -260,16 +291,17 @@ def story(r: Result) -> str:
         "",
         f"On the feature map the proposal runs from x = {x1 / s:.2f} to {x2 / s:.2f} "
         f"({x1:g}/{s} to {x2:g}/{s}) and y = {y1 / s:.2f} to {y2 / s:.2f}:",
-        f"  it covers {x2 - x1:g}/{s} = {x.cells:.2f} cells across and {y.cells:.2f} cells down;",
-        f"  an exact bin is {x.cells:.2f}/{p} = {x.cells / p:.2f} cells = {x.bin_px:.1f} px across "
-        f"(and {y.cells / p:.2f} cells = {y.bin_px:.1f} px down).",
+        f"  it covers {x2 - x1:g}/{s} = {_fmt_cells(x.cells)} cells across and "
+        f"{_fmt_cells(y.cells)} cells down;",
+        f"  an exact bin is {_fmt_cells(x.cells)}/{p} = {_fmt_cells(x.cells / p)} cells = "
+        f"{x.bin_px:.1f} px across (and {_fmt_cells(y.cells / p)} cells = {y.bin_px:.1f} px down).",
         "",
         "RoIPool (Fast R-CNN, torchvision.ops.roi_pool) works in whole cells:",
         f"  it rounds the corners to the nearest cell: x {x1 / s:.2f} -> {xr[0]}, {x2 / s:.2f} -> {xr[1]}; "
         f"y {y1 / s:.2f} -> {yr[0]}, {y2 / s:.2f} -> {yr[1]};",
         f"  and counts both end cells: {xr[1]} - {xr[0]} + 1 = {_cells(x.pool_cells)} across, "
         f"{yr[1]} - {yr[0]} + 1 = {_cells(y.pool_cells)} down",
-        f"  (often quoted instead: floor({x.cells:.2f}) = {math.floor(x.cells)} cells, bins of "
+        f"  (often quoted instead: floor({_fmt_cells(x.cells)}) = {math.floor(x.cells)} cells, bins of "
         f"floor({math.floor(x.cells)}/{p}) = {math.floor(x.cells) // p}; not what the code does);",
         f"  bins of {x.pool_cells}/{p} = {x.pool_cells / p:.2f} x {y.pool_cells}/{p} = "
         f"{y.pool_cells / p:.2f} cells, widened to whole cells (floor of start, ceil of end):",
@@ -280,21 +312,31 @@ def story(r: Result) -> str:
         "",
         f"RoIAlign (Mask R-CNN, aligned={aligned}, sampling_ratio={x.sampling_ratio}"
         f"{'' if x.sampling_ratio > 0 else ': adaptive, ceil(bin size)'}) never rounds:",
-        f"  it keeps {x.align_cells:.2f} x {y.align_cells:.2f} cells and bins of "
-        f"{x.align_cells / p:.2f} x {y.align_cells / p:.2f} cells;",
-        f"  it samples {y.grid} x {x.grid} points per bin ({p * p * x.grid * y.grid} in all), each "
-        "interpolated from the 4 nearest cells;",
     ]
-    if not aligned and (x.cells < 1 or y.cells < 1):
-        lines.append("  (aligned=False stretches a box under 1 cell to 1 cell, which moves its bins)")
+    far_edges = [edge for edge, a in (("right", x), ("bottom", y)) if a.stretched]
+    if far_edges:
+        lines.append(
+            f"  it keeps a box's size only from 1 cell up: aligned=False stretches "
+            f"{_fmt_cells(x.cells)} x {_fmt_cells(y.cells)} cells to {_fmt_cells(x.align_cells)} x "
+            f"{_fmt_cells(y.align_cells)} cells, so its bins are {_fmt_cells(x.align_cells / p)} x "
+            f"{_fmt_cells(y.align_cells / p)} cells ({x.align_bin_px:.1f} x {y.align_bin_px:.1f} px "
+            f"instead of {x.bin_px:.1f} x {y.bin_px:.1f} px) and reach past the box's "
+            f"{' and '.join(far_edges)} edge{'s' * (len(far_edges) > 1)};")
+    else:
+        lines.append(f"  it keeps {_fmt_cells(x.align_cells)} x {_fmt_cells(y.align_cells)} cells and "
+                     f"bins of {_fmt_cells(x.align_cells / p)} x {_fmt_cells(y.align_cells / p)} cells;")
+    lines.append(f"  it samples {x.grid} x {y.grid} points per bin ({p * p * x.grid * y.grid} in all), "
+                 "each interpolated from the 4 nearest cells;")
+    shift = (f"aligned=False places the value of cell k at pixel {s}k while the cell describes pixels "
+             f"{s}k to {s}k+{s} (centre {s}k+{s / 2:g}): every sample reads {s / 2:g} px right of and "
+             "below its spot.")
     if aligned:
         lines.append("  with aligned=True it shifts the box by half a cell, so a cell's value sits at "
                      f"the cell's centre ({s}k+{s / 2:g}): its bins miss the exact ones by 0 px.")
+    elif far_edges:
+        lines.append(f"  and {shift} --aligned removes both the stretch and this half-cell shift.")
     else:
-        lines.append(f"  its bins are exact, but aligned=False places the value of cell k at pixel {s}k "
-                     f"while the cell describes pixels {s}k to {s}k+{s} (centre {s}k+{s / 2:g}): every "
-                     f"sample reads {s / 2:g} px right of and below its spot. --aligned removes this "
-                     "half-cell shift.")
+        lines.append(f"  its bins are exact, but {shift} --aligned removes this half-cell shift.")
     pool_e, align_e = _err(r.pool, r.exact), _err(r.align, r.exact)
     lines += [
         "",
@@ -315,6 +357,17 @@ def _wrap(line: str, width: int = 100) -> str:
     indent = line[:len(line) - len(body)]
     return textwrap.fill(body, width, initial_indent=indent, subsequent_indent=indent + "    ",
                          break_long_words=False, break_on_hyphens=False) or line
+
+
+def _fmt_cells(cells: float) -> str:
+    """A length in cells: 2 decimals, or 2 significant digits under 0.1 so that the bins of a
+    tiny box do not read as 0 cells."""
+    return f"{cells:.2f}" if cells == 0 or cells >= 0.1 else f"{cells:.2g}"
+
+
+def _fmt_px(px: float) -> str:
+    """A length in pixels for the picture: whole pixels, or 2 significant digits under 10."""
+    return f"{px:.0f}" if px >= 9.5 else f"{px:.2g}"
 
 
 def _pool_misses(r: Result) -> list[float]:
@@ -338,16 +391,16 @@ def _sizes(axis: Axis) -> str:
 # ----------------------------------------------------------------------------- the picture
 
 def _view(axis: Axis) -> tuple[float, float]:
-    """The part of the image to show along one axis: the box and RoIPool's windows,
-    with a margin, or the whole image when that is most of it."""
+    """The part of the image to show along one axis: the box, RoIPool's windows and
+    RoIAlign's bins, with a margin, or the whole image when that is most of it."""
     lo = min(axis.lo, axis.pool_windows[0][0] * axis.stride)
-    hi = max(axis.hi, axis.pool_windows[-1][1] * axis.stride)
+    hi = max(axis.hi, axis.pool_windows[-1][1] * axis.stride, axis.align_edges()[-1][1])
     pad = max(0.2 * (hi - lo), 2 * axis.stride)
     lo, hi = max(lo - pad, 0.0), min(hi + pad, float(IMAGE_SIZE))
     return (0.0, float(IMAGE_SIZE)) if hi - lo > 0.6 * IMAGE_SIZE else (lo, hi)
 
 
-def draw(r: Result, path: str) -> None:
+def figure(r: Result) -> Figure:
     from matplotlib import patheffects
     from matplotlib.figure import Figure
     from matplotlib.lines import Line2D
@@ -359,13 +412,14 @@ def draw(r: Result, path: str) -> None:
     outline = [patheffects.withStroke(linewidth=3.5, foreground="black")]
     photo = r.image.permute(1, 2, 0).numpy()
     mid_i, mid_j = p // 2, p // 2  # the bin highlighted in both panels
+    teal = (0, 1, 1, 0.35)
 
-    fig = Figure(figsize=(15, 14.6), dpi=100)
-    grid = fig.add_gridspec(3, 6, height_ratios=[10, 3.3, 4.3], hspace=0.1, wspace=0.3,
-                            left=0.04, right=0.98, top=0.885, bottom=0.045)
+    fig = Figure(figsize=(15, 17), dpi=100)
+    grid = fig.add_gridspec(4, 6, height_ratios=[10, 3.1, 1.7, 4.3], hspace=0.1, wspace=0.3,
+                            left=0.04, right=0.98, top=0.9, bottom=0.08)
     fig.suptitle(f"RoIPool vs RoIAlign: pooling a {x2 - x1:g} x {y2 - y1:g}-px proposal into "
-                 f"{p} x {p} bins of a stride-{s} feature map", fontsize=17, weight="bold")
-    fig.text(0.5, 0.93, textwrap.fill(
+                 f"{p} x {p} bins of a stride-{s} feature map", fontsize=17, weight="bold", y=0.985)
+    fig.text(0.5, 0.943, textwrap.fill(
         f"{IMAGE_SIZE} x {IMAGE_SIZE}-px image, {wf} x {hf}-cell feature map (grey grid: one cell = "
         f"{s} x {s} px). A detector's head needs the same number of features from every box, so "
         "each box is cut into bins and each bin is pooled to one value.", 150),
@@ -373,7 +427,7 @@ def draw(r: Result, path: str) -> None:
 
     (vx0, vx1), (vy0, vy1) = _view(x), _view(y)
 
-    def scene(slot, title):
+    def scene(slot: SubplotSpec, title: str) -> Axes:
         ax = fig.add_subplot(slot)
         ax.imshow(photo, extent=(0, IMAGE_SIZE, IMAGE_SIZE, 0), interpolation="bilinear")
         ax.add_patch(Rectangle((0, 0), IMAGE_SIZE, IMAGE_SIZE, color="black", alpha=0.25))
@@ -390,10 +444,10 @@ def draw(r: Result, path: str) -> None:
         ax.tick_params(labelsize=8)
         return ax
 
-    def explain(slot, handles, caption):
+    def explain(slot: SubplotSpec, handles: list[Artist], caption: str) -> None:
         ax = fig.add_subplot(slot)
         ax.axis("off")
-        ax.text(0, 1, textwrap.fill(caption, 92), transform=ax.transAxes, fontsize=11, va="top")
+        ax.text(0, 1, textwrap.fill(caption, 88), transform=ax.transAxes, fontsize=11, va="top")
         ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(0, 0.6), fontsize=10.5,
                   frameon=False, borderaxespad=0)
 
@@ -413,66 +467,101 @@ def draw(r: Result, path: str) -> None:
     overlap = "so neighbouring bins overlap and " if _overlapping(x) or _overlapping(y) else "and "
     explain(grid[1, 0:3], [
         Line2D([], [], color="lime", lw=3, label=f"proposal: {x2 - x1:g} x {y2 - y1:g} px = "
-                                                 f"{x.cells:.2f} x {y.cells:.2f} cells"),
+               f"{_fmt_cells(x.cells)} x {_fmt_cells(y.cells)} cells"),
         Line2D([], [], color="orangered", lw=1.5, label="RoIPool bins: windows of whole cells"),
         Patch(fc=(1, 0, 1, 0.3), ec="magenta", lw=2, label=f"one RoIPool bin: {c1 - c0} x {r1 - r0} cells"),
         Line2D([], [], color="cyan", lw=2, ls="--", label=f"where that bin should be: "
-               f"{x.bin_px:.0f} x {y.bin_px:.0f} px"),
+               f"{_fmt_px(x.bin_px)} x {_fmt_px(y.bin_px)} px"),
     ], f"The corners are rounded to cells ({x1 / s:.2f} -> {x.rounded[0]}, {x2 / s:.2f} -> "
-       f"{x.rounded[1]}) and both end cells count: {x.pool_cells} cells instead of {x.cells:.2f}. "
+       f"{x.rounded[1]}) and both end cells count: {x.pool_cells} cells instead of "
+       f"{_fmt_cells(x.cells)}. "
        f"Each bin ({x.pool_cells / p:.2f} cells) is widened to whole cells, {overlap}"
        f"bin edges miss by up to {max(_pool_misses(r)):.0f} px.")
 
-    # RoIAlign: exact bins and sample points
-    ax = scene(grid[0, 3:6], "RoIAlign: keeps exact bins, samples points inside them")
-    for a in [e for e, _ in x.exact_edges()] + [x2]:
-        ax.plot([a, a], [y1, y2], color="cyan", lw=1.2, zorder=4)
-    for a in [e for e, _ in y.exact_edges()] + [y2]:
-        ax.plot([x1, x2], [a, a], color="cyan", lw=1.2, zorder=4)
-    ax.add_patch(Rectangle((bx0, by0), bx1 - bx0, by1 - by0, fc="cyan", alpha=0.35, ec="none", zorder=4))
+    # RoIAlign: its bins (the exact ones unless the box was stretched) and sample points
+    stretched = x.stretched or y.stretched
+    ax = scene(grid[0, 3:6], "RoIAlign: stretches the box to 1 cell, samples points"
+               if stretched else "RoIAlign: keeps exact bins, samples points inside them")
+    ax0, ax1 = x.align_edges()[0][0], x.align_edges()[-1][1]
+    ay0, ay1 = y.align_edges()[0][0], y.align_edges()[-1][1]
+    for a in [e for e, _ in x.align_edges()] + [ax1]:
+        ax.plot([a, a], [ay0, ay1], color="cyan", lw=1.2, zorder=4)
+    for a in [e for e, _ in y.align_edges()] + [ay1]:
+        ax.plot([ax0, ax1], [a, a], color="cyan", lw=1.2, zorder=4)
+    (tx0, tx1), (ty0, ty1) = x.align_edges()[mid_j], y.align_edges()[mid_i]
+    ax.add_patch(Rectangle((tx0, ty0), tx1 - tx0, ty1 - ty0, fc=teal, ec="none", zorder=4))
     px, py = x.sample_px(), y.sample_px()
-    handles = [
+    handles: list[Artist] = [
         Line2D([], [], color="lime", lw=3, label="proposal"),
-        Line2D([], [], color="cyan", lw=1.5, label=f"RoIAlign bins: {x.align_cells / p:.2f} x "
-                                                   f"{y.align_cells / p:.2f} cells, not rounded"),
+        Line2D([], [], color="cyan", lw=1.5, label=f"RoIAlign bins: {_fmt_cells(x.align_cells / p)} "
+               f"x {_fmt_cells(y.align_cells / p)} cells, not rounded"),
+        Patch(fc=teal, ec="none", label=f"the bin highlighted on the left: {_fmt_px(tx1 - tx0)} x "
+              f"{_fmt_px(ty1 - ty0)} px" + (f", not {_fmt_px(x.bin_px)} x {_fmt_px(y.bin_px)}"
+                                           if stretched else ", where it should be")),
     ]
     if len(px) * len(py) <= MAX_DRAWN_POINTS:
         ax.scatter([a for _ in py for a in px], [b for b in py for _ in px],
                    s=max(4.0, 40.0 / max(x.grid, y.grid)), c="yellow", edgecolors="black",
                    linewidths=0.5, zorder=7)
         handles.append(Line2D([], [], ls="none", marker="o", mfc="yellow", mec="black",
-                              label=f"sample points: {y.grid} x {x.grid} per bin, each interpolated "
+                              label=f"sample points: {x.grid} x {y.grid} per bin, each interpolated "
                                     "from the 4 nearest cells"))
-    shift = ("With aligned=True a cell's value sits at the cell's centre, so nothing is shifted."
-             if x.aligned else
-             f"Caveat of aligned=False (shown): every sample reads {s / 2:g} px right of and below "
-             "its spot, because a cell's value describes the cell's centre; --aligned fixes that.")
+    if x.aligned:
+        shift = "With aligned=True a cell's value sits at the cell's centre, so nothing is shifted."
+    else:
+        shift = (f"Caveat of aligned=False (shown): every sample reads {s / 2:g} px right of and "
+                 "below its spot, because a cell's value describes the cell's centre; --aligned "
+                 f"fixes that{' and the stretch' if stretched else ''}.")
+    size = (f"aligned=False stretches the box to at least 1 cell: {_fmt_cells(x.align_cells)} x "
+            f"{_fmt_cells(y.align_cells)} cells" if stretched else f"{_fmt_cells(x.align_cells)} cells")
     explain(grid[1, 3:6], handles,
-            f"No rounding: {x.align_cells:.2f} cells, bins of {x.align_cells / p:.2f} cells. "
+            f"No rounding: {size}, bins of {_fmt_cells(x.align_cells / p)} cells. "
             f"Each bin is the mean of its {x.grid * y.grid} points. {shift}")
 
-    # the three 7x7 results
+    # the outputs, RoIPool's two effects apart: snapping (its windows averaged) and the max
+    pool_e, snap_e = _err(r.pool, r.exact)[0], _err(r.window_mean, r.exact)[0]
+    align_e, other_e = _err(r.align, r.exact)[0], _err(r.align_other, r.exact)[0]
+    head = fig.add_subplot(grid[2, :])
+    head.axis("off")
+    head.text(0.5, 1, "The outputs vs. the exact bin values (mean |error|, colours on a 0-1 scale)",
+              ha="center", va="top", fontsize=14, weight="bold", transform=head.transAxes)
+    head.text(0.5, 0.75, f"RoIPool's error has two causes: snapping the bins to whole cells "
+              f"({snap_e:.3f} with its windows averaged)\nand taking the maximum instead of the mean "
+              f"({snap_e:.3f} -> {pool_e:.3f}). RoIAlign: {align_e:.3f} (aligned={not x.aligned}: "
+              f"{other_e:.3f}).",
+              ha="center", va="top", fontsize=12, transform=head.transAxes)
     panels = [
-        (r.exact, "Exact: mean of the image\ninside each bin"),
-        (r.pool, f"RoIPool output (max per bin)\nmean |error| {_err(r.pool, r.exact)[0]:.3f}"),
-        (r.align, f"RoIAlign output (aligned={x.aligned})\nmean |error| {_err(r.align, r.exact)[0]:.3f}"),
+        (r.exact, "Exact bin values\n(the target)",
+         "the mean of the image inside each bin, edge pixels counted by the fraction inside"),
+        (r.window_mean, f"RoIPool's windows, averaged\nmean |error| {snap_e:.3f}",
+         "the mean over RoIPool's snapped windows: what snapping alone costs"),
+        (r.pool, f"RoIPool output: their max\nmean |error| {pool_e:.3f}",
+         "snapping, then the max, taken channel by channel (here R, G and B; in a network, each "
+         "feature): a bin can take its red from one cell and its blue from another, a colour "
+         "found nowhere in its window"),
+        (r.align, f"RoIAlign output (aligned={x.aligned})\nmean |error| {align_e:.3f}",
+         f"the mean of each bin's sample points; with aligned={not x.aligned}: {other_e:.3f}"),
     ]
-    for n, (values, title) in enumerate(panels):
-        ax = fig.add_subplot(grid[2, 2 * n:2 * n + 2])
+    row = grid[3, :].subgridspec(1, len(panels), wspace=0.35)
+    for n, (values, title, caption) in enumerate(panels):
+        ax = fig.add_subplot(row[0, n])
         ax.imshow(values.clamp(0, 1).permute(1, 2, 0).numpy(), interpolation="nearest")
         ax.set_title(title, fontsize=12)
         ax.set_xticks([])
         ax.set_yticks([])
-    fig.text(0.5, 0.005, "Errors: mean absolute difference from the exact bin averages, colours on a "
-             "0-1 scale.\nRoIPool takes the maximum over its snapped window; RoIAlign averages "
-             "bilinear samples taken at the exact positions.", ha="center", fontsize=10.5)
-    fig.savefig(path)
+        ax.text(0.5, -0.04, textwrap.fill(caption, 40), transform=ax.transAxes, ha="center",
+                va="top", fontsize=10)
+    return fig
+
+
+def draw(r: Result, path: str) -> None:
+    figure(r).savefig(path)
 
 
 # ----------------------------------------------------------------------------- entry point
 
-def main(argv: list[str] | None = None, prog: str = "roiops demo") -> int:
-    parser = build_parser(prog)
+def main(argv: list[str] | None = None, command: str = "demo") -> int:
+    parser = build_parser(command)
     try:
         args = parser.parse_args(sys.argv[1:] if argv is None else argv)
         _check(args, parser)

@@ -119,3 +119,91 @@ def test_printed_windows_are_the_ones_roi_pool_uses(box, stride, bins):
             cells = r.features[:, h0:h1, w0:w1]
             want = cells.amax((1, 2)) if cells.numel() else torch.zeros(3, dtype=torch.float64)
             assert torch.equal(r.pool[:, i, j], want), (i, j)
+
+
+def _story(box, stride=32, bins=7, sampling_ratio=2, aligned=False):
+    r = demo.compute(box, stride, bins, sampling_ratio, aligned)
+    return r, " ".join(demo.story(r).split())
+
+
+def _figure_texts(fig):
+    """Every piece of text the picture shows, drawn, with its extent in pixels (tick labels,
+    placed by matplotlib and partly outside the view, are left out)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.text import Text
+
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()
+    renderer = canvas.get_renderer()
+    ticks = {id(t) for ax in fig.axes for t in ax.get_xticklabels() + ax.get_yticklabels()}
+    return [(t.get_text(), t.get_window_extent(renderer)) for t in fig.findobj(Text)
+            if t.get_visible() and t.get_text().strip() and id(t) not in ticks]
+
+
+def test_points_per_bin_are_across_by_down():
+    # a 320 x 96-px box in 2 x 2 bins of a stride-16 map, adaptive: 10 cells across, 3 down
+    r, text = _story((0, 0, 320, 96), stride=16, bins=2, sampling_ratio=0)
+    assert (r.x.grid, r.y.grid) == (10, 3)
+    assert "it covers 320/16 = 20.00 cells across and 6.00 cells down" in text
+    assert "samples 10 x 3 points per bin (120 in all)" in text
+    labels = [t for t, _ in _figure_texts(demo.figure(r))]
+    assert "sample points: 10 x 3 per bin, each interpolated from the 4 nearest cells" in labels
+    assert "one RoIPool bin: 11 x 4 cells" in labels  # RoIPool's window: across x down as well
+
+
+def test_a_box_under_one_cell_is_stretched_not_exact():
+    r, text = _story((100, 100, 101, 101))
+    assert "its bins are exact" not in text
+    assert ("aligned=False stretches 0.031 x 0.031 cells to 1.00 x 1.00 cells, so its bins are "
+            "0.14 x 0.14 cells (4.6 x 4.6 px instead of 0.1 x 0.1 px) and reach past the box's right "
+            "and bottom edges") in text
+    assert "--aligned removes both the stretch and this half-cell shift" in text
+
+    _, text = _story((100, 100, 101, 300))  # only its width is under a cell
+    assert "stretches 0.031 x 6.25 cells to 1.00 x 6.25 cells" in text
+    assert "reach past the box's right edge;" in text
+
+    _, text = _story((100, 100, 101, 101), aligned=True)  # aligned=True keeps the size
+    assert "stretch" not in text and "miss the exact ones by 0 px" in text
+
+    _, text = _story((70, 40, 735, 705))
+    assert "stretch" not in text
+    assert "its bins are exact, but aligned=False places the value of cell k at pixel 32k" in text
+
+
+def test_picture_separates_snapping_from_the_max():
+    r, text = _story(demo.DEFAULT_BOX)
+    _, align, _ = _errors(text)
+    pool = float(re.search(r"RoIPool +mean \|error\| ([0-9.]+)", text).group(1))
+    snap = float(re.search(r"averaging the same windows instead: ([0-9.]+)", text).group(1))
+    assert snap < pool / 3  # the max, not the snapping, is most of RoIPool's error here
+    texts = _figure_texts(demo.figure(r))
+    labels = " | ".join(t for t, _ in texts)
+    for fact in [
+        f"RoIPool's windows, averaged\nmean |error| {snap:.3f}",
+        f"RoIPool output: their max\nmean |error| {pool:.3f}",
+        f"RoIAlign output (aligned=False)\nmean |error| {align:.3f}",
+        f"snapping the bins to whole cells ({snap:.3f} with its windows averaged)",
+        f"taking the maximum instead of the mean ({snap:.3f} -> {pool:.3f})",
+        "the bin highlighted on the left: 95 x 95 px, where it should be",  # the teal bin
+        "where that bin should be: 95 x 95 px",
+    ]:
+        assert fact in labels, fact
+    captions = " ".join(" ".join(t.split()) for t, _ in texts)
+    assert "the max, taken channel by channel" in captions
+    assert "a colour found nowhere in its window" in captions
+
+
+@pytest.mark.parametrize("box, stride, bins, sampling_ratio, aligned", [
+    (demo.DEFAULT_BOX, 32, 7, 2, False), ((100, 100, 101, 101), 32, 7, 2, False),
+    ((0, 0, 320, 96), 16, 2, 0, False), ((0, 0, 800, 800), 400, 32, 0, True)])
+def test_picture_text_fits_and_nothing_overlaps(box, stride, bins, sampling_ratio, aligned):
+    fig = demo.figure(demo.compute(box, stride, bins, sampling_ratio, aligned))
+    texts = _figure_texts(fig)
+    page = fig.bbox
+    for text, extent in texts:
+        assert page.x0 <= extent.x0 and extent.x1 <= page.x1, text
+        assert page.y0 <= extent.y0 and extent.y1 <= page.y1, text
+    for i, (a, ea) in enumerate(texts):
+        for b, eb in texts[i + 1:]:
+            assert not ea.overlaps(eb), (a, b)
