@@ -1,6 +1,6 @@
 """Pure-PyTorch reference kernels: the test oracle and the fallback for any device.
 
-Written from ``shared/design.md`` sections 2-6 and the kernel contract in
+Written from ``docs/semantics.md`` (the definitions) and the kernel contract in
 ``docs/architecture.md``; each step below names the formula it implements, so the code
 can be checked line by line against them.  Speed is not a goal: boxes are processed one
 at a time in Python, and everything inside a box (channels, bins, sample points) is a
@@ -82,7 +82,7 @@ def _check_sampling_ratio(sampling_ratio: int) -> None:
 
 
 def _prepare_rois(rois: Tensor, batch_size: int, opmath: torch.dtype, device) -> tuple[Tensor, list[int]]:
-    """Validate ``rois`` (design.md sec. 2) and return them in opmath with the batch indices.
+    """Validate ``rois`` (semantics.md "Inputs") and return them in opmath with the batch indices.
 
     Runs before any indexing, so a bad row can never cause an out-of-bounds access.
     """
@@ -157,7 +157,7 @@ def _first_max(values: Tensor, member: Tensor) -> Tensor:
 
 
 # --------------------------------------------------------------------------------------
-# roi_align geometry (design.md sec. 3), shared by the avg and max modes
+# roi_align geometry (semantics.md "roi_align avg"), shared by the avg and max modes
 # --------------------------------------------------------------------------------------
 
 
@@ -177,7 +177,7 @@ class _AlignBox:
     def __init__(self, y_start, x_start, bin_h, bin_w, grid_h, grid_w, ph, pw, height, width):
         self.grid_h, self.grid_w = grid_h, grid_w
         self.y_start, self.x_start, self.bin_h, self.bin_w = y_start, x_start, bin_h, bin_w
-        self.empty = grid_h <= 0 or grid_w <= 0  # no sample points (design.md sec. 3)
+        self.empty = grid_h <= 0 or grid_w <= 0  # no sample points (semantics.md "roi_align avg")
         self.count = max(grid_h * grid_w, 1)
         if self.empty:
             return
@@ -284,7 +284,7 @@ def _axis_samples(start: Tensor, bin_size: Tensor, pooled: int, grid: int, size:
 
 
 def _align_boxes(rois, spatial_scale, ph, pw, sampling_ratio, aligned, height, width, max_mode=False):
-    """Per-box geometry of design.md sec. 3 for all boxes (rois already validated, opmath)."""
+    """Per-box geometry of semantics.md "roi_align avg" for all boxes (rois already validated, opmath)."""
     _check_sampling_ratio(sampling_ratio)
     opmath = rois.dtype
     s = torch.tensor(spatial_scale, dtype=opmath, device=rois.device)
@@ -342,7 +342,7 @@ def _sample_values(plane: Tensor, box: _AlignBox) -> Tensor:
 
 
 # --------------------------------------------------------------------------------------
-# roi_align, mode "avg" (design.md sec. 3)
+# roi_align, mode "avg" (semantics.md "roi_align avg")
 # --------------------------------------------------------------------------------------
 
 
@@ -399,7 +399,7 @@ def roi_align_backward(grad: Tensor, rois: Tensor, spatial_scale: float, pooled_
 
 
 # --------------------------------------------------------------------------------------
-# roi_align, mode "max" (design.md sec. 4)
+# roi_align, mode "max" (semantics.md "roi_align max")
 # --------------------------------------------------------------------------------------
 
 
@@ -499,7 +499,7 @@ def roi_align_max_backward(grad: Tensor, argmax: Tensor, rois: Tensor, spatial_s
 
 
 # --------------------------------------------------------------------------------------
-# roi_pool (design.md sec. 5)
+# roi_pool (semantics.md "roi_pool")
 # --------------------------------------------------------------------------------------
 
 
@@ -566,7 +566,7 @@ def roi_pool_forward(input: Tensor, rois: Tensor, spatial_scale: float, pooled_h
                      pooled_width: int, continuous: bool) -> tuple[Tensor, Tensor]:
     """RoIPool: max over each bin's pixels; ``argmax`` is ``h * W + w`` in the image plane.
 
-    ``continuous=False`` is Caffe/torchvision, ``True`` is mmdetection (design.md sec. 5).
+    ``continuous=False`` is Caffe/torchvision, ``True`` is mmdetection (semantics.md "roi_pool").
     An empty bin gives 0 and argmax -1.
     """
     _check_pooled(pooled_height, pooled_width)

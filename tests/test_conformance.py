@@ -60,7 +60,7 @@ def _peer_plan(e):
         return "pool", {"conventions": (False,)}
     if op == "onnx_RoiAlign":
         if p["mode"] != "avg":
-            return "skip", f"ONNX max-mode rule ({p.get('max_mode_semantics') or 'max of weighted corners'}), not design.md sec. 4"
+            return "skip", f"ONNX max-mode rule ({p.get('max_mode_semantics') or 'max of weighted corners'}), not roiops' max mode"
         # half_pixel = aligned=True; output_half_pixel (and opset 10, no attribute) = False.
         return "align", {"aligned": p.get("coordinate_transformation_mode") == "half_pixel",
                          "sampling_ratio": p["sampling_ratio"]}

@@ -1,7 +1,7 @@
 """Tests of roiops.reference, the pure-PyTorch oracle of the whole suite.
 
 Three independent sources of truth: hand-computed values (derived in the comments from
-design.md sec. 3-5), torchvision's kernels, and torch.autograd applied to the forward
+the definitions in docs/semantics.md), torchvision's kernels, and torch.autograd applied to the forward
 functions. The peers' published vectors are in test_conformance.py.
 """
 
