@@ -7,7 +7,9 @@ import contextlib
 import contextvars
 import functools
 import importlib
+import importlib.metadata
 import os
+import re
 from collections.abc import Iterator
 from types import ModuleType
 
@@ -65,6 +67,28 @@ def current() -> str | None:
 
 def _triton_available() -> bool:
     return importlib.util.find_spec("triton") is not None
+
+
+# The oldest Triton whose compiled kernels are checked to keep the CPU kernels' bin edges
+# and grid sizes (tests/test_ptx.py runs under it and under the pinned one).
+MIN_TRITON = (3, 6)
+
+
+def triton_too_old() -> str:
+    """Why the installed Triton cannot run roiops' kernels; "" when it can (or is absent)."""
+    try:
+        version = importlib.metadata.version("triton")
+    except importlib.metadata.PackageNotFoundError:  # none, or one installed under another name
+        if not _triton_available():
+            return ""
+        import triton
+
+        version = triton.__version__
+    if tuple(int(v) for v in re.findall(r"\d+", version)[:2]) >= MIN_TRITON:
+        return ""
+    return (f"roiops' GPU kernels need Triton >= {MIN_TRITON[0]}.{MIN_TRITON[1]} (torch 2.11 and later bring one); "
+            f"found Triton {version}. Upgrade torch, or run the pure-PyTorch kernels on the GPU with "
+            "roiops.use_backend('reference')")
 
 
 def select(device: torch.device) -> str:

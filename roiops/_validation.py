@@ -15,16 +15,12 @@ import torch
 from torch import Tensor
 
 from . import config
+from ._geometry import (MAX_ARGMAX_GRID, MAX_COORDINATE, MAX_MAP_SIDE, MAX_OUTPUT_SIZE, MAX_SAMPLING_RATIO, MAX_SCALE,
+                        MIN_SCALE)
 
 BoxesType = Union[Tensor, Sequence[Tensor]]
+OutputSize = Union[int, tuple[int, int], list[int]]
 
-# Limits (docs/semantics.md, "Limits"); the C++ kernels refuse the same values.
-MAX_COORDINATE = 2.0**24  # |x * spatial_scale| in feature-map cells: float32 places samples exactly up to here
-MAX_MAP_SIDE = 2**24  # H and W: no box can reach cells beyond the coordinate range
-MAX_OUTPUT_SIZE = 2**16  # per side: bin indices exact in float32, <= 2^32 bins per box and channel
-MAX_SAMPLING_RATIO = 1024  # a fixed ratio costs ratio^2 samples per bin, whatever the box
-MAX_ARGMAX_GRID = 2**31 - 1  # samples per bin in mode "max": its argmax is int32 iy * grid_w + ix
-MIN_SCALE, MAX_SCALE = 2.0**-64, 2.0**64  # the kernels use spatial_scale as a float32
 DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 

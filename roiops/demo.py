@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 import roiops
+from roiops._geometry import round_half_away
 
 if TYPE_CHECKING:  # matplotlib is optional: imported only to draw
     from matplotlib.artist import Artist
@@ -136,10 +137,6 @@ def exact_bin_means(image: Tensor, box, bins: int) -> Tensor:
     return torch.einsum("ip,cpq,jq->cij", ay, image, ax)
 
 
-def _round_half_away(v: float) -> int:
-    return int(math.copysign(math.floor(abs(v) + 0.5), v))
-
-
 @dataclass
 class Axis:
     """One axis (x or y) of the box, in every unit the story needs."""
@@ -162,7 +159,8 @@ class Axis:
 
     @property
     def rounded(self) -> tuple[int, int]:
-        return _round_half_away(self.lo / self.stride), _round_half_away(self.hi / self.stride)
+        lo, hi = round_half_away(torch.tensor([self.lo / self.stride, self.hi / self.stride], dtype=torch.float64))
+        return int(lo), int(hi)
 
     @property
     def pool_cells(self) -> int:

@@ -26,6 +26,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from ._geometry import (MAX_ARGMAX_GRID, MAX_OUTPUT_SIZE, MAX_SAMPLING_RATIO, bilinear_taps, is_channels_last,
+                        memory_format, round_half_away, sample_position)
+
 __all__ = [
     "roi_align_forward",
     "roi_align_backward",
@@ -49,35 +52,25 @@ def _opmath(dtype: torch.dtype) -> torch.dtype:
     raise TypeError(f"roiops: unsupported dtype {dtype}; expected a floating dtype")
 
 
-def _channels_last(t: Tensor) -> bool:
-    # Ambiguous layouts (C == 1, or H == W == 1) count as contiguous.
-    return t.is_contiguous(memory_format=torch.channels_last) and not t.is_contiguous()
-
-
 def _layout(t: Tensor, channels_last: bool) -> Tensor:
-    fmt = torch.channels_last if channels_last else torch.contiguous_format
-    return t.contiguous(memory_format=fmt)
+    return t.contiguous(memory_format=memory_format(channels_last))
 
 
-# Limits of docs/semantics.md ("Limits"), as the C++ kernels apply them.
-_MAX_POOLED = 2**16
-_MAX_SAMPLING_RATIO = 1024
-_MAX_ARGMAX_GRID = 2**31 - 1  # mode "max": samples per bin, so that iy * grid_w + ix fits int32
 # Adaptive grid per axis: the kernels' coordinate range (2^24 cells) gives at most 2^25 + 1;
 # the reference also takes larger boxes, but its sample indices must stay exact.
 _MAX_ADAPTIVE_GRID = 2**26
 
 
 def _check_pooled(pooled_height: int, pooled_width: int) -> None:
-    if not (0 < int(pooled_height) <= _MAX_POOLED and 0 < int(pooled_width) <= _MAX_POOLED):
+    if not (0 < int(pooled_height) <= MAX_OUTPUT_SIZE and 0 < int(pooled_width) <= MAX_OUTPUT_SIZE):
         raise ValueError(
-            f"roiops: output size must be in [1, {_MAX_POOLED}], got ({pooled_height}, {pooled_width})"
+            f"roiops: output size must be in [1, {MAX_OUTPUT_SIZE}], got ({pooled_height}, {pooled_width})"
         )
 
 
 def _check_sampling_ratio(sampling_ratio: int) -> None:
-    if int(sampling_ratio) > _MAX_SAMPLING_RATIO:
-        raise ValueError(f"roiops: sampling_ratio must be at most {_MAX_SAMPLING_RATIO} (<= 0 for adaptive), "
+    if int(sampling_ratio) > MAX_SAMPLING_RATIO:
+        raise ValueError(f"roiops: sampling_ratio must be at most {MAX_SAMPLING_RATIO} (<= 0 for adaptive), "
                          f"got {sampling_ratio}")
 
 
@@ -210,29 +203,6 @@ class _AlignBox:
         return torch.where(both, torch.minimum(row, col), torch.where(row >= 0, row, col))
 
 
-def _coordinate(start: Tensor, bin_size: Tensor, grid: int, b: Tensor, s: Tensor) -> Tensor:
-    """Position of sample s of bin b along one axis: y = y_start + i*bin_h + (iy + 0.5) *
-    bin_h / grid_h, evaluated left to right as torchvision does (so float32 results agree
-    to rounding); b, s are integer tensors, converted to the opmath type first."""
-    opmath = start.dtype
-    return start + b.to(opmath) * bin_size + (s.to(opmath) + 0.5) * bin_size / grid
-
-
-def _taps(coord: Tensor, size: int):
-    """Border rule of one axis: (low, high, l, h = 1 - l, inside [-1, size])."""
-    inside = (coord >= -1) & (coord <= size) & (size > 0)
-    last = max(size - 1, 0)
-    c = coord.clamp(min=0)
-    low = torch.floor(c)
-    at_edge = low >= last
-    low = torch.where(at_edge, torch.full_like(low, last), low)
-    c = torch.where(at_edge, low, c)
-    high = torch.where(at_edge, low, low + 1)
-    l = c - low
-    # low/high are in [0, size-1] even for outside points, so indexing is always safe.
-    return low.long(), high.long(), l, 1 - l, inside
-
-
 class _Axis:
     """Inside samples of one axis (see _AlignBox): per slot low, high, l, h, valid ([pooled
     * m]); per bin s0 (first inside sample) and first_out (first outside sample, -1 if
@@ -259,7 +229,7 @@ def _axis_samples(start: Tensor, bin_size: Tensor, pooled: int, grid: int, size:
         hi = torch.full((pooled,), grid, dtype=torch.int64, device=device)
         while bool((lo < hi).any()):
             mid = (lo + hi) // 2
-            ok = pred(_coordinate(start, bin_size, grid, b, mid.clamp(max=grid - 1)))
+            ok = pred(sample_position(start, bin_size, grid, b, mid.clamp(max=grid - 1)))
             active = lo < hi
             hi = torch.where(active & ok, mid, hi)
             lo = torch.where(active & ~ok, mid + 1, lo)
@@ -279,7 +249,7 @@ def _axis_samples(start: Tensor, bin_size: Tensor, pooled: int, grid: int, size:
     slot = torch.arange(m, device=device)
     valid = slot[None, :] < n[:, None]  # [pooled, m]
     s = torch.minimum(s0[:, None] + slot[None, :], (s1[:, None] - 1).clamp(min=0))
-    low, high, l, h, _ = _taps(_coordinate(start, bin_size, grid, b[:, None], s), size)
+    low, high, l, h, _ = bilinear_taps(sample_position(start, bin_size, grid, b[:, None], s), size)
     return _Axis(low.reshape(-1), high.reshape(-1), l.reshape(-1), h.reshape(-1), valid.reshape(-1), s0, first_out, m)
 
 
@@ -313,7 +283,7 @@ def _align_boxes(rois, spatial_scale, ph, pw, sampling_ratio, aligned, height, w
         if max(gh, gw) > _MAX_ADAPTIVE_GRID:
             raise ValueError(f"roiops: rois row {k}: adaptive sampling grid {gh} x {gw} is beyond "
                              f"{_MAX_ADAPTIVE_GRID} per axis (row = {rois[k].tolist()})")
-        if max_mode and gh > 0 and gw > 0 and gh * gw > _MAX_ARGMAX_GRID:
+        if max_mode and gh > 0 and gw > 0 and gh * gw > MAX_ARGMAX_GRID:
             raise ValueError(f"roiops: rois row {k}: mode 'max' with adaptive sampling gives bins of {gh} x {gw} "
                              f"samples, more than its int32 argmax holds (2^31 - 1) (row = {rois[k].tolist()})")
 
@@ -367,7 +337,7 @@ def roi_align_forward(input: Tensor, rois: Tensor, spatial_scale: float, pooled_
         outs.append(v.sum(dim=(2, 4)) / box.count)
     out = torch.stack(outs) if outs else x.new_zeros((0, c, ph, pw))
     out = _attach(out, input)
-    return _layout(out.to(input.dtype), _channels_last(input))
+    return _layout(out.to(input.dtype), is_channels_last(input))
 
 
 def roi_align_backward(grad: Tensor, rois: Tensor, spatial_scale: float, pooled_height: int,
@@ -448,7 +418,7 @@ def roi_align_max_forward(input: Tensor, rois: Tensor, spatial_scale: float, poo
         out = x.new_zeros((0, c, ph, pw))
         argmax = torch.zeros((0, c, ph, pw), dtype=torch.int64, device=x.device)
     out = _attach(out, input)
-    cl = _channels_last(input)
+    cl = is_channels_last(input)
     return _layout(out.to(input.dtype), cl), _layout(argmax.to(torch.int32), cl)
 
 
@@ -484,9 +454,10 @@ def roi_align_max_backward(grad: Tensor, argmax: Tensor, rois: Tensor, spatial_s
         won = am >= 0
         a = am.clamp(min=0)
         # The winning sample (iy, ix) of bin (i, j), placed by the forward's formula.
-        y_lo, y_hi, ly, hy, y_in = _taps(_coordinate(box.y_start, box.bin_h, box.grid_h, i, a // box.grid_w),
-                                         height)
-        x_lo, x_hi, lx, hx, x_in = _taps(_coordinate(box.x_start, box.bin_w, box.grid_w, j, a % box.grid_w), width)
+        y = sample_position(box.y_start, box.bin_h, box.grid_h, i, a // box.grid_w)
+        x = sample_position(box.x_start, box.bin_w, box.grid_w, j, a % box.grid_w)
+        y_lo, y_hi, ly, hy, y_in = bilinear_taps(y, height)
+        x_lo, x_hi, lx, hx, x_in = bilinear_taps(x, width)
         live = won & y_in & x_in  # an outside winner has value 0 and no gradient
         g = g_all[k]
         plane = grad_input[b].view(-1)
@@ -503,12 +474,6 @@ def roi_align_max_backward(grad: Tensor, argmax: Tensor, rois: Tensor, spatial_s
 # --------------------------------------------------------------------------------------
 
 
-def _round_half_away(v: Tensor) -> Tensor:
-    # C's round(); torch.round rounds halves to even.  v - trunc(v) is exact.
-    t = torch.trunc(v)
-    return torch.where((v - t).abs() >= 0.5, t + torch.sign(v), t)
-
-
 def _pool_bins(rois, spatial_scale, ph, pw, continuous, height, width):
     """Bin limits [K, ph] rows and [K, pw] columns, clipped to the map, as int64.
 
@@ -523,10 +488,10 @@ def _pool_bins(rois, spatial_scale, ph, pw, continuous, height, width):
     jw = torch.arange(pw, dtype=opmath, device=device)
     if not continuous:
         # Caffe / torchvision: round the scaled corners, force malformed boxes to 1x1.
-        x1 = _round_half_away(rois[:, 1] * s)[:, None]
-        y1 = _round_half_away(rois[:, 2] * s)[:, None]
-        x2 = _round_half_away(rois[:, 3] * s)[:, None]
-        y2 = _round_half_away(rois[:, 4] * s)[:, None]
+        x1 = round_half_away(rois[:, 1] * s)[:, None]
+        y1 = round_half_away(rois[:, 2] * s)[:, None]
+        x2 = round_half_away(rois[:, 3] * s)[:, None]
+        y2 = round_half_away(rois[:, 4] * s)[:, None]
         roi_w = (x2 - x1 + 1).clamp(min=1)
         roi_h = (y2 - y1 + 1).clamp(min=1)
         _require_finite(rois, [x1[:, 0], y1[:, 0], roi_w[:, 0], roi_h[:, 0]], spatial_scale)
@@ -617,7 +582,7 @@ def roi_pool_forward(input: Tensor, rois: Tensor, spatial_scale: float, pooled_h
         out = x.new_zeros((0, c, ph, pw))
         argmax = torch.zeros((0, c, ph, pw), dtype=torch.int64, device=device)
     out = _attach(out, input)
-    cl = _channels_last(input)
+    cl = is_channels_last(input)
     return _layout(out.to(input.dtype), cl), _layout(argmax.to(torch.int32), cl)
 
 

@@ -19,7 +19,8 @@
 #include <memory>
 #include <type_traits>
 
-#include "ops.h"
+#include "geometry.h"
+#include "registry.h"
 #include "sampling.h"
 
 namespace roiops {
@@ -58,7 +59,7 @@ Plans<T> build_plans(const at::Tensor& rois, double spatial_scale, int64_t ph, i
                       "or a positive sampling_ratio");
     // max_forward_plane holds a sample row's position in its bin as T.
     constexpr bool kFloat = std::is_same_v<T, float>;
-    TORCH_CHECK_VALUE(!kFloat || plans[k].ys.widest_bin() <= (int64_t(1) << 24),
+    TORCH_CHECK_VALUE(!kFloat || plans[k].ys.widest_bin() <= kFloatExact,
                       "roiops: rois row ", row0 + k, ": more than 2^24 sample rows of one bin inside the map");
   }
   return plans;
@@ -794,5 +795,17 @@ at::Tensor roi_align_max_backward(const at::Tensor& grad, const at::Tensor& argm
   return backward(grad, argmax, rois, spatial_scale, ph, pw, N, C, H, W, sampling_ratio, aligned, channels_last,
                   true);
 }
+
+namespace {
+
+// The Python entry points, in roiops._C (registry.h).
+const Registrar registrar([](pybind11::module_& m) {
+  m.def("roi_align_forward", &roi_align_forward);
+  m.def("roi_align_backward", &roi_align_backward);
+  m.def("roi_align_max_forward", &roi_align_max_forward);
+  m.def("roi_align_max_backward", &roi_align_max_backward);
+});
+
+}  // namespace
 
 }  // namespace roiops

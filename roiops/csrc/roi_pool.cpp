@@ -16,7 +16,8 @@
 #include <memory>
 #include <type_traits>
 
-#include "ops.h"
+#include "geometry.h"
+#include "registry.h"
 #include "sampling.h"
 
 namespace roiops {
@@ -402,5 +403,15 @@ at::Tensor roi_pool_backward(const at::Tensor& grad_, const at::Tensor& argmax_,
                                   [&] { backward_impl<scalar_t>(grad, argmax, batch, rows, gi); });
   return gi;
 }
+
+namespace {
+
+// The Python entry points, in roiops._C (registry.h).
+const Registrar registrar([](pybind11::module_& m) {
+  m.def("roi_pool_forward", &roi_pool_forward);
+  m.def("roi_pool_backward", &roi_pool_backward);
+});
+
+}  // namespace
 
 }  // namespace roiops

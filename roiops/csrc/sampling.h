@@ -1,6 +1,12 @@
-// Geometry shared by the CPU kernels: box checks, RoIAlign sampling plans, RoIPool bins.
-// Arithmetic follows docs/semantics.md ("roi_align avg", "roi_align max", "roi_pool") in the order torchvision uses, so float32
-// results agree with it bit for bit where the formulas are the same.
+// Separable planning and task machinery of the CPU kernels. A box's RoIAlign samples are
+// the product of one plan of sample rows and one of sample columns (AxisPlan, AlignPlan),
+// and its RoIPool bins the product of row and column ranges (PoolPlan); both are built
+// once per call and shared by all channels. Also here: the instruction-set versions of the
+// per-box kernels, task scheduling, scratch buffers, channels-last tiles and backward
+// bands. The rules these plans apply to one sample or bin are geometry.h's; the plans'
+// own arithmetic (box extents, bin sizes, grids, bin edges) also keeps torchvision's
+// operations and order (docs/semantics.md), so float32 results agree with it bit for bit
+// where the formulas are the same.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -22,116 +28,9 @@
 #include <sys/mman.h>
 #endif
 
+#include "geometry.h"
+
 namespace roiops {
-
-// Limits of docs/semantics.md ("Limits"); the Python layer checks the same ones first,
-// with friendlier messages, but a direct op call reaches the kernels unchecked.
-// Coordinates beyond this many feature-map cells are refused: float32 cannot place a
-// sample there, and sampling loops sized from them would not end.
-constexpr double kMaxCoordinate = 16777216.0;  // 2^24
-// Maps larger than the coordinate range along an axis could not be addressed by a box.
-constexpr int64_t kMaxMapSide = int64_t(1) << 24;
-// Bins per output side: bin indices stay exact in float32, and one box's output plane
-// holds at most 2^32 bins.
-constexpr int64_t kMaxPooled = int64_t(1) << 16;
-// A fixed sampling_ratio costs ratio^2 samples per bin however small the box: bounded so
-// that one bin is at most 2^20 samples (practical values are 0 to 8).
-constexpr int64_t kMaxSamplingRatio = 1024;
-// "max" stores the winner of a bin as the int32 iy * grid_w + ix: a bin's grid must have
-// at most this many samples (an adaptive grid of a huge box with a small output may not).
-constexpr int64_t kMaxArgmaxGrid = INT32_MAX;
-// spatial_scale must be a normal float32 value with room for it: the kernels compute
-// x * spatial_scale in float32, where 1e39 would be inf and 1e-46 zero.
-constexpr double kMinScale = 0x1p-64, kMaxScale = 0x1p64;
-
-// The coordinates are checked as the kernels compute them, x * scale in T (an infinite or
-// NaN product fails the comparison). check_coords false: batch indices only (RoIPool's
-// backward reads only them; its argmax values are checked instead).
-template <typename T>
-void check_rois_typed(const at::Tensor& rois, int64_t batch_size, double spatial_scale, bool check_coords) {
-  const T* r = rois.const_data_ptr<T>();
-  const T scale = static_cast<T>(spatial_scale);
-  for (int64_t k = 0; k < rois.size(0); ++k, r += 5) {
-    const T b = r[0];
-    TORCH_CHECK_VALUE(std::isfinite(b) && b == std::floor(b) && b >= 0 && b < batch_size,
-                      "roiops: rois row ", k, " has batch index ", b,
-                      ", which is not an integer in [0, ", batch_size, ")");
-    for (int i = 1; check_coords && i < 5; ++i) {
-      TORCH_CHECK_VALUE(std::isfinite(r[i]) && std::abs(r[i] * scale) <= static_cast<T>(kMaxCoordinate),
-                        "roiops: rois row ", k, " has coordinate ", r[i],
-                        " (not finite, or beyond 2^24 feature-map cells after spatial_scale)");
-    }
-  }
-}
-
-// Cheap checks of a direct op call; the Python layer has already given friendlier errors.
-// rois' shape is checked before anything reads its sizes.
-inline void check_args(const at::Tensor& rois, at::ScalarType input_type, int64_t height, int64_t width,
-                       double spatial_scale, int64_t pooled_height, int64_t pooled_width) {
-  TORCH_CHECK_VALUE(rois.dim() == 2 && rois.size(1) == 5, "roiops: rois must be [K, 5], got ", rois.sizes());
-  TORCH_CHECK_VALUE(at::isFloatingType(input_type), "roiops: input must be floating point");
-  TORCH_CHECK_VALUE(height > 0 && width > 0, "roiops: input height and width must be positive");
-  TORCH_CHECK_VALUE(height <= kMaxMapSide && width <= kMaxMapSide,
-                    "roiops: input height and width must be at most 2^24, got ", height, " x ", width);
-  TORCH_CHECK_VALUE(rois.scalar_type() == (input_type == at::kDouble ? at::kDouble : at::kFloat),
-                    "roiops: rois must be float64 for float64 input, float32 otherwise; got ", rois.scalar_type());
-  TORCH_CHECK_VALUE(rois.device().is_cpu(), "roiops: CPU kernel called with non-CPU tensors");
-  TORCH_CHECK_VALUE(pooled_height > 0 && pooled_width > 0 && pooled_height <= kMaxPooled && pooled_width <= kMaxPooled,
-                    "roiops: output size must be in [1, 65536], got ", pooled_height, " x ", pooled_width);
-  TORCH_CHECK_VALUE(spatial_scale >= kMinScale && spatial_scale <= kMaxScale,
-                    "roiops: spatial_scale must be in [2^-64, 2^64], got ", spatial_scale);
-}
-
-inline void check_sampling_ratio(int64_t sampling_ratio) {
-  TORCH_CHECK_VALUE(sampling_ratio <= kMaxSamplingRatio, "roiops: sampling_ratio must be at most ", kMaxSamplingRatio,
-                    " (<= 0 for adaptive), got ", sampling_ratio);
-}
-
-inline void check_input(const at::Tensor& input) {
-  TORCH_CHECK_VALUE(input.dim() == 4, "roiops: input must be 4-D [N, C, H, W], got ", input.dim(), "-D");
-  TORCH_CHECK_VALUE(input.device().is_cpu(), "roiops: CPU kernel called with non-CPU tensors");
-}
-
-// Checks every row of a [K, 5] rois tensor of the opmath type.
-inline void check_rois(const at::Tensor& rois, int64_t batch_size, double spatial_scale, bool check_coords = true) {
-  AT_DISPATCH_FLOATING_TYPES(rois.scalar_type(), "roiops_check_rois",
-                             [&] { check_rois_typed<scalar_t>(rois, batch_size, spatial_scale, check_coords); });
-}
-
-inline bool is_channels_last(const at::Tensor& t) {
-  return t.is_contiguous(at::MemoryFormat::ChannelsLast) && !t.is_contiguous();
-}
-
-inline at::MemoryFormat format_of(bool channels_last) {
-  return channels_last ? at::MemoryFormat::ChannelsLast : at::MemoryFormat::Contiguous;
-}
-
-// Interpolation taps of one sample along one axis: weight h at lo, l at hi.
-template <typename T>
-struct Tap {
-  int64_t lo, hi;
-  T l, h;
-};
-
-// semantics.md "roi_align avg" border rule along one axis; false for a point with value 0.
-template <typename T>
-inline bool make_tap(T v, int64_t size, Tap<T>& t) {
-  if (!(v >= T(-1) && v <= static_cast<T>(size))) return false;  // NaN too
-  if (v <= 0) v = 0;
-  int64_t lo = static_cast<int64_t>(v);
-  int64_t hi;
-  if (lo >= size - 1) {
-    hi = lo = size - 1;
-    v = static_cast<T>(lo);
-  } else {
-    hi = lo + 1;
-  }
-  t.lo = lo;
-  t.hi = hi;
-  t.l = v - static_cast<T>(lo);
-  t.h = T(1) - t.l;
-  return true;
-}
 
 // Sample positions of one box along one axis. Samples inside the map are kept bin by
 // bin in parallel arrays (lo, hi, l, h), so that loops over them vectorise; inside the
@@ -156,9 +55,7 @@ struct AxisPlan {
     first_out.assign(pooled, -1);
     min_weight.assign(pooled, std::numeric_limits<T>::infinity());
     cell_lo = size, cell_hi = -1;
-    auto at = [&](int64_t b, int64_t s) {
-      return start + static_cast<T>(b) * bin + (static_cast<T>(s) + T(0.5)) * bin / static_cast<T>(grid);
-    };
+    auto at = [&](int64_t b, int64_t s) { return sample_position(start, bin, b, s, grid); };
     // The first s in [0, grid) with pred(s), for pred false then true along s.
     auto first = [&](int64_t b, auto pred) {
       int64_t a = 0, e = grid;
@@ -341,11 +238,10 @@ struct PoolPlan {
       bins(y_start, roi_h / static_cast<T>(ph), ph, height, empty, h0, h1, true);
       bins(x_start, roi_w / static_cast<T>(pw), pw, width, empty, w0, w1, true);
     } else {
-      // C's round(): half away from zero.
-      const int64_t x1 = static_cast<int64_t>(std::round(roi[1] * scale));
-      const int64_t y1 = static_cast<int64_t>(std::round(roi[2] * scale));
-      const int64_t x2 = static_cast<int64_t>(std::round(roi[3] * scale));
-      const int64_t y2 = static_cast<int64_t>(std::round(roi[4] * scale));
+      const int64_t x1 = round_half_away(roi[1] * scale);
+      const int64_t y1 = round_half_away(roi[2] * scale);
+      const int64_t x2 = round_half_away(roi[3] * scale);
+      const int64_t y2 = round_half_away(roi[4] * scale);
       const int64_t roi_w = std::max<int64_t>(x2 - x1 + 1, 1);
       const int64_t roi_h = std::max<int64_t>(y2 - y1 + 1, 1);
       bins(static_cast<T>(y1), static_cast<T>(roi_h) / static_cast<T>(ph), ph, height, false, h0, h1, false);
@@ -374,16 +270,6 @@ struct PoolPlan {
     }
   }
 };
-
-// The running maximum of docs/semantics.md (strictly greater wins, the first NaN wins) with
-// positions: does candidate (v, a) come before (best, idx) in row-major order of the first
-// maximum? idx < 0: nothing yet. Vectorised loops spell out the same rule branch-free.
-template <typename T>
-inline bool first_max(T v, int64_t a, T best, int64_t idx) {
-  if (idx < 0) return true;
-  if (std::isnan(v)) return !std::isnan(best) || a < idx;
-  return !std::isnan(best) && (v > best || (v == best && a < idx));
-}
 
 // ---- Instruction sets ---------------------------------------------------------------
 

@@ -18,19 +18,10 @@ run; see the docstrings of roi_align.py and roi_pool.py for its cost), chosen pe
 ``torch.are_deterministic_algorithms_enabled()``.
 """
 
-import re
+from .._backend import triton_too_old
 
-import triton
-
-# The oldest Triton whose compiled kernels are checked to keep the CPU kernels' bin edges
-# and grid sizes (tests/test_ptx.py runs under it and under the pinned one).
-MIN_TRITON = (3, 6)
-_found = tuple(int(v) for v in re.findall(r"\d+", triton.__version__)[:2])
-if _found < MIN_TRITON:
-    raise ImportError(
-        f"roiops' GPU kernels need Triton >= {MIN_TRITON[0]}.{MIN_TRITON[1]} (torch 2.11 and later bring one); found "
-        f"Triton {triton.__version__}. Upgrade torch, or run the pure-PyTorch kernels on the GPU with "
-        "roiops.use_backend('reference')")
+if triton_too_old():
+    raise ImportError(triton_too_old())
 
 from .roi_align import (multi_scale_roi_align_backward, multi_scale_roi_align_forward, roi_align_backward,
                         roi_align_forward, roi_align_max_backward, roi_align_max_forward)

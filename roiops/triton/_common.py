@@ -15,6 +15,8 @@ import struct
 import torch
 import triton
 
+from .._geometry import MAX_MAP_SIDE, MAX_OUTPUT_SIZE, MAX_SAMPLING_RATIO, MAX_SCALE, MIN_SCALE
+
 
 def use_deterministic(explicit: bool | None) -> bool:
     """Backward path: ``explicit``, else ``roiops.config.deterministic_backward``, else
@@ -36,15 +38,6 @@ def check_device(t: torch.Tensor, kernel) -> None:
             "roiops.triton got CPU tensors but its kernels are compiled for the GPU: set "
             "TRITON_INTERPRET=1 before roiops.triton is first imported to run them on the CPU "
             "through Triton's interpreter")
-
-
-def is_channels_last(t: torch.Tensor) -> bool:
-    # Same rule as the C++ kernels: ambiguous strides (C == 1, 1x1 maps) count as NCHW.
-    return t.is_contiguous(memory_format=torch.channels_last) and not t.is_contiguous()
-
-
-def memory_format(channels_last: bool) -> torch.memory_format:
-    return torch.channels_last if channels_last else torch.contiguous_format
 
 
 def opmath(dtype: torch.dtype) -> torch.dtype:
@@ -191,27 +184,27 @@ def _rois_type(rois: torch.Tensor, ref_name: str, ref: torch.Tensor) -> None:
 def _map_size(height: int, width: int) -> None:
     if height <= 0 or width <= 0:
         raise ValueError(f"roiops: input height and width must be positive, got height={height}, width={width}")
-    if height > 2**24 or width > 2**24:
+    if height > MAX_MAP_SIDE or width > MAX_MAP_SIDE:
         raise ValueError(f"roiops: input height and width must be at most 2^24, got {height} x {width}")
 
 
 def _pooled(pooled_height: int, pooled_width: int, source: str = "") -> None:
-    if not (0 < pooled_height <= 65536 and 0 < pooled_width <= 65536):
-        raise ValueError(f"roiops: output size must be in [1, 65536], got pooled_height={pooled_height}, "
+    if not (0 < pooled_height <= MAX_OUTPUT_SIZE and 0 < pooled_width <= MAX_OUTPUT_SIZE):
+        raise ValueError(f"roiops: output size must be in [1, {MAX_OUTPUT_SIZE}], got pooled_height={pooled_height}, "
                          f"pooled_width={pooled_width}{source}")
 
 
 def _scale(spatial_scale: object) -> None:
     if isinstance(spatial_scale, bool) or not isinstance(spatial_scale, numbers.Real):
         raise TypeError(f"roiops: spatial_scale must be a number, got {type(spatial_scale).__name__}")
-    if not 2.0**-64 <= float(spatial_scale) <= 2.0**64:  # the kernels use it as a float32
+    if not MIN_SCALE <= float(spatial_scale) <= MAX_SCALE:
         raise ValueError(f"roiops: spatial_scale must be in [2^-64, 2^64], got {spatial_scale!r}")
 
 
 def _sampling_ratio(sampling_ratio: object) -> None:
-    # A fixed ratio costs ratio^2 samples per bin, however small the box.
-    if _int("sampling_ratio", sampling_ratio) > 1024:
-        raise ValueError(f"roiops: sampling_ratio must be at most 1024 (<= 0 for adaptive), got {sampling_ratio}")
+    if _int("sampling_ratio", sampling_ratio) > MAX_SAMPLING_RATIO:
+        raise ValueError(f"roiops: sampling_ratio must be at most {MAX_SAMPLING_RATIO} (<= 0 for adaptive), "
+                         f"got {sampling_ratio}")
 
 
 def _check_forward(input: object, rois: object, spatial_scale: object, pooled_height: object,

@@ -8,10 +8,12 @@ where the formulas are the same.
 import triton
 import triton.language as tl
 
-# Coordinates beyond 2^24 feature-map cells are refused by the C++ kernels (float32
-# cannot place a sample there, and adaptive sampling loops sized from them would not
-# end); here such a row is masked like any other bad row.
-MAX_COORD = tl.constexpr(16777216.0)
+from .._geometry import MAX_COORDINATE
+
+# Coordinates beyond MAX_COORDINATE feature-map cells are refused by the validation layer
+# and the C++ kernels (float32 cannot place a sample there, and adaptive sampling loops
+# sized from them would not end); here such a row is masked like any other bad row.
+MAX_COORD = tl.constexpr(MAX_COORDINATE)
 # Upper bound for a sampling grid side before it is converted to int32.
 MAX_GRID = tl.constexpr(1073741824.0)
 INF = tl.constexpr(float("inf"))

@@ -50,8 +50,9 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import (GPU_TILE, LAUNCH_OPTS, cdiv, check_device, f64_bits, gather_blocks, is_channels_last, kernel,
-                      memory_format, next_pow2, opmath, tile_blocks, use_deterministic)
+from .._geometry import is_channels_last, memory_format
+from ._common import (GPU_TILE, LAUNCH_OPTS, cdiv, check_device, f64_bits, gather_blocks, kernel, next_pow2, opmath,
+                      tile_blocks, use_deterministic)
 from ._common import check_align_backward, check_align_forward
 from ._jit import (align_geometry, argmax_fits, axis_taps, beats, box_level, div_rn, first_skipped, level_map, load_roi,
                    map_spans, mark_box, may_touch, pick, sample_pos, sample_span, scale_of, touched_cells, with_flag)

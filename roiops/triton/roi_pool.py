@@ -30,8 +30,9 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import (LAUNCH_OPTS, cdiv, check_device, f64_bits, gather_blocks, is_channels_last, kernel,
-                      memory_format, next_pow2, opmath, tile_blocks, use_deterministic)
+from .._geometry import is_channels_last, memory_format
+from ._common import (LAUNCH_OPTS, cdiv, check_device, f64_bits, gather_blocks, kernel, next_pow2, opmath, tile_blocks,
+                      use_deterministic)
 from ._common import check_pool_backward, check_pool_forward
 from ._jit import along_c as _c  # per-channel vector -> tile axis
 from ._jit import along_p as _p  # per-bin / per-pixel vector -> tile axis

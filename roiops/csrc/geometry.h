@@ -1,0 +1,157 @@
+// Geometry primitives of docs/semantics.md shared by the CPU kernels: the limits on
+// coordinates and sizes and the argument checks built on them, the memory-format rule,
+// one axis's bilinear tap with its border rule, sample positions, C's rounding of box
+// corners and the first-maximum rule. Each is a rule about one sample, bin or argument,
+// independent of how a kernel plans its loops, so an op that does not separate into row
+// and column plans (rotated boxes, integrated pooling) reuses them as they are; the
+// separable plans live in sampling.h. Expressions keep torchvision's operations and
+// order, so float32 results agree with it bit for bit where the formulas are the same.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <cmath>
+#include <cstdint>
+
+namespace roiops {
+
+// float32 holds every integer up to 2^24 and none finer beyond: the bound of coordinates,
+// map sides and of positions that a kernel counts in float32.
+constexpr int64_t kFloatExact = int64_t(1) << 24;
+
+// Limits of docs/semantics.md ("Limits"); the Python layer checks the same ones first,
+// with friendlier messages, but a direct op call reaches the kernels unchecked.
+// Coordinates beyond this many feature-map cells are refused: float32 cannot place a
+// sample there, and sampling loops sized from them would not end.
+constexpr double kMaxCoordinate = static_cast<double>(kFloatExact);
+// Maps larger than the coordinate range along an axis could not be addressed by a box.
+constexpr int64_t kMaxMapSide = kFloatExact;
+// Bins per output side: bin indices stay exact in float32, and one box's output plane
+// holds at most 2^32 bins.
+constexpr int64_t kMaxPooled = int64_t(1) << 16;
+// A fixed sampling_ratio costs ratio^2 samples per bin however small the box: bounded so
+// that one bin is at most 2^20 samples (practical values are 0 to 8).
+constexpr int64_t kMaxSamplingRatio = 1024;
+// "max" stores the winner of a bin as the int32 iy * grid_w + ix: a bin's grid must have
+// at most this many samples (an adaptive grid of a huge box with a small output may not).
+constexpr int64_t kMaxArgmaxGrid = INT32_MAX;
+// spatial_scale must be a normal float32 value with room for it: the kernels compute
+// x * spatial_scale in float32, where 1e39 would be inf and 1e-46 zero.
+constexpr double kMinScale = 0x1p-64, kMaxScale = 0x1p64;
+
+// The coordinates are checked as the kernels compute them, x * scale in T (an infinite or
+// NaN product fails the comparison). check_coords false: batch indices only (RoIPool's
+// backward reads only them; its argmax values are checked instead).
+template <typename T>
+void check_rois_typed(const at::Tensor& rois, int64_t batch_size, double spatial_scale, bool check_coords) {
+  const T* r = rois.const_data_ptr<T>();
+  const T scale = static_cast<T>(spatial_scale);
+  for (int64_t k = 0; k < rois.size(0); ++k, r += 5) {
+    const T b = r[0];
+    TORCH_CHECK_VALUE(std::isfinite(b) && b == std::floor(b) && b >= 0 && b < batch_size,
+                      "roiops: rois row ", k, " has batch index ", b,
+                      ", which is not an integer in [0, ", batch_size, ")");
+    for (int i = 1; check_coords && i < 5; ++i) {
+      TORCH_CHECK_VALUE(std::isfinite(r[i]) && std::abs(r[i] * scale) <= static_cast<T>(kMaxCoordinate),
+                        "roiops: rois row ", k, " has coordinate ", r[i],
+                        " (not finite, or beyond 2^24 feature-map cells after spatial_scale)");
+    }
+  }
+}
+
+// Cheap checks of a direct op call; the Python layer has already given friendlier errors.
+// rois' shape is checked before anything reads its sizes.
+inline void check_args(const at::Tensor& rois, at::ScalarType input_type, int64_t height, int64_t width,
+                       double spatial_scale, int64_t pooled_height, int64_t pooled_width) {
+  TORCH_CHECK_VALUE(rois.dim() == 2 && rois.size(1) == 5, "roiops: rois must be [K, 5], got ", rois.sizes());
+  TORCH_CHECK_VALUE(at::isFloatingType(input_type), "roiops: input must be floating point");
+  TORCH_CHECK_VALUE(height > 0 && width > 0, "roiops: input height and width must be positive");
+  TORCH_CHECK_VALUE(height <= kMaxMapSide && width <= kMaxMapSide,
+                    "roiops: input height and width must be at most 2^24, got ", height, " x ", width);
+  TORCH_CHECK_VALUE(rois.scalar_type() == (input_type == at::kDouble ? at::kDouble : at::kFloat),
+                    "roiops: rois must be float64 for float64 input, float32 otherwise; got ", rois.scalar_type());
+  TORCH_CHECK_VALUE(rois.device().is_cpu(), "roiops: CPU kernel called with non-CPU tensors");
+  TORCH_CHECK_VALUE(pooled_height > 0 && pooled_width > 0 && pooled_height <= kMaxPooled && pooled_width <= kMaxPooled,
+                    "roiops: output size must be in [1, 65536], got ", pooled_height, " x ", pooled_width);
+  TORCH_CHECK_VALUE(spatial_scale >= kMinScale && spatial_scale <= kMaxScale,
+                    "roiops: spatial_scale must be in [2^-64, 2^64], got ", spatial_scale);
+}
+
+inline void check_sampling_ratio(int64_t sampling_ratio) {
+  TORCH_CHECK_VALUE(sampling_ratio <= kMaxSamplingRatio, "roiops: sampling_ratio must be at most ", kMaxSamplingRatio,
+                    " (<= 0 for adaptive), got ", sampling_ratio);
+}
+
+inline void check_input(const at::Tensor& input) {
+  TORCH_CHECK_VALUE(input.dim() == 4, "roiops: input must be 4-D [N, C, H, W], got ", input.dim(), "-D");
+  TORCH_CHECK_VALUE(input.device().is_cpu(), "roiops: CPU kernel called with non-CPU tensors");
+}
+
+// Checks every row of a [K, 5] rois tensor of the opmath type.
+inline void check_rois(const at::Tensor& rois, int64_t batch_size, double spatial_scale, bool check_coords = true) {
+  AT_DISPATCH_FLOATING_TYPES(rois.scalar_type(), "roiops_check_rois",
+                             [&] { check_rois_typed<scalar_t>(rois, batch_size, spatial_scale, check_coords); });
+}
+
+// The kernels' layout rule: channels_last strides, unless they are also NCHW-contiguous
+// (C == 1, or a 1 x 1 map), which counts as NCHW. Outputs take the input's format.
+inline bool is_channels_last(const at::Tensor& t) {
+  return t.is_contiguous(at::MemoryFormat::ChannelsLast) && !t.is_contiguous();
+}
+
+inline at::MemoryFormat format_of(bool channels_last) {
+  return channels_last ? at::MemoryFormat::ChannelsLast : at::MemoryFormat::Contiguous;
+}
+
+// Interpolation taps of one sample along one axis: weight h at lo, l at hi.
+template <typename T>
+struct Tap {
+  int64_t lo, hi;
+  T l, h;
+};
+
+// semantics.md "roi_align avg" border rule along one axis; false for a point with value 0.
+template <typename T>
+inline bool make_tap(T v, int64_t size, Tap<T>& t) {
+  if (!(v >= T(-1) && v <= static_cast<T>(size))) return false;  // NaN too
+  if (v <= 0) v = 0;
+  int64_t lo = static_cast<int64_t>(v);
+  int64_t hi;
+  if (lo >= size - 1) {
+    hi = lo = size - 1;
+    v = static_cast<T>(lo);
+  } else {
+    hi = lo + 1;
+  }
+  t.lo = lo;
+  t.hi = hi;
+  t.l = v - static_cast<T>(lo);
+  t.h = T(1) - t.l;
+  return true;
+}
+
+// Position of sample s of bin b along one axis (semantics.md "roi_align avg"): bins of
+// `bin` cells from `start`, each with `grid` samples at the centres of equal parts.
+template <typename T>
+inline T sample_position(T start, T bin, int64_t b, int64_t s, int64_t grid) {
+  return start + static_cast<T>(b) * bin + (static_cast<T>(s) + T(0.5)) * bin / static_cast<T>(grid);
+}
+
+// C's round(), halves away from zero: Caffe-convention RoIPool snaps box corners with it
+// (semantics.md "roi_pool").
+template <typename T>
+inline int64_t round_half_away(T v) {
+  return static_cast<int64_t>(std::round(v));
+}
+
+// The running maximum of docs/semantics.md (strictly greater wins, the first NaN wins) with
+// positions: does candidate (v, a) come before (best, idx) in row-major order of the first
+// maximum? idx < 0: nothing yet. Vectorised loops spell out the same rule branch-free.
+template <typename T>
+inline bool first_max(T v, int64_t a, T best, int64_t idx) {
+  if (idx < 0) return true;
+  if (std::isnan(v)) return !std::isnan(best) || a < idx;
+  return !std::isnan(best) && (v > best || (v == best && a < idx));
+}
+
+}  // namespace roiops
