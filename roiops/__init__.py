@@ -10,8 +10,7 @@ from types import ModuleType
 
 from . import _onnx_hook, config
 from ._backend import use_backend
-from .functional import fpn_levels, multi_scale_roi_align, roi_align, roi_pool
-from .modules import RoIAlign, RoIPool
+from .ops import RoIAlign, RoIPool, fpn_levels, multi_scale_roi_align, roi_align, roi_pool
 
 __all__ = ["RoIAlign", "RoIPool", "config", "fpn_levels", "multi_scale_roi_align", "roi_align", "roi_pool",
            "use_backend"]

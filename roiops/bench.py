@@ -70,14 +70,16 @@ def tiny(w: Workload) -> Workload:
     return replace(w, channels=8, height=20, width=24, boxes=16)
 
 
-def make_boxes(w: Workload, generator: torch.Generator) -> torch.Tensor:
-    """Log-uniform box sizes from 16 to 512 px, centres uniform over the image."""
-    img_w, img_h = w.width / w.scale, w.height / w.scale
-    log_size = torch.empty(w.boxes, 2).uniform_(math.log(16), math.log(512), generator=generator)
+def log_uniform_boxes(count: int, n_images: int, img_w: float, img_h: float,
+                      generator: torch.Generator) -> torch.Tensor:
+    """[count, 5] float32 boxes: sides log-uniform from 16 to 512 px, centres uniform over
+    an img_w x img_h image, image index uniform in [0, n_images). Also the GPU benchmark's
+    (benchmarks/bench_triton.py)."""
+    log_size = torch.empty(count, 2).uniform_(math.log(16), math.log(512), generator=generator)
     size = torch.exp(log_size)
-    centre = torch.rand(w.boxes, 2, generator=generator) * torch.tensor([img_w, img_h])
+    centre = torch.rand(count, 2, generator=generator) * torch.tensor([img_w, img_h])
     xy1, xy2 = centre - size / 2, centre + size / 2
-    idx = torch.randint(0, w.n, (w.boxes, 1), generator=generator).float()
+    idx = torch.randint(0, n_images, (count, 1), generator=generator).float()
     return torch.cat([idx, xy1, xy2], dim=1)
 
 
@@ -108,7 +110,7 @@ def measure(w: Workload, channels_last: bool, threads: int, repeats: int,
     x = torch.randn(w.n, w.channels, w.height, w.width, generator=g)
     if channels_last:
         x = x.contiguous(memory_format=torch.channels_last)
-    boxes = make_boxes(w, g)
+    boxes = log_uniform_boxes(w.boxes, w.n, w.width / w.scale, w.height / w.scale, g)
     rows = []
     ours, peer = functions(w, torchvision)
     runs = {}

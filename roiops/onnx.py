@@ -55,7 +55,7 @@ import torch
 from onnxscript import ir
 from onnxscript import opset18
 
-from . import _ops  # noqa: F401  (registers torch.ops.roiops.*)
+from . import ops  # noqa: F401  (registers torch.ops.roiops.*)
 
 __all__ = ["MIN_OPSET", "export", "translation_table"]
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from .. import functional as F
+from .. import ops as F
 from . import torchvision as tv
 from .torchvision import roi_align
 

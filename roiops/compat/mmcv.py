@@ -28,7 +28,7 @@ from typing import Union
 from torch import Tensor, nn
 
 from .. import _validation as v
-from .. import functional as F
+from .. import ops as F
 
 __all__ = ["RoIAlign", "RoIPool", "roi_align", "roi_pool"]
 

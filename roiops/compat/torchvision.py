@@ -23,7 +23,7 @@ import torch
 from torch import Tensor, nn
 
 from .. import _validation as v
-from .. import functional as F
+from .. import ops as F
 
 __all__ = ["LevelMapper", "MultiScaleRoIAlign", "RoIAlign", "RoIPool", "roi_align", "roi_pool"]
 

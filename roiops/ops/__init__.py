@@ -1,0 +1,10 @@
+"""The operators, one module each: its registered ``torch.ops.roiops`` ops (declared once,
+built by ``_declare``), its public function and its Module. Importing this package
+registers them all."""
+
+from .._validation import BoxesType, OutputSize
+from .multi_scale import fpn_levels, multi_scale_roi_align
+from .roi_align import RoIAlign, roi_align
+from .roi_pool import RoIPool, roi_pool
+
+__all__ = ["BoxesType", "OutputSize", "RoIAlign", "RoIPool", "fpn_levels", "multi_scale_roi_align", "roi_align", "roi_pool"]

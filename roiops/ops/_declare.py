@@ -1,0 +1,158 @@
+"""Builds an op from its declaration: the registered ``torch.ops.roiops`` pair (forward and
+backward) with their fake kernels, autograd and the refusal of double backward; and the
+``nn.Module`` base that validates an op's arguments by name.
+
+The kernel contract (docs/architecture.md): op ``roiops::<name>`` calls
+``<kernels>.<name>_forward(input, rois, *args)``; op ``roiops::_<name>_backward`` calls
+``<kernels>.<name>_backward(grad, *saved, rois, *backward)``, where ``saved`` are the
+forward's extra outputs (an argmax) and ``backward`` names forward arguments or the
+input's ``batch_size, channels, height, width, channels_last``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from contextlib import nullcontext
+from dataclasses import dataclass
+from typing import Any, Literal, get_args, get_origin, get_type_hints
+
+import torch
+from torch import Tensor, nn
+
+from .. import _backend
+from .. import _validation as v
+from .._geometry import is_channels_last, memory_format
+
+# Backward arguments that come from the input rather than from the forward's arguments.
+_FROM_INPUT = {"batch_size": "int", "channels": "int", "height": "int", "width": "int", "channels_last": "bool"}
+
+
+@dataclass(frozen=True)
+class Kernels:
+    """One registered op pair. ``args``: the forward's arguments after ``input`` and ``rois``,
+    as ``(type, name)`` in schema types; ``saved``: names of the forward's outputs after the
+    first, which the backward receives (not differentiable); ``backward``: the backward's
+    arguments after grad, the saved outputs and rois, in the kernels' order; ``title``:
+    how errors name the op."""
+
+    name: str
+    args: tuple[tuple[str, str], ...]
+    backward: tuple[str, ...]
+    saved: tuple[str, ...] = ()
+    title: str = ""
+
+
+def _schema(params: list[tuple[str, str]], outputs: int) -> str:
+    returns = "Tensor" if outputs == 1 else "(" + ", ".join(["Tensor"] * outputs) + ")"
+    return "(" + ", ".join(f"{t} {n}" for t, n in params) + ") -> " + returns
+
+
+def register(spec: Kernels) -> None:
+    """Defines ``roiops::<name>`` and ``roiops::_<name>_backward`` from ``spec``."""
+    types = dict((n, t) for t, n in spec.args) | _FROM_INPUT
+    arg_names = [n for _, n in spec.args]
+    n_inputs = 2 + len(spec.args)
+    forward_kernel, backward_kernel = f"{spec.name}_forward", f"{spec.name}_backward"
+
+    def forward(input: Tensor, rois: Tensor, *args: Any) -> Any:
+        return getattr(_backend.kernels(input.device), forward_kernel)(input, rois, *args)
+
+    def backward(grad: Tensor, *args: Any) -> Tensor:
+        return getattr(_backend.kernels(grad.device), backward_kernel)(grad, *args)
+
+    fwd = torch.library.custom_op(
+        f"roiops::{spec.name}", forward, mutates_args=(),
+        schema=_schema([("Tensor", "input"), ("Tensor", "rois"), *spec.args], 1 + len(spec.saved)))
+    bwd = torch.library.custom_op(
+        f"roiops::_{spec.name}_backward", backward, mutates_args=(),
+        schema=_schema([("Tensor", "grad"), *(("Tensor", s) for s in spec.saved), ("Tensor", "rois"),
+                        *((types[n], n) for n in spec.backward)], 1))
+
+    def forward_fake(input: Tensor, rois: Tensor, *args: Any) -> Any:
+        named = dict(zip(arg_names, args))
+        shape = (rois.shape[0], input.shape[1], named["pooled_height"], named["pooled_width"])
+        fmt = memory_format(is_channels_last(input))
+        out = torch.empty(shape, dtype=input.dtype, device=input.device, memory_format=fmt)
+        saved = [torch.empty(shape, dtype=torch.int32, device=input.device, memory_format=fmt) for _ in spec.saved]
+        return (out, *saved) if saved else out
+
+    def backward_fake(grad: Tensor, *args: Any) -> Tensor:
+        named = dict(zip(spec.backward, args[len(spec.saved) + 1:]))
+        return torch.empty((named["batch_size"], named["channels"], named["height"], named["width"]), dtype=grad.dtype,
+                           device=grad.device, memory_format=memory_format(named["channels_last"]))
+
+    fwd.register_fake(forward_fake)
+    bwd.register_fake(backward_fake)
+
+    # Where each backward argument comes from: a forward argument (its position), or the input.
+    sources = [2 + arg_names.index(n) if n in arg_names else n for n in spec.backward]
+
+    def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
+        input, rois = inputs[:2]
+        n, c, h, w = input.shape
+        from_input = {"batch_size": n, "channels": c, "height": h, "width": w,
+                      "channels_last": is_channels_last(input)}
+        # Otherwise autograd hands backward zero tensors the size of the int outputs (51 MB
+        # for a box head's argmax), costing more than a third of the backward itself.
+        ctx.set_materialize_grads(False)
+        ctx.save_for_backward(rois, *(output[1:] if spec.saved else ()))
+        ctx.args = tuple(inputs[i] if isinstance(i, int) else from_input[i] for i in sources)
+        ctx.backend = _backend.current()
+
+    def gradient(ctx: Any, grad: Tensor | None, *_int_outputs: Any) -> tuple[Tensor | None, ...]:
+        if grad is None:  # the output took no part in the loss
+            return (None,) * n_inputs
+        rois, *saved = ctx.saved_tensors
+        with _backend.use_backend(ctx.backend) if ctx.backend else nullcontext():
+            gi = bwd(grad, *saved, rois, *ctx.args)
+        return (gi,) + (None,) * (n_inputs - 1)
+
+    fwd.register_autograd(gradient, setup_context=setup_context)
+    refuse_double_backward(bwd, spec.title or spec.name)
+
+
+def refuse_double_backward(backward_op: Any, title: str) -> None:
+    """A clear error for a gradient of the gradient, instead of autograd's "no autograd
+    formula was registered"."""
+    def no_double_backward(ctx: Any, *grads: Any) -> Any:
+        raise RuntimeError(f"roiops: {title} has no double backward (gradient of its gradient); torchvision's RoI "
+                           "ops have none either")
+
+    backward_op.register_autograd(no_double_backward)
+
+
+_CHECKS: dict[str, Callable[[Any], Any]] = {
+    "output_size": v.output_size, "spatial_scale": v.spatial_scale, "sampling_ratio": v.sampling_ratio}
+
+
+def _normalizer(name: str, annotation: Any) -> Callable[[Any], Any]:
+    """The check of an option: by its name, or by its type (a Literal's choices, a flag)."""
+    if name in _CHECKS:
+        return _CHECKS[name]
+    if get_origin(annotation) is Literal:
+        return lambda value: v.choice(name, value, get_args(annotation))
+    if annotation is bool:
+        return lambda value: v.flag(name, value)
+    raise TypeError(f"no check for option {name!r}: {annotation!r}")
+
+
+class RoIModule(nn.Module):
+    """``nn.Module`` form of a public op function ``function(input, boxes, **options)``: the
+    options are checked at construction with the same checks as the function's, stored as
+    attributes and shown in the repr."""
+
+    function: Callable[..., Tensor]
+
+    def __init__(self, **options: Any) -> None:
+        super().__init__()
+        hints = get_type_hints(type(self).__init__, include_extras=True)
+        for name, value in options.items():
+            setattr(self, name, _normalizer(name, hints[name])(value))
+        self._options = tuple(options)
+
+    def forward(self, input: Tensor, boxes: v.BoxesType) -> Tensor:
+        return type(self).function(input, boxes, **{n: getattr(self, n) for n in self._options})
+
+    def extra_repr(self) -> str:
+        return ", ".join(f"{n}={getattr(self, n)!r}" for n in self._options)
+

@@ -1,0 +1,180 @@
+"""Multi-level (FPN) RoIAlign: the level rules, its registered ops and public function.
+Semantics: docs/semantics.md, "multi_scale_roi_align".
+
+Box k is pooled from inputs[levels[k]] at spatial_scales[levels[k]]; a level outside
+[0, len(inputs)) gives 0. The Triton kernels do all levels in one launch; the other
+backends run their single-level kernels once per level.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from contextlib import nullcontext
+from typing import List, Literal  # noqa: UP035  (schema inference before torch 2.7 knows no list[...])
+
+import torch
+from torch import Tensor
+
+from .. import _backend
+from .. import _validation as v
+from .._geometry import is_channels_last, memory_format
+from .._validation import BoxesType, OutputSize
+from . import roi_align as _single_level  # noqa: F401  (the per-level kernels' ops)
+from ._declare import refuse_double_backward
+
+
+def fpn_levels(rois: Tensor, k_min: int, k_max: int, canonical_box_size: float = 224.0, canonical_level: int = 4,
+               rule: Literal["torchvision", "detectron2"] = "torchvision", eps: float = 1e-6) -> Tensor:
+    """FPN level of each ``(batch_index, x1, y1, x2, y2)`` row (Feature Pyramid Networks,
+    eq. 1), as an int64 offset from ``k_min``, computed on the boxes' device (no sync).
+
+    ``"torchvision"``: ``floor(canonical_level + log2(sqrt(area) / canonical_box_size) + eps)``;
+    ``"detectron2"``: ``floor(canonical_level + log2(sqrt(area) / canonical_box_size + 1e-8))``;
+    both in the boxes' dtype, as those libraries compute them, clamped to ``[k_min, k_max]``.
+    A box of negative area has no level: -1 (it pools to 0).
+    """
+    size = ((rois[:, 3] - rois[:, 1]) * (rois[:, 4] - rois[:, 2])).sqrt()
+    if rule == "torchvision":
+        level = (canonical_level + torch.log2(size / canonical_box_size)) + torch.tensor(eps, dtype=size.dtype)
+    else:
+        level = canonical_level + torch.log2(size / canonical_box_size + 1e-8)
+    level = level.floor().clamp(min=k_min, max=k_max)
+    return torch.where(level.isnan(), k_min - 1, level).to(torch.int64) - k_min
+
+
+def multi_scale_roi_align(
+    features: Sequence[Tensor],
+    boxes: BoxesType,
+    output_size: OutputSize,
+    spatial_scales: Sequence[float],
+    sampling_ratio: int = -1,
+    aligned: bool = False,
+    *,
+    level_rule: Literal["torchvision", "detectron2"] = "torchvision",
+    canonical_box_size: float = 224.0,
+    canonical_level: int = 4,
+) -> Tensor:
+    """Multi-level (FPN) RoIAlign: each box is pooled from the feature map its size selects.
+
+    Args:
+        features: 1 to 5 maps ``[N, C, H_l, W_l]``, finest first, same N, C, dtype and
+            device (channels_last if the first one is).
+        boxes: as for :func:`roi_align`, in input-image pixels.
+        output_size, sampling_ratio, aligned: as for :func:`roi_align` (mode "avg").
+        spatial_scales: one per map, consecutive powers of two, e.g. ``[1/4, 1/8, 1/16, 1/32]``.
+        level_rule: the level formula of torchvision's ``MultiScaleRoIAlign`` or of
+            detectron2's ``ROIPooler`` (see :func:`fpn_levels`).
+        canonical_box_size, canonical_level: a box of this size (pixels) goes to this level.
+
+    Returns:
+        ``Tensor[K, C, h, w]`` in box order. On CUDA all levels run in one kernel launch
+        per pass, with the levels chosen on the device: no host synchronisation.
+
+    Example::
+
+        >>> maps = [torch.randn(2, 256, 200 // 2**i, 336 // 2**i) for i in range(4)]
+        >>> boxes = [torch.tensor([[10.0, 20.0, 300.0, 250.0]]), torch.tensor([[0.0, 0.0, 64.0, 64.0]])]
+        >>> roiops.multi_scale_roi_align(maps, boxes, 7, [1 / 4, 1 / 8, 1 / 16, 1 / 32], 2).shape
+        torch.Size([2, 256, 7, 7])
+    """
+    maps = v.feature_maps(features)
+    scales = v.spatial_scales(spatial_scales, len(maps), pyramid=True)
+    k_min = -int(math.log2(scales[0]))
+    h, w = v.output_size(output_size)
+    ratio = v.sampling_ratio(sampling_ratio)
+    aligned = v.flag("aligned", aligned)
+    rule = v.choice("level_rule", level_rule, ("torchvision", "detectron2"))
+    rois = v.rois(maps[0], boxes, max(scales))
+    levels = fpn_levels(rois, k_min, k_min + len(maps) - 1, canonical_box_size, canonical_level,
+                        rule)  # type: ignore[arg-type]
+    return torch.ops.roiops.multi_scale_roi_align(maps, rois, levels, scales, h, w, ratio, aligned)
+
+
+def _empty_out(input: Tensor, rois: Tensor, ph: int, pw: int) -> Tensor:
+    return torch.empty((rois.shape[0], input.shape[1], ph, pw), dtype=input.dtype, device=input.device,
+                       memory_format=memory_format(is_channels_last(input)))
+
+
+def _empty_grad(grad: Tensor, n: int, c: int, h: int, w: int, channels_last: bool) -> Tensor:
+    return torch.empty((n, c, h, w), dtype=grad.dtype, device=grad.device, memory_format=memory_format(channels_last))
+
+
+def _levels_forward(kernels, inputs, rois, levels, spatial_scales, ph, pw, sampling_ratio, aligned):
+    out = _empty_out(inputs[0], rois, ph, pw).zero_()
+    for level, (x, scale) in enumerate(zip(inputs, spatial_scales)):
+        chosen = (levels == level).nonzero().squeeze(1)  # a sync, which only CPU-side kernels reach
+        if chosen.numel():
+            out.index_copy_(0, chosen, kernels.roi_align_forward(x, rois[chosen], scale, ph, pw, sampling_ratio,
+                                                                 aligned))
+    return out
+
+
+def _levels_backward(kernels, grad, rois, levels, spatial_scales, ph, pw, batch_size, channels, heights, widths,
+                     sampling_ratio, aligned, channels_last):
+    grads = []
+    for level, (scale, h, w) in enumerate(zip(spatial_scales, heights, widths)):
+        chosen = (levels == level).nonzero().squeeze(1)
+        grads.append(kernels.roi_align_backward(grad[chosen], rois[chosen], scale, ph, pw, batch_size, channels, h, w,
+                                                sampling_ratio, aligned, channels_last))
+    return grads
+
+
+@torch.library.custom_op("roiops::multi_scale_roi_align", mutates_args=())
+def _multi_scale_roi_align_op(
+    inputs: List[Tensor], rois: Tensor, levels: Tensor, spatial_scales: List[float], pooled_height: int,
+    pooled_width: int, sampling_ratio: int, aligned: bool,
+) -> Tensor:
+    kernels = _backend.kernels(rois.device)
+    if hasattr(kernels, "multi_scale_roi_align_forward"):
+        return kernels.multi_scale_roi_align_forward(inputs, rois, levels, spatial_scales, pooled_height,
+                                                     pooled_width, sampling_ratio, aligned)
+    return _levels_forward(kernels, inputs, rois, levels, spatial_scales, pooled_height, pooled_width,
+                           sampling_ratio, aligned)
+
+
+@torch.library.custom_op("roiops::_multi_scale_roi_align_backward", mutates_args=())
+def _multi_scale_roi_align_backward(
+    grad: Tensor, rois: Tensor, levels: Tensor, spatial_scales: List[float], pooled_height: int, pooled_width: int,
+    batch_size: int, channels: int, heights: List[int], widths: List[int], sampling_ratio: int, aligned: bool,
+    channels_last: bool,
+) -> List[Tensor]:
+    kernels = _backend.kernels(grad.device)
+    args = (grad, rois, levels, spatial_scales, pooled_height, pooled_width, batch_size, channels, heights, widths,
+            sampling_ratio, aligned, channels_last)
+    if hasattr(kernels, "multi_scale_roi_align_backward"):
+        return kernels.multi_scale_roi_align_backward(*args)
+    return _levels_backward(kernels, *args)
+
+
+@_multi_scale_roi_align_op.register_fake
+def _(inputs, rois, levels, spatial_scales, pooled_height, pooled_width, sampling_ratio, aligned):
+    return _empty_out(inputs[0], rois, pooled_height, pooled_width)
+
+
+@_multi_scale_roi_align_backward.register_fake
+def _(grad, rois, levels, spatial_scales, pooled_height, pooled_width, batch_size, channels, heights, widths,
+      sampling_ratio, aligned, channels_last):
+    return [_empty_grad(grad, batch_size, channels, h, w, channels_last) for h, w in zip(heights, widths)]
+
+
+def _setup_levels(ctx, inputs, output):
+    maps, rois, levels, spatial_scales, ph, pw, sampling_ratio, aligned = inputs
+    ctx.set_materialize_grads(False)
+    ctx.save_for_backward(rois, levels)
+    ctx.args = (spatial_scales, ph, pw, maps[0].shape[0], maps[0].shape[1], [x.shape[2] for x in maps],
+                [x.shape[3] for x in maps], sampling_ratio, aligned, is_channels_last(maps[0]))
+    ctx.backend = _backend.current()
+
+
+def _levels_grad(ctx, grad):
+    if grad is None:  # a list input takes a list of gradients
+        return [None] * len(ctx.args[5]), None, None, None, None, None, None, None
+    rois, levels = ctx.saved_tensors
+    with _backend.use_backend(ctx.backend) if ctx.backend else nullcontext():
+        grads = torch.ops.roiops._multi_scale_roi_align_backward(grad, rois, levels, *ctx.args)
+    return grads, None, None, None, None, None, None, None
+
+
+_multi_scale_roi_align_op.register_autograd(_levels_grad, setup_context=_setup_levels)
+refuse_double_backward(_multi_scale_roi_align_backward, "multi_scale_roi_align")
