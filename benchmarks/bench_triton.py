@@ -29,6 +29,8 @@ from dataclasses import dataclass
 
 import torch
 
+from roiops.bench import log_uniform_boxes
+
 N, C, H, W = 2, 256, 200, 336
 SCALE = 0.25
 IMG_H, IMG_W = H / SCALE, W / SCALE
@@ -42,18 +44,11 @@ KNOWN_PEAK_GBPS = {
 
 
 def make_boxes(count: int, seed: int, device) -> torch.Tensor:
-    """[count, 5] boxes, sides log-uniform in 16..512 px, centres uniform in the image."""
-    g = torch.Generator().manual_seed(seed)
-    lo, hi = math.log(16.0), math.log(512.0)
-    wh = torch.exp(torch.rand(count, 2, generator=g, dtype=torch.float64) * (hi - lo) + lo)
-    cx = torch.rand(count, generator=g, dtype=torch.float64) * IMG_W
-    cy = torch.rand(count, generator=g, dtype=torch.float64) * IMG_H
-    x1 = (cx - wh[:, 0] / 2).clamp(0, IMG_W - 1)
-    x2 = (cx + wh[:, 0] / 2).clamp(1, IMG_W)
-    y1 = (cy - wh[:, 1] / 2).clamp(0, IMG_H - 1)
-    y2 = (cy + wh[:, 1] / 2).clamp(1, IMG_H)
-    b = torch.randint(0, N, (count,), generator=g).to(torch.float64)
-    return torch.stack([b, x1, y1, x2, y2], 1).to(torch.float32).to(device)
+    """[count, 5] float32 boxes from the CPU suite's generator (sides log-uniform in
+    16..512 px, centres uniform in the image), clipped to the image."""
+    b, x1, y1, x2, y2 = log_uniform_boxes(count, N, IMG_W, IMG_H, torch.Generator().manual_seed(seed)).unbind(1)
+    return torch.stack([b, x1.clamp(0, IMG_W - 1), y1.clamp(0, IMG_H - 1), x2.clamp(1, IMG_W), y2.clamp(1, IMG_H)],
+                       1).to(device)
 
 
 def covered_cells(rois: torch.Tensor) -> int:

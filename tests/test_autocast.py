@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import roiops
+from cases import tol
 
 BOXES = torch.tensor([[0, 1.0, 2.0, 13.0, 11.0], [1, -3.0, -2.0, 20.0, 9.0], [0, 5.5, 6.25, 5.75, 9.0],
                       [1, 30.0, 30.0, 40.0, 44.0], [0, 8.0, 9.0, 3.0, 1.0]])
@@ -34,11 +35,10 @@ def _check(device: str, dtype: torch.dtype) -> None:
         outs = _ops(f, boxes)
         assert all(o.dtype == torch.float32 for o in _ops(x, boxes))  # float32 input: float32 result
     reference = _ops(f.float(), boxes)
-    tol = {torch.bfloat16: 1e-2, torch.float16: 1e-3}[dtype]
     for out, ref in zip(outs, reference):
         assert out.dtype == dtype
         assert torch.equal(out, ref.to(dtype))  # one rounding of the float32 result
-        torch.testing.assert_close(out.float(), ref, rtol=tol, atol=tol)
+        torch.testing.assert_close(out.float(), ref, **tol(dtype))
 
     # Backward: the input gradient also accumulates in float32 and is rounded once.
     grad_out = torch.randn(len(boxes), 8, 3, 3, device=device).to(dtype)
@@ -51,7 +51,7 @@ def _check(device: str, dtype: torch.dtype) -> None:
     if device == "cpu":
         assert torch.equal(leaf.grad, leaf32.grad.to(dtype))
     else:  # the GPU backward may add with atomics, in any order
-        torch.testing.assert_close(leaf.grad.float(), leaf32.grad, rtol=tol, atol=tol)
+        torch.testing.assert_close(leaf.grad.float(), leaf32.grad, **tol(dtype))
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])

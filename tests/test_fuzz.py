@@ -21,6 +21,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 import roiops
+from cases import ALIGN, API, tol
 
 SETTINGS = dict(derandomize=True, database=None, deadline=None, print_blob=True,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
@@ -98,12 +99,10 @@ def cases(draw):
     n, _, h, w = x.shape
     scale = draw(st.sampled_from(SCALES))
     rois, invalid = draw(box_rows(n, h, w, scale, allow_invalid=True))
-    op = draw(st.sampled_from(["avg", "max", "caffe", "mmdet"]))
+    op = draw(st.sampled_from(list(API)))
     args = dict(output_size=(draw(st.integers(1, 4)), draw(st.integers(1, 4))), spatial_scale=scale)
-    if op in ("avg", "max"):
-        args.update(sampling_ratio=draw(st.sampled_from([-1, 0, 1, 2, 3, 5])), aligned=draw(st.booleans()), mode=op)
-    else:
-        args.update(convention=op)
+    if op in ALIGN:
+        args.update(sampling_ratio=draw(st.sampled_from([-1, 0, 1, 2, 3, 5])), aligned=draw(st.booleans()))
     as_list = draw(st.booleans())  # torchvision's other box form: a list of [L, 4] per image
     # Boxes in the input's dtype, unless that overflows (float16 holds at most 65504).
     cast = rois.to(x.dtype) if bool(torch.isfinite(rois.to(x.dtype)[:, 1:]).all()) else rois.to(torch.float32)
@@ -115,9 +114,8 @@ def cases(draw):
 
 
 def run(x, boxes, op, args):
-    if op in ("avg", "max"):
-        return roiops.roi_align(x, boxes, **args)
-    return roiops.roi_pool(x, boxes, **args)
+    return API[op](x, boxes, args["output_size"], args["spatial_scale"], args.get("sampling_ratio"),
+                   args.get("aligned"))
 
 
 def grid_product(rois, args) -> float:
@@ -132,10 +130,6 @@ def grid_product(rois, args) -> float:
         if gw > 0 and gh > 0:
             best = max(best, gw * gh)
     return best
-
-
-def tolerance(dtype):
-    return {torch.float64: 1e-9, torch.float32: 2e-5}.get(dtype, 2e-2)
 
 
 @settings(max_examples=1500, **SETTINGS)
@@ -170,12 +164,11 @@ def test_cpu_and_reference_agree(case):
         assert results["cpu"] is None and results["reference"] is None
         return
     (out, g_in), (rout, rg_in) = results["cpu"], results["reference"]
-    tol = tolerance(x.dtype)
     if op == "avg":
-        torch.testing.assert_close(out, rout, rtol=tol, atol=tol, equal_nan=True)
+        torch.testing.assert_close(out, rout, **tol(x.dtype), equal_nan=True)
     else:  # a maximum is one sample's value: the same bits
         torch.testing.assert_close(out, rout, rtol=0, atol=0, equal_nan=True)
-    torch.testing.assert_close(g_in, rg_in, rtol=tol, atol=tol, equal_nan=True)
+    torch.testing.assert_close(g_in, rg_in, **tol(x.dtype), equal_nan=True)
     check_torchvision(x.detach(), values, rois, boxes, op, args, out.detach(), g_in)
 
 
@@ -238,7 +231,7 @@ def risky(draw):
     # A fixed ratio costs output * ratio^2 samples: large outputs only with small ratios.
     size = pick("size", [1, 2, (1, 2)] if ratio > 8 else [1, 3, (1, 2**16), (2**16, 2)],
                 [2**16 + 1, 10**20, 0, -1, (2, 0)])
-    kind = draw(st.sampled_from(["avg", "max", "caffe", "mmdet", "direct"]))
+    kind = draw(st.sampled_from([*API, "direct"]))
     return dict(shape=shape, dtype=str(dtype).split(".")[1], channels_last=channels_last, rows=rows, scale=scale,
                 ratio=ratio, size=size, aligned=draw(st.booleans()), kind=kind)
 
@@ -258,9 +251,7 @@ def _run_risky(case):
             ph, pw = (size, size) if isinstance(size, int) else size
             r = rois.to(torch.float64 if dtype == torch.float64 else torch.float32)
             return torch.ops.roiops.roi_align_max(x, r, s, ph, pw, ratio, aligned)[0]
-        if kind in ("avg", "max"):
-            return roiops.roi_align(x.requires_grad_(True), rois, size, s, ratio, aligned, kind)
-        return roiops.roi_pool(x.requires_grad_(True), rois, size, s, kind)
+        return API[kind](x.requires_grad_(True), rois, size, s, ratio, aligned)
 
     results = []
     for backend in ("cpu", "reference"):
@@ -277,7 +268,7 @@ def _run_risky(case):
                     w in str(e) for w in ("output_size", "spatial_scale", "sampling_ratio", "row")), repr(e)
             results.append(None)
     if kind != "direct" and results[0] is not None and results[1] is not None:
-        torch.testing.assert_close(results[0], results[1], rtol=2e-2, atol=2e-2, equal_nan=True)
+        torch.testing.assert_close(results[0], results[1], **tol(dtype), equal_nan=True)
     if kind != "direct":
         assert (results[0] is None) == (results[1] is None), (case, results)
 

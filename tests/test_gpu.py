@@ -29,8 +29,13 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(),
 
 import roiops
 import roiops.reference as REF
+from cases import tol
 # Skipped, with the reason, where Triton is older than roiops supports (torch < 2.11).
-rt = pytest.importorskip("roiops.triton", exc_type=ImportError)
+from roiops._backend import triton_too_old
+
+if triton_too_old():
+    pytest.skip(triton_too_old(), allow_module_level=True)
+import roiops.triton as rt
 
 torchvision = pytest.importorskip("torchvision")
 
@@ -101,8 +106,7 @@ def both_backwards(fn):
 
 
 def close(actual: torch.Tensor, expected: torch.Tensor, dtype: torch.dtype) -> None:
-    tol = {F32: (1e-5, 1e-5), F64: (1e-12, 1e-12), F16: (1e-2, 1e-2), BF16: (2e-2, 2e-2)}[dtype]
-    torch.testing.assert_close(actual, expected, rtol=tol[0], atol=tol[1], equal_nan=True)
+    torch.testing.assert_close(actual, expected, **tol(dtype), equal_nan=True)
 
 
 def exact(actual: torch.Tensor, expected: torch.Tensor, what: str) -> None:

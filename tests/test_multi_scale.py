@@ -2,19 +2,19 @@
 single-level roi_align on the level each box's size selects (the definition), on every
 kernel set."""
 
+import importlib
 import math
 
 import pytest
 import torch
 
 import roiops
+from cases import tol
 
-try:
-    import roiops.triton as rt
-    NO_TRITON = ""
-except ImportError as e:  # Triton older than roiops supports (torch < 2.11)
-    rt, NO_TRITON = None, str(e)
-needs_triton = pytest.mark.skipif(rt is None, reason=NO_TRITON)
+from roiops._backend import triton_too_old
+
+rt = None if triton_too_old() else importlib.import_module("roiops.triton")
+needs_triton = pytest.mark.skipif(rt is None, reason=triton_too_old())
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 SCALES = [1 / 4, 1 / 8, 1 / 16, 1 / 32]
@@ -137,8 +137,7 @@ def test_triton_one_launch_equals_single_level_kernels(dtype, channels_last):
             assert gl[level].dtype == dtype and gl[level].shape == f.shape
             fmt = torch.channels_last if channels_last else torch.contiguous_format
             assert gl[level].is_contiguous(memory_format=fmt)
-            tol = 1e-2 if dtype == torch.bfloat16 else 1e-5
-            torch.testing.assert_close(gl[level].cpu(), ref.cpu(), rtol=tol, atol=tol)
+            torch.testing.assert_close(gl[level].cpu(), ref.cpu(), **tol(dtype))
 
 
 @needs_triton
@@ -151,9 +150,9 @@ def test_public_api_through_triton_backward():
     ref_feats = [f.detach().cpu().requires_grad_() for f in feats]
     ref = roiops.multi_scale_roi_align(ref_feats, rois.cpu(), 2, SCALES, 2, False)
     ref.backward(torch.ones_like(ref))
-    torch.testing.assert_close(out.detach().cpu(), ref.detach(), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(out.detach().cpu(), ref.detach(), **tol(torch.float32))
     for f, r in zip(feats, ref_feats):
-        torch.testing.assert_close(f.grad.cpu(), r.grad, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(f.grad.cpu(), r.grad, **tol(torch.float32))
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="host-device synchronisation exists only with a GPU")

@@ -12,17 +12,10 @@ import torchvision
 
 import roiops
 from boxes import nasty_boxes, random_boxes
+from cases import ALIGN, API, POOL, VARIANTS, contract_args, schema, tol
 
 N, C, H, W = 2, 5, 11, 13
 SCALE = 0.5  # boxes are in image pixels of a 26 x 22 image
-
-OPS = {
-    "align_avg": lambda x, b, size, sr, al: roiops.roi_align(x, b, size, SCALE, sr, al),
-    "align_max": lambda x, b, size, sr, al: roiops.roi_align(x, b, size, SCALE, sr, al, mode="max"),
-    "pool_caffe": lambda x, b, size, sr, al: roiops.roi_pool(x, b, size, SCALE),
-    "pool_mmdet": lambda x, b, size, sr, al: roiops.roi_pool(x, b, size, SCALE, convention="mmdet"),
-}
-ALIGN_OPS = ["align_avg", "align_max"]
 
 
 def boxes_for(dtype=torch.float32, seed=0):
@@ -39,20 +32,19 @@ def run(op, x, boxes, size, sr=2, aligned=False, backend=None, seed=1):
     """Output and input gradient for a fixed random upstream gradient."""
     x = x.detach().clone().requires_grad_()
     with roiops.use_backend(backend) if backend else contextlib.nullcontext():
-        out = OPS[op](x, boxes, size, sr, aligned)
+        out = API[op](x, boxes, size, SCALE, sr, aligned)
         g = torch.randn(out.shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64).to(out.dtype)
         out.backward(g)
     return out.detach(), x.grad
 
 
 def close(a, b, dtype):
-    tol = {torch.float64: 1e-12, torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}[dtype]
-    torch.testing.assert_close(a.double(), b.double(), atol=tol, rtol=tol)
+    torch.testing.assert_close(a.double(), b.double(), **tol(dtype))
 
 
-CASES = [(op, al, sr, size) for op in ALIGN_OPS for al in (False, True) for sr in (-1, 0, 1, 2, 3)
+CASES = [(op, al, sr, size) for op in ALIGN for al in (False, True) for sr in (-1, 0, 1, 2, 3)
          for size in (1, (2, 3), (7, 7))]
-CASES += [(op, False, 2, size) for op in ("pool_caffe", "pool_mmdet") for size in (1, (2, 3), (7, 7))]
+CASES += [(op, False, 2, size) for op in POOL for size in (1, (2, 3), (7, 7))]
 
 
 @pytest.mark.parametrize("op, aligned, sr, size", CASES)
@@ -61,7 +53,7 @@ def test_matches_reference(op, aligned, sr, size):
         x, boxes = feature(dtype, channels_last), boxes_for(dtype)
         out, grad = run(op, x, boxes, size, sr, aligned)
         ref_out, ref_grad = run(op, x, boxes, size, sr, aligned, backend="reference")
-        if op.startswith("pool"):
+        if op in POOL:
             assert torch.equal(out, ref_out) and torch.equal(grad, ref_grad)
         else:
             close(out, ref_out, dtype)
@@ -71,7 +63,7 @@ def test_matches_reference(op, aligned, sr, size):
         assert out.dtype == grad.dtype == dtype
 
 
-@pytest.mark.parametrize("op", list(OPS))
+@pytest.mark.parametrize("op", list(API))
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("channels_last", [False, True])
 def test_half_types_native(op, dtype, channels_last):
@@ -95,7 +87,7 @@ def _tv_boxes(dtype):
 @pytest.mark.parametrize("channels_last", [False, True])
 def test_roi_align_matches_torchvision(dtype, aligned, sr, channels_last):
     x, boxes = feature(dtype, channels_last), _tv_boxes(dtype)
-    out, grad = run("align_avg", x, boxes, (3, 5), sr, aligned)
+    out, grad = run("avg", x, boxes, (3, 5), sr, aligned)
     xt = x.detach().clone().requires_grad_()
     ref = torchvision.ops.roi_align(xt, boxes, (3, 5), SCALE, sr, aligned)
     ref.backward(torch.randn(ref.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64).to(dtype))
@@ -138,7 +130,7 @@ def _non_finite(channels_last):
     return x.contiguous(memory_format=torch.channels_last) if channels_last else x
 
 
-@pytest.mark.parametrize("op", list(OPS))
+@pytest.mark.parametrize("op", list(API))
 @pytest.mark.parametrize("channels_last", [False, True])
 def test_non_finite_values_match_reference(op, channels_last):
     x, boxes = _non_finite(channels_last), boxes_for()
@@ -148,7 +140,7 @@ def test_non_finite_values_match_reference(op, channels_last):
         assert out.isnan().any() and out.isinf().any()
         torch.testing.assert_close(out, ref_out, equal_nan=True)
         torch.testing.assert_close(grad, ref_grad, equal_nan=True)
-        if op == "align_avg" and not aligned:
+        if op == "avg" and not aligned:
             tv_out = torchvision.ops.roi_align(x, boxes, (3, 4), SCALE, sr, aligned)
             torch.testing.assert_close(out, tv_out, rtol=0, atol=0, equal_nan=True)
 
@@ -158,62 +150,63 @@ def test_non_finite_values_match_reference(op, channels_last):
 @pytest.mark.parametrize("channels_last", [False, True])
 def test_roi_pool_bit_exact_with_torchvision(dtype, size, channels_last):
     x, boxes = feature(dtype, channels_last), boxes_for(dtype)
-    out, grad = run("pool_caffe", x, boxes, size)
+    out, grad = run("caffe", x, boxes, size)
     xt = x.detach().clone().requires_grad_()
     ref = torchvision.ops.roi_pool(xt, boxes, size, SCALE)
     ref.backward(torch.randn(ref.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64).to(dtype))
     assert torch.equal(out, ref) and torch.equal(grad, xt.grad)
 
 
-@pytest.mark.parametrize("op", list(OPS))
+@pytest.mark.parametrize("op", list(API))
 def test_gradcheck(op):
     x = torch.randn(N, 1, 6, 7, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
     g = torch.Generator().manual_seed(4)
     boxes = torch.cat([random_boxes(N, 3, 14, 12, g, torch.float64), nasty_boxes(N, 14, 12, torch.float64)[:6]])
-    fn = lambda t: OPS[op](t, boxes, (2, 3), 2, op == "align_max")  # noqa: E731
+    fn = lambda t: API[op](t, boxes, (2, 3), SCALE, 2, op == "max")  # noqa: E731
     assert torch.autograd.gradcheck(fn, (x.clone().requires_grad_(),), atol=1e-8)
     xcl = x.expand(N, 2, 6, 7).contiguous(memory_format=torch.channels_last)  # C=2: truly channels_last
     assert torch.autograd.gradcheck(fn, (xcl.requires_grad_(),), atol=1e-8)
 
 
-def _op_samples():
-    x = feature()
-    rois = boxes_for()
-    grad = torch.randn(len(rois), C, 2, 3)
-    _, am = torch.ops.roiops.roi_align_max(x, rois, SCALE, 2, 3, 2, True)
-    _, pm = torch.ops.roiops.roi_pool(x, rois, SCALE, 2, 3, False)
-    return [
-        (torch.ops.roiops.roi_align.default, (x.requires_grad_(), rois, SCALE, 2, 3, 2, True)),
-        (torch.ops.roiops.roi_align_max.default, (x, rois, SCALE, 2, 3, -1, False)),
-        (torch.ops.roiops.roi_pool.default, (x, rois, SCALE, 2, 3, False)),
-        (torch.ops.roiops.roi_pool.default, (x, rois, SCALE, 2, 3, True)),
-        (torch.ops.roiops._roi_align_backward.default, (grad, rois, SCALE, 2, 3, N, C, H, W, 2, True, False)),
-        (torch.ops.roiops._roi_align_max_backward.default, (grad, am, rois, SCALE, 2, 3, N, C, H, W, 2, True, True)),
-        (torch.ops.roiops._roi_pool_backward.default, (grad, pm, rois, N, C, H, W, False)),
-    ]
+def _op_sample(op, variant):
+    """The op's arguments: the variant over these defaults, and for a backward that takes
+    an argmax, its forward's."""
+    x, rois = feature(), boxes_for()
+    values = dict(input=x, rois=rois, grad=torch.randn(len(rois), C, 2, 3), spatial_scale=SCALE, pooled_height=2,
+                  pooled_width=3, sampling_ratio=2, aligned=True, continuous=False, batch_size=N, channels=C,
+                  height=H, width=W, channels_last=False)
+    values.update(variant)
+    if any(a.name == "argmax" for a in schema(op).arguments):
+        forward = op[1:-len("_backward")]
+        values["argmax"] = getattr(torch.ops.roiops, forward)(*contract_args(forward, **values).values())[1]
+    values["input"] = x.requires_grad_()
+    return contract_args(op, **values)
 
 
-@pytest.mark.parametrize("case", range(7))
-def test_opcheck(case):
-    op, args = _op_samples()[case]
-    torch.library.opcheck(op, args)
+OPCHECK = [(op, v) for op, vs in VARIANTS.items() for v in vs]
 
 
-@pytest.mark.parametrize("op", list(OPS))
+@pytest.mark.parametrize("op, variant", OPCHECK,
+                         ids=[op + "".join(f"-{k}={v}" for k, v in v.items()) for op, v in OPCHECK])
+def test_opcheck(op, variant):
+    torch.library.opcheck(getattr(torch.ops.roiops, op).default, tuple(_op_sample(op, variant).values()))
+
+
+@pytest.mark.parametrize("op", list(API))
 def test_empty_boxes(op):
     x = feature().requires_grad_()
-    out = OPS[op](x, torch.zeros(0, 5), (3, 4), 2, True)
+    out = API[op](x, torch.zeros(0, 5), (3, 4), SCALE, 2, True)
     assert out.shape == (0, C, 3, 4)
     out.sum().backward()
     assert torch.equal(x.grad, torch.zeros_like(x))
 
 
-@pytest.mark.parametrize("op", list(OPS))
+@pytest.mark.parametrize("op", list(API))
 def test_list_of_boxes_equals_tensor(op):
     x, boxes = feature(), boxes_for()
     per_image = [boxes[boxes[:, 0] == i, 1:] for i in range(N)]
     ordered = torch.cat([boxes[boxes[:, 0] == i] for i in range(N)])
-    assert torch.equal(OPS[op](x, per_image, 3, 2, True), OPS[op](x, ordered, 3, 2, True))
+    assert torch.equal(API[op](x, per_image, 3, SCALE, 2, True), API[op](x, ordered, 3, SCALE, 2, True))
 
 
 def test_inverted_box_aligned_adaptive_gives_zero():
@@ -255,17 +248,16 @@ def test_backward_deterministic_across_threads():
         results = []
         for threads in (1, 2, 2):
             torch.set_num_threads(threads)
-            for op in OPS:
+            for op in API:
                 results.append((op, threads, run(op, x, boxes, (3, 4), 2, True)[1]))
     finally:
         torch.set_num_threads(prev)
-    for op in OPS:
+    for op in API:
         grads = [g for o, _, g in results if o == op]
         assert all(torch.equal(grads[0], g) for g in grads[1:])
 
 
-@pytest.mark.parametrize("op, sr", [("align_avg", 2), ("align_avg", 0), ("align_max", 2), ("align_max", 0),
-                                   ("pool_caffe", 2)])
+@pytest.mark.parametrize("op, sr", [("avg", 2), ("avg", 0), ("max", 2), ("max", 0), ("caffe", 2)])
 @pytest.mark.parametrize("channels_last", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_backward_split_into_bands_and_channel_blocks(op, sr, channels_last, dtype):

@@ -8,6 +8,7 @@ functions. The peers' published vectors are in test_conformance.py.
 import pytest
 import torch
 
+from cases import tol
 from roiops import reference as ref
 
 try:
@@ -300,11 +301,11 @@ def test_align_vs_torchvision(aligned, sampling_ratio, output_size):
             xg = x.clone().requires_grad_()
             expected = torchvision.ops.roi_align(xg, rois, output_size, scale, sampling_ratio, aligned)
             out = ref.roi_align_forward(x, rois, scale, ph, pw, sampling_ratio, aligned)
-            torch.testing.assert_close(out, expected.detach(), rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(out, expected.detach(), **tol(dtype))
             g = torch.randn(expected.shape, generator=gen, dtype=dtype)
             (expected_grad,) = torch.autograd.grad(expected, xg, g)
             grad = align_backward(x, rois, g, scale, ph, pw, sampling_ratio, aligned)
-            torch.testing.assert_close(grad, expected_grad, rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(grad, expected_grad, **tol(dtype))
 
 
 @needs_torchvision
@@ -352,20 +353,20 @@ def test_backward_matches_autograd(aligned, sampling_ratio):
             # avg
             expected = _autograd(lambda a: ref.roi_align_forward(a, rois, 0.5, ph, pw, sampling_ratio, aligned), x, g)
             got = ref.roi_align_backward(g, rois, 0.5, ph, pw, n, c, h, w, sampling_ratio, aligned, channels_last)
-            torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12)
+            torch.testing.assert_close(got, expected, **tol(F64))
             assert got.is_contiguous(memory_format=torch.channels_last if channels_last else torch.contiguous_format)
             # max
             _, argmax = ref.roi_align_max_forward(x, rois, 0.5, ph, pw, sampling_ratio, aligned)
             expected = _autograd(lambda a: ref.roi_align_max_forward(a, rois, 0.5, ph, pw, sampling_ratio, aligned), x, g)
             got = ref.roi_align_max_backward(g, argmax, rois, 0.5, ph, pw, n, c, h, w, sampling_ratio, aligned,
                                              channels_last)
-            torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12)
+            torch.testing.assert_close(got, expected, **tol(F64))
         # pool, both conventions (exact: each gradient element is a sum of grads)
         for continuous in (False, True):
             _, argmax = ref.roi_pool_forward(x, rois, 0.5, ph, pw, continuous)
             expected = _autograd(lambda a: ref.roi_pool_forward(a, rois, 0.5, ph, pw, continuous), x, g)
             got = ref.roi_pool_backward(g, argmax, rois, n, c, h, w, False)
-            torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12)
+            torch.testing.assert_close(got, expected, **tol(F64))
 
 
 def test_gradcheck():

@@ -16,8 +16,13 @@ import triton.language as tl
 
 import roiops
 # Skipped, with the reason, where Triton is older than roiops supports (torch < 2.11).
-rt = pytest.importorskip("roiops.triton", exc_type=ImportError)
+from roiops._backend import triton_too_old
+
+if triton_too_old():
+    pytest.skip(triton_too_old(), allow_module_level=True)
+import roiops.triton as rt
 from boxes import nasty_boxes, random_boxes
+from cases import API, contract_args, contract_ops, kernel_name, tol
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -25,8 +30,6 @@ import roiops.reference as REF
 import torchvision
 
 F16, BF16, F32, F64 = torch.float16, torch.bfloat16, torch.float32, torch.float64
-TOL = {F32: dict(rtol=1e-5, atol=1e-5), F64: dict(rtol=1e-10, atol=1e-10),
-       F16: dict(rtol=1e-2, atol=1e-2), BF16: dict(rtol=1e-2, atol=1e-2)}
 N, C, H, W = 2, 3, 7, 9          # feature map; C = 3 leaves lanes of every channel block idle
 SCALE = 0.5                      # so the image is 18 x 14 pixels
 IMG_W, IMG_H = W / SCALE, H / SCALE
@@ -62,7 +65,7 @@ def assert_layout(t, channels_last):
 
 def assert_close(actual, expected, dtype):
     assert actual.dtype == expected.dtype, (actual.dtype, expected.dtype)
-    torch.testing.assert_close(cpu(actual), cpu(expected), **TOL[dtype], equal_nan=True)
+    torch.testing.assert_close(cpu(actual), cpu(expected), **tol(dtype), equal_nan=True)
 
 
 def grad_like(out, seed=1):
@@ -180,7 +183,7 @@ def test_pool(dtype, cl, continuous, out_hw, nasty):
 def test_matches_torchvision(aligned, sr):
     """Our avg RoIAlign and Caffe RoIPool are torchvision's (CPU), bit for bit in float32
     on the interpreter; on a GPU within float32 tolerance (ftz, libdevice)."""
-    exact = dict(rtol=0, atol=0) if DEVICE == "cpu" else TOL[F32]
+    exact = dict(rtol=0, atol=0) if DEVICE == "cpu" else tol(F32)
     x = make_input(F32, False, seed=6)
     rois = make_rois(F32, seed=7, k=5)
     xr = cpu(x).requires_grad_()
@@ -190,7 +193,7 @@ def test_matches_torchvision(aligned, sr):
     g = grad_like(out)
     ref.backward(cpu(g))
     gi = rt.roi_align_backward(g, rois, SCALE, 2, 3, N, C, H, W, sr, aligned, False)
-    torch.testing.assert_close(cpu(gi), xr.grad, **TOL[F32])
+    torch.testing.assert_close(cpu(gi), xr.grad, **tol(F32))
 
     if not aligned:
         xr.grad = None
@@ -199,7 +202,7 @@ def test_matches_torchvision(aligned, sr):
         torch.testing.assert_close(cpu(out), ref.detach(), **exact)
         ref.backward(cpu(g))
         gi = rt.roi_pool_backward(g, am, rois, N, C, H, W, False)
-        torch.testing.assert_close(cpu(gi), xr.grad, **TOL[F32])
+        torch.testing.assert_close(cpu(gi), xr.grad, **tol(F32))
 
 
 # ----------------------------------------------------------------------------- nasty boxes
@@ -477,7 +480,7 @@ def test_float_min_max_return_the_number(dtype):
 
 # ----------------------------------------------------------------------------- op layer
 
-@pytest.mark.parametrize("mode", ["avg", "max", "caffe", "mmdet"])
+@pytest.mark.parametrize("mode", list(API))
 def test_public_api_routes_through_triton(mode):
     """use_backend("triton") sends the public functions and their backward to these kernels."""
     x = make_input(F32, True, seed=9)
@@ -486,10 +489,7 @@ def test_public_api_routes_through_triton(mode):
 
     def run():
         xi = x.detach().clone().requires_grad_()
-        if mode in ("avg", "max"):
-            out = roiops.roi_align(xi, boxes, (2, 3), SCALE, 2, True, mode=mode)
-        else:
-            out = roiops.roi_pool(xi, boxes, (2, 3), SCALE, convention=mode)
+        out = API[mode](xi, boxes, (2, 3), SCALE, 2, True)
         out.backward(torch.arange(out.numel(), dtype=out.dtype, device=out.device).reshape(out.shape).sin())
         return out.detach(), xi.grad
 
@@ -505,10 +505,8 @@ def test_public_api_routes_through_triton(mode):
 
 # torch.ops.roiops.* called directly skips roiops._validation: the Triton launchers must
 # then refuse what the C++ kernels refuse, from shapes, dtypes and devices alone.
-KERNEL = {"roi_align": "roi_align_forward", "roi_align_max": "roi_align_max_forward",
-          "roi_pool": "roi_pool_forward", "_roi_align_backward": "roi_align_backward",
-          "_roi_align_max_backward": "roi_align_max_backward", "_roi_pool_backward": "roi_pool_backward"}
-FWD = ("roi_align", "roi_align_max", "roi_pool")
+KERNEL = {op: kernel_name(op) for op in contract_ops()}
+FWD = tuple(op for op in KERNEL if not op.endswith("_backward"))
 ALIGN_BWD = ("_roi_align_backward", "_roi_align_max_backward")
 POOL_BWD = ("_roi_pool_backward",)
 BWD = ALIGN_BWD + POOL_BWD
@@ -519,19 +517,10 @@ def good_args(op, device):
     """Arguments, in kernel-contract order, of a call both backends accept."""
     x = torch.randn(N, C, H, W, generator=torch.Generator().manual_seed(16)).to(device)
     rois = torch.tensor([[0, 1.0, 1.0, 5.0, 5.0], [1, 0.0, 0.0, 3.0, 4.0]], device=device)
-    grad = torch.ones(2, C, 2, 3, device=device)
-    argmax = torch.zeros(2, C, 2, 3, dtype=torch.int32, device=device)
-    sizes = dict(batch_size=N, channels=C, height=H, width=W)
-    if op in ("roi_align", "roi_align_max"):
-        return dict(input=x, rois=rois, spatial_scale=SCALE, pooled_height=2, pooled_width=3, sampling_ratio=2,
-                    aligned=True)
-    if op == "roi_pool":
-        return dict(input=x, rois=rois, spatial_scale=SCALE, pooled_height=2, pooled_width=3, continuous=False)
-    if op == "_roi_pool_backward":
-        return dict(grad=grad, argmax=argmax, rois=rois, **sizes, channels_last=False)
-    head = dict(grad=grad, argmax=argmax) if op == "_roi_align_max_backward" else dict(grad=grad)
-    return dict(**head, rois=rois, spatial_scale=SCALE, pooled_height=2, pooled_width=3, **sizes, sampling_ratio=2,
-                aligned=True, channels_last=False)
+    return contract_args(op, input=x, rois=rois, grad=torch.ones(2, C, 2, 3, device=device),
+                         argmax=torch.zeros(2, C, 2, 3, dtype=torch.int32, device=device), spatial_scale=SCALE,
+                         pooled_height=2, pooled_width=3, sampling_ratio=2, aligned=True, continuous=False,
+                         batch_size=N, channels=C, height=H, width=W, channels_last=False)
 
 
 def no_bins(a, o):

@@ -1,0 +1,90 @@
+"""Tables the tests share: tolerances, the public operators, and the registered ops with
+their kernel-contract functions and argument variants."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+import roiops
+
+F16, BF16, F32, F64 = torch.float16, torch.bfloat16, torch.float32, torch.float64
+
+# rtol = atol, per dtype, by what is compared.
+TOL = {
+    # A result against an oracle computed from the same input values: roiops.reference,
+    # torchvision, another backend, or float32 math on the half-type input (autocast).
+    # Both sides accumulate in the opmath type and differ only in the order of their
+    # sums, forward and backward alike, so one kind serves all (measured: under 4e-15 in
+    # float64 and 3e-6 in float32, fuzzed cases included). Half types round that once:
+    # results differ by at most one unit in the last place, 2^-10 < 1e-3 (float16) and
+    # 2^-7 < 1e-2 (bfloat16).
+    "same input": {F64: 1e-12, F32: 1e-5, F16: 1e-3, BF16: 1e-2},
+    # A half-type result against float64 math on the input before it was rounded to the
+    # half type: the input's rounding error adds, in proportion to the input's magnitude.
+    "rounded input": {F16: 1e-2},
+}
+
+
+def tol(dtype: torch.dtype, kind: str = "same input") -> dict[str, float]:
+    """assert_close's rtol and atol for a comparison of this kind in this dtype."""
+    t = TOL[kind][dtype]
+    return dict(rtol=t, atol=t)
+
+
+# The public operators, called alike: (input, boxes, output_size, spatial_scale,
+# sampling_ratio, aligned). RoIPool takes no sampling_ratio nor aligned.
+API = {
+    "avg": lambda x, b, size, scale, sr, al: roiops.roi_align(x, b, size, scale, sr, al),
+    "max": lambda x, b, size, scale, sr, al: roiops.roi_align(x, b, size, scale, sr, al, mode="max"),
+    "caffe": lambda x, b, size, scale, sr, al: roiops.roi_pool(x, b, size, scale),
+    "mmdet": lambda x, b, size, scale, sr, al: roiops.roi_pool(x, b, size, scale, convention="mmdet"),
+}
+ALIGN = ("avg", "max")
+POOL = ("caffe", "mmdet")
+
+# Registered ops a kernel set may leave out: roiops/ops/multi_scale.py runs its single-level
+# functions once per level instead. Every other registered op is in the kernel contract.
+OPTIONAL_OPS = ("multi_scale_roi_align", "_multi_scale_roi_align_backward")
+
+
+def registered_ops() -> list[str]:
+    """The ops registered under torch.ops.roiops, from the dispatcher."""
+    return sorted(name.split("::", 1)[1] for name in torch._C._dispatch_get_all_op_names()
+                  if name.startswith("roiops::"))
+
+
+def contract_ops() -> list[str]:
+    """The registered ops whose kernel function every kernel set must define."""
+    return [op for op in registered_ops() if op not in OPTIONAL_OPS]
+
+
+def schema(op: str) -> torch._C.FunctionSchema:
+    return getattr(torch.ops.roiops, op).default._schema
+
+
+def kernel_name(op: str) -> str:
+    """The kernel-contract function an op calls: roiops::<name> calls <name>_forward,
+    roiops::_<name>_backward calls <name>_backward."""
+    if op.startswith("_") and op.endswith("_backward"):
+        return op[1:]
+    return f"{op}_forward"
+
+
+def contract_args(op: str, **values: Any) -> dict[str, Any]:
+    """The op's arguments, in its schema's (= its kernel function's) order, picked by name
+    from ``values``."""
+    return {a.name: values[a.name] for a in schema(op).arguments}
+
+
+# Argument variants each contract op runs with in the generic tests (test_ops.py's
+# opcheck), over the defaults of the test's call.
+VARIANTS: dict[str, list[dict[str, Any]]] = {
+    "roi_align": [dict(sampling_ratio=2, aligned=True)],
+    "roi_align_max": [dict(sampling_ratio=-1, aligned=False)],
+    "roi_pool": [dict(continuous=False), dict(continuous=True)],
+    "_roi_align_backward": [dict(sampling_ratio=2, aligned=True, channels_last=False)],
+    "_roi_align_max_backward": [dict(sampling_ratio=2, aligned=True, channels_last=True)],
+    "_roi_pool_backward": [dict(channels_last=False)],
+}
