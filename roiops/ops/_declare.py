@@ -42,6 +42,17 @@ class Kernels:
     title: str = ""
 
 
+def empty_output(input: Tensor, rois: Tensor, ph: int, pw: int, dtype: torch.dtype | None = None) -> Tensor:
+    """An op's output (or int32 extra output) for ``rois``: ``[K, C, ph, pw]`` in the input's layout."""
+    return torch.empty((rois.shape[0], input.shape[1], ph, pw), dtype=dtype or input.dtype, device=input.device,
+                       memory_format=memory_format(is_channels_last(input)))
+
+
+def empty_grad(grad: Tensor, n: int, c: int, h: int, w: int, channels_last: bool) -> Tensor:
+    """A backward's gradient of an ``[n, c, h, w]`` input."""
+    return torch.empty((n, c, h, w), dtype=grad.dtype, device=grad.device, memory_format=memory_format(channels_last))
+
+
 def _schema(params: list[tuple[str, str]], outputs: int) -> str:
     returns = "Tensor" if outputs == 1 else "(" + ", ".join(["Tensor"] * outputs) + ")"
     return "(" + ", ".join(f"{t} {n}" for t, n in params) + ") -> " + returns
@@ -70,16 +81,15 @@ def register(spec: Kernels) -> None:
 
     def forward_fake(input: Tensor, rois: Tensor, *args: Any) -> Any:
         named = dict(zip(arg_names, args))
-        shape = (rois.shape[0], input.shape[1], named["pooled_height"], named["pooled_width"])
-        fmt = memory_format(is_channels_last(input))
-        out = torch.empty(shape, dtype=input.dtype, device=input.device, memory_format=fmt)
-        saved = [torch.empty(shape, dtype=torch.int32, device=input.device, memory_format=fmt) for _ in spec.saved]
+        ph, pw = named["pooled_height"], named["pooled_width"]
+        out = empty_output(input, rois, ph, pw)
+        saved = [empty_output(input, rois, ph, pw, torch.int32) for _ in spec.saved]
         return (out, *saved) if saved else out
 
     def backward_fake(grad: Tensor, *args: Any) -> Tensor:
         named = dict(zip(spec.backward, args[len(spec.saved) + 1:]))
-        return torch.empty((named["batch_size"], named["channels"], named["height"], named["width"]), dtype=grad.dtype,
-                           device=grad.device, memory_format=memory_format(named["channels_last"]))
+        return empty_grad(grad, named["batch_size"], named["channels"], named["height"], named["width"],
+                          named["channels_last"])
 
     fwd.register_fake(forward_fake)
     bwd.register_fake(backward_fake)

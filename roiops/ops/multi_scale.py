@@ -18,10 +18,10 @@ from torch import Tensor
 
 from .. import _backend
 from .. import _validation as v
-from .._geometry import is_channels_last, memory_format
+from .._geometry import is_channels_last
 from .._validation import BoxesType, OutputSize
 from . import roi_align as _single_level  # noqa: F401  (the per-level kernels' ops)
-from ._declare import refuse_double_backward
+from ._declare import empty_grad, empty_output, refuse_double_backward
 
 
 def fpn_levels(rois: Tensor, k_min: int, k_max: int, canonical_box_size: float = 224.0, canonical_level: int = 4,
@@ -91,17 +91,8 @@ def multi_scale_roi_align(
     return torch.ops.roiops.multi_scale_roi_align(maps, rois, levels, scales, h, w, ratio, aligned)
 
 
-def _empty_out(input: Tensor, rois: Tensor, ph: int, pw: int) -> Tensor:
-    return torch.empty((rois.shape[0], input.shape[1], ph, pw), dtype=input.dtype, device=input.device,
-                       memory_format=memory_format(is_channels_last(input)))
-
-
-def _empty_grad(grad: Tensor, n: int, c: int, h: int, w: int, channels_last: bool) -> Tensor:
-    return torch.empty((n, c, h, w), dtype=grad.dtype, device=grad.device, memory_format=memory_format(channels_last))
-
-
 def _levels_forward(kernels, inputs, rois, levels, spatial_scales, ph, pw, sampling_ratio, aligned):
-    out = _empty_out(inputs[0], rois, ph, pw).zero_()
+    out = empty_output(inputs[0], rois, ph, pw).zero_()
     for level, (x, scale) in enumerate(zip(inputs, spatial_scales)):
         chosen = (levels == level).nonzero().squeeze(1)  # a sync, which only CPU-side kernels reach
         if chosen.numel():
@@ -149,13 +140,13 @@ def _multi_scale_roi_align_backward(
 
 @_multi_scale_roi_align_op.register_fake
 def _(inputs, rois, levels, spatial_scales, pooled_height, pooled_width, sampling_ratio, aligned):
-    return _empty_out(inputs[0], rois, pooled_height, pooled_width)
+    return empty_output(inputs[0], rois, pooled_height, pooled_width)
 
 
 @_multi_scale_roi_align_backward.register_fake
 def _(grad, rois, levels, spatial_scales, pooled_height, pooled_width, batch_size, channels, heights, widths,
       sampling_ratio, aligned, channels_last):
-    return [_empty_grad(grad, batch_size, channels, h, w, channels_last) for h, w in zip(heights, widths)]
+    return [empty_grad(grad, batch_size, channels, h, w, channels_last) for h, w in zip(heights, widths)]
 
 
 def _setup_levels(ctx, inputs, output):
@@ -165,15 +156,16 @@ def _setup_levels(ctx, inputs, output):
     ctx.args = (spatial_scales, ph, pw, maps[0].shape[0], maps[0].shape[1], [x.shape[2] for x in maps],
                 [x.shape[3] for x in maps], sampling_ratio, aligned, is_channels_last(maps[0]))
     ctx.backend = _backend.current()
+    ctx.no_grads = (None,) * (len(inputs) - 1)  # for the arguments after the maps
 
 
 def _levels_grad(ctx, grad):
     if grad is None:  # a list input takes a list of gradients
-        return [None] * len(ctx.args[5]), None, None, None, None, None, None, None
+        return [None] * len(ctx.args[5]), *ctx.no_grads
     rois, levels = ctx.saved_tensors
     with _backend.use_backend(ctx.backend) if ctx.backend else nullcontext():
         grads = torch.ops.roiops._multi_scale_roi_align_backward(grad, rois, levels, *ctx.args)
-    return grads, None, None, None, None, None, None, None
+    return grads, *ctx.no_grads
 
 
 _multi_scale_roi_align_op.register_autograd(_levels_grad, setup_context=_setup_levels)
