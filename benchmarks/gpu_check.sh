@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # roiops on a machine with a CUDA GPU, using the torch, Triton and torchvision installed
 # there (it installs nothing, so it runs offline): builds the C++ extension in place, runs
-# the GPU tests, then the whole suite, then benchmarks/bench_triton.py, and prints a short
-# report. Logs and the benchmark's JSON go to $GPU_CHECK_DIR (default: gpu_check/).
+# the GPU tests, then the whole suite, then the GPU benchmark suite (roiops bench --device
+# cuda), and prints a short report. Logs and the benchmark's results.json (and ratios.png
+# where matplotlib is installed) go to $GPU_CHECK_DIR (default: gpu_check/).
 #
 #   bash benchmarks/gpu_check.sh            # or: make gpu-check
-#   BENCH_ARGS="--reps 20" bash benchmarks/gpu_check.sh
+#   BENCH_ARGS="--repeats 20 --dtypes float32" bash benchmarks/gpu_check.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -41,11 +42,13 @@ echo "gpu_check: whole suite"
 xdist=$("$PY" -c "import xdist" 2>/dev/null && echo "-n 8")
 "$PY" -m pytest -q -p no:cacheprovider $xdist tests 2>&1 | tee "$DIR/suite.log" | tail -25
 [ "${PIPESTATUS[0]}" = 0 ] || status=1
-echo "gpu_check: benchmarks/bench_triton.py ${BENCH_ARGS:-}"
-"$PY" benchmarks/bench_triton.py ${BENCH_ARGS:-} --json "$DIR/bench.json" 2>&1 | tee "$DIR/bench.log" || status=1
+chart=$("$PY" -c "import matplotlib" 2>/dev/null || echo "--no-chart")
+echo "gpu_check: python -m roiops bench --device cuda $chart ${BENCH_ARGS:-}"
+"$PY" -m roiops bench --device cuda $chart ${BENCH_ARGS:-} --out "$DIR/bench" 2>&1 | tee "$DIR/bench.log" || status=1
 
 echo
 echo "gpu_check report ($DIR/):"
 echo "  GPU tests:   $(grep -E '(passed|failed|error)' "$DIR/gpu_tests.log" | tail -1)"
 echo "  whole suite: $(grep -E '(passed|failed|error)' "$DIR/suite.log" | tail -1)"
+echo "  benchmark:   $(tail -1 "$DIR/bench.log")"
 exit $status

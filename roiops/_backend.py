@@ -9,8 +9,9 @@ import functools
 import importlib
 import importlib.metadata
 import os
+import pkgutil
 import re
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from types import ModuleType
 
 import torch
@@ -104,6 +105,23 @@ def select(device: torch.device) -> str:
     if name == "triton" and device.type == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
         raise RuntimeError("use_backend('triton') on CPU tensors needs TRITON_INTERPRET=1 set before import")
     return name
+
+
+def collect_kernels(package: str, path: Iterable[str], namespace: dict[str, object]) -> list[str]:
+    """Import every op module of a kernel-set package (those not starting with "_") and put
+    the kernels each lists in ``__all__`` into the package's namespace: adding an op adds
+    a module, and no list of functions changes. Returns the collected names."""
+    names: list[str] = []
+    for info in sorted(pkgutil.iter_modules(path), key=lambda m: m.name):
+        if info.name.startswith("_"):
+            continue
+        module = importlib.import_module(f"{package}.{info.name}")
+        for name in module.__all__:
+            if name in namespace:
+                raise ImportError(f"{package}: {name} is defined by two op modules")
+            namespace[name] = getattr(module, name)
+            names.append(name)
+    return names
 
 
 def _release(version: str) -> str:

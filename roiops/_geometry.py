@@ -1,15 +1,21 @@
-"""Geometry primitives of the ops in PyTorch, defined once for the Python side: the limits,
-the layout rule, C's rounding, sample positions and the bilinear border rule (docs/
+"""Geometry primitives of the ops, defined once for the Python side: the limits, the
+layout rule, C's rounding, sample positions and the bilinear border rule (docs/
 semantics.md). The validation layer, the registered ops, the reference, the Triton
-launchers and the demo use these; the C++ kernels have their own in csrc/geometry.h, the
-Triton kernels in triton/_jit.py, and the ONNX translations build the same formulas as
-graph nodes (roiops/onnx.py).
+launchers, the demo and the ONNX translations use these; the C++ kernels have their own
+in csrc/geometry.h, the Triton kernels in triton/_jit.py.
+
+The arithmetic primitives are written against ArrayOps, a few elementwise operations: by
+default torch's (TORCH), and roiops/onnx.py passes operations that add ONNX graph nodes,
+so an exported graph computes each primitive with the reference's expressions, in the
+same order, and gives the same bits.
 
 Each is a primitive, not a plan: an op that samples along rotated or non-separable
 grids reuses them as they are.
 """
 
 from __future__ import annotations
+
+from typing import Any, Protocol, TypeVar
 
 import torch
 from torch import Tensor
@@ -38,33 +44,125 @@ def memory_format(channels_last: bool) -> torch.memory_format:
 
 # ---- arithmetic
 
-def round_half_away(v: Tensor) -> Tensor:
-    """C's round(): halves away from zero (torch.round rounds them to even). v - trunc(v) is
-    exact, unlike floor(|v| + 0.5), which rounds 0.49999997 up."""
-    t = torch.trunc(v)
-    return torch.where((v - t).abs() >= 0.5, t + torch.sign(v), t)
+A = TypeVar("A")
 
 
-def sample_position(start: Tensor, bin_size: Tensor, grid: int | Tensor, b: Tensor, s: Tensor) -> Tensor:
+class ArrayOps(Protocol[A]):
+    """The array operations the primitives use, elementwise with broadcasting. A Python
+    number operand takes the type of the array it meets; comparisons give bool arrays.
+    onnxruntime's Where turns a -0.0 taken from its first value operand into +0.0 (one
+    taken from the second stays -0.0), so the primitives never select a -0.0 there."""
+
+    def floor(self, x: A) -> A: ...
+    def abs(self, x: A) -> A: ...
+    def add(self, x: A, y: A | float) -> A: ...
+    def sub(self, x: A | float, y: A) -> A: ...
+    def mul(self, x: A, y: A | float) -> A: ...
+    def div(self, x: A, y: A | float) -> A: ...
+    def less(self, x: A, y: A | float) -> A: ...
+    def greater(self, x: A, y: A | float) -> A: ...
+    def less_equal(self, x: A, y: A | float) -> A: ...
+    def greater_equal(self, x: A, y: A | float) -> A: ...
+    def logical_and(self, x: A, y: A) -> A: ...
+    def where(self, cond: A, x: A | float, y: A | float) -> A: ...
+    def cast(self, x: A, like: A) -> A:
+        """``x`` (integers) converted to the floating type of ``like``."""
+    def full(self, value: float, like: A) -> A:
+        """A scalar array holding ``value`` in the type of ``like``."""
+    def to_index(self, x: A) -> A:
+        """Integral floating values as int64."""
+
+
+class TorchOps:
+    """:class:`ArrayOps` on torch tensors, each a single torch operation."""
+
+    def floor(self, x: Tensor) -> Tensor:
+        return torch.floor(x)
+
+    def abs(self, x: Tensor) -> Tensor:
+        return torch.abs(x)
+
+    def add(self, x: Tensor, y: Tensor | float) -> Tensor:
+        return x + y
+
+    def sub(self, x: Tensor | float, y: Tensor) -> Tensor:
+        return x - y
+
+    def mul(self, x: Tensor, y: Tensor | float) -> Tensor:
+        return x * y
+
+    def div(self, x: Tensor, y: Tensor | float) -> Tensor:
+        return x / y
+
+    def less(self, x: Tensor, y: Tensor | float) -> Tensor:
+        return x < y
+
+    def greater(self, x: Tensor, y: Tensor | float) -> Tensor:
+        return x > y
+
+    def less_equal(self, x: Tensor, y: Tensor | float) -> Tensor:
+        return x <= y
+
+    def greater_equal(self, x: Tensor, y: Tensor | float) -> Tensor:
+        return x >= y
+
+    def logical_and(self, x: Tensor, y: Tensor) -> Tensor:
+        return x & y
+
+    def where(self, cond: Tensor, x: Tensor | float, y: Tensor | float) -> Tensor:
+        return torch.where(cond, x, y)
+
+    def cast(self, x: Tensor, like: Tensor) -> Tensor:
+        return x.to(like.dtype)
+
+    def full(self, value: float, like: Tensor) -> Tensor:
+        return torch.full((), value, dtype=like.dtype, device=like.device)
+
+    def to_index(self, x: Tensor) -> Tensor:
+        return x.long()
+
+
+# Typed for any A, so that it can be every primitive's default namespace.
+TORCH: ArrayOps[Any] = TorchOps()
+
+
+def round_half_away(v: A, ops: ArrayOps[A] = TORCH) -> A:
+    """C's round(), as a float: halves away from zero (torch.round and ONNX Round round
+    them to even). The magnitude is floor(|v|), plus 1 where |v| - floor(|v|) >= 0.5: that
+    difference is exact, unlike floor(|v| + 0.5), which rounds 0.49999997 up. A zero
+    result is v * 0, which keeps v's sign (round(-0.3) is -0.0, as in C) and NaN."""
+    a = ops.abs(v)
+    f = ops.floor(a)
+    r = ops.where(ops.greater_equal(ops.sub(a, f), 0.5), ops.add(f, 1), f)
+    nonzero = ops.where(ops.less(v, 0), ops.mul(r, -1), r)
+    return ops.where(ops.greater_equal(a, 0.5), nonzero, ops.mul(v, 0))
+
+
+def sample_position(start: A, bin_size: A, grid: int | A, b: A, s: A, ops: ArrayOps[A] = TORCH) -> A:
     """Position of sample s of bin b along one axis, start + b*bin + (s + 0.5) * bin / grid,
-    evaluated left to right as torchvision does (so float32 results agree to the bit); b and
-    s are integer tensors, converted to start's dtype first."""
-    t = start.dtype
-    return start + b.to(t) * bin_size + (s.to(t) + 0.5) * bin_size / grid
+    evaluated left to right as torchvision does (so float32 results agree to the bit); b, s
+    and an array grid are integers, converted to start's type first."""
+    if not isinstance(grid, int):
+        grid = ops.cast(grid, start)
+    offset = ops.div(ops.mul(ops.add(ops.cast(s, start), 0.5), bin_size), grid)
+    return ops.add(ops.add(start, ops.mul(ops.cast(b, start), bin_size)), offset)
 
 
-def bilinear_taps(coord: Tensor, size: int) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+def bilinear_taps(coord: A, size: int | A, ops: ArrayOps[A] = TORCH) -> tuple[A, A, A, A, A]:
     """Border rule of one axis: (low, high, l, h = 1 - l, inside). A point outside [-1, size]
     has value 0 (inside is False); otherwise it is clamped at 0 and, from the last cell on,
-    snapped to it. low and high lie in [0, size - 1] even for outside points, so indexing
-    with them is always safe."""
-    inside = (coord >= -1) & (coord <= size) & (size > 0)
-    last = max(size - 1, 0)
-    c = coord.clamp(min=0)
-    low = torch.floor(c)
-    at_edge = low >= last
-    low = torch.where(at_edge, torch.full_like(low, last), low)
-    c = torch.where(at_edge, low, c)
-    high = torch.where(at_edge, low, low + 1)
-    l = c - low
-    return low.long(), high.long(), l, 1 - l, inside
+    snapped to it. low and high (int64) lie in [0, max(size - 1, 0)] for every point,
+    outside, NaN or infinite ones included, so indexing with them is always safe. An array
+    size holds an integer, as a Python one does."""
+    size = ops.full(size, coord) if isinstance(size, int) else ops.cast(size, coord)
+    nonempty = ops.greater(size, 0)
+    inside = ops.logical_and(ops.logical_and(ops.greater_equal(coord, -1), ops.less_equal(coord, size)), nonempty)
+    last = ops.where(nonempty, ops.add(size, -1), 0)
+    c = ops.where(ops.greater(coord, 0), coord, 0)  # -0.0 becomes +0.0 as in the C++ rule; NaN 0 too
+    low = ops.floor(c)
+    at_edge = ops.greater_equal(low, last)
+    low = ops.where(at_edge, last, low)
+    c = ops.where(at_edge, low, c)
+    high = ops.where(at_edge, low, ops.add(low, 1))
+    l = ops.sub(c, low)
+    return ops.to_index(low), ops.to_index(high), l, ops.sub(1, l), inside

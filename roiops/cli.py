@@ -27,7 +27,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("command", choices=["demo", "explain", "bench"],
                         help="demo: show what RoIPool quantises and RoIAlign keeps (writes a PNG); "
                              "explain: the same for a box you give (--box); "
-                             "bench: roiops vs torchvision speed on the CPU")
+                             "bench: roiops vs torchvision speed on the CPU or (--device cuda) a GPU")
     # everything after the command is the command's to parse, --help included
     parser.add_argument("options", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     try:

@@ -37,7 +37,8 @@ What each op becomes (docs/ecosystem.md has the table and the reasons):
   it propagates NaN only when the NaN is the last element of the bin.
 
 Every decomposition reproduces the kernels' arithmetic (same float type, same operation
-order) and matches roiops bit for bit, NaN and infinities included. Each op's second
+order) and matches roiops bit for bit, NaN and infinities included, up to the sign of a
+zero maximum in mode "max" (ReduceMax may pick either of -0.0 and +0.0). Each op's second
 output (the argmax used by its backward) is exported faithfully too. float16/bfloat16
 inputs are computed in float32 and cast back, which is what roiops' kernels do.
 """
@@ -56,6 +57,7 @@ from onnxscript import ir
 from onnxscript import opset18
 
 from . import ops  # noqa: F401  (registers torch.ops.roiops.*)
+from ._geometry import bilinear_taps, round_half_away, sample_position
 
 __all__ = ["MIN_OPSET", "export", "translation_table"]
 
@@ -217,6 +219,64 @@ def _to_int(v: ir.Value) -> ir.Value:
     return op.Cast(v, to=_INT64)
 
 
+class _GraphOps:
+    """roiops._geometry's array operations as graph nodes, so that the translations build
+    the geometry primitives from the same expressions as the reference. Floating values
+    have the compute type ``t``: Python numbers become constants of it and ``cast``
+    converts to it."""
+
+    def __init__(self, t: ir.DataType) -> None:
+        self.t = t
+
+    def _value(self, x: ir.Value | float) -> ir.Value:
+        return _const(x, self.t) if isinstance(x, (int, float)) else x
+
+    def floor(self, x: ir.Value) -> ir.Value:
+        return op.Floor(x)
+
+    def abs(self, x: ir.Value) -> ir.Value:
+        return op.Abs(x)
+
+    def add(self, x: ir.Value, y: ir.Value | float) -> ir.Value:
+        return op.Add(x, self._value(y))
+
+    def sub(self, x: ir.Value | float, y: ir.Value) -> ir.Value:
+        return op.Sub(self._value(x), y)
+
+    def mul(self, x: ir.Value, y: ir.Value | float) -> ir.Value:
+        return op.Mul(x, self._value(y))
+
+    def div(self, x: ir.Value, y: ir.Value | float) -> ir.Value:
+        return op.Div(x, self._value(y))
+
+    def less(self, x: ir.Value, y: ir.Value | float) -> ir.Value:
+        return op.Less(x, self._value(y))
+
+    def greater(self, x: ir.Value, y: ir.Value | float) -> ir.Value:
+        return op.Greater(x, self._value(y))
+
+    def less_equal(self, x: ir.Value, y: ir.Value | float) -> ir.Value:
+        return op.LessOrEqual(x, self._value(y))
+
+    def greater_equal(self, x: ir.Value, y: ir.Value | float) -> ir.Value:
+        return op.GreaterOrEqual(x, self._value(y))
+
+    def logical_and(self, x: ir.Value, y: ir.Value) -> ir.Value:
+        return op.And(x, y)
+
+    def where(self, cond: ir.Value, x: ir.Value | float, y: ir.Value | float) -> ir.Value:
+        return op.Where(cond, self._value(x), self._value(y))
+
+    def cast(self, x: ir.Value, like: ir.Value) -> ir.Value:
+        return op.Cast(x, to=self.t)
+
+    def full(self, value: float, like: ir.Value) -> ir.Value:
+        return _const(value, self.t)
+
+    def to_index(self, x: ir.Value) -> ir.Value:
+        return _to_int(x)
+
+
 # ---- roi_align ---------------------------------------------------------------------------
 
 
@@ -266,25 +326,10 @@ class _Taps:
         self.inside = op.Less(g, grid3)
         if adaptive:
             g = op.Max(op.Min(g, op.Sub(grid3, _i64(1))), _i64(0))
-        p = op.Unsqueeze(op.Cast(_range(_scalar(pooled)), to=t), _i64(0, 2))  # [1, P, 1]
-        start3 = op.Unsqueeze(start, _i64(1, 2))
-        bin3 = op.Unsqueeze(bin_size, _i64(1, 2))
-        # start + p * bin + (g + 0.5) * bin / grid, in the kernel's order
-        v = op.Add(op.Add(start3, op.Mul(p, bin3)),
-                   op.Div(op.Mul(op.Add(op.Cast(g, to=t), _const(0.5, t)), bin3), op.Cast(grid3, to=t)))
-        size_t = op.Cast(size, to=t)
-        zero = _const(0, t)
-        self.valid = op.And(op.GreaterOrEqual(v, _const(-1, t)), op.LessOrEqual(v, size_t))
-        v = op.Where(self.valid, v, zero)
-        v = op.Where(op.LessOrEqual(v, zero), zero, v)
-        lo = _to_int(op.Floor(v))
-        last = op.Sub(size, _i64(1))
-        edge = op.GreaterOrEqual(lo, last)
-        self.hi = op.Where(edge, last, op.Add(lo, _i64(1)))
-        self.lo = op.Where(edge, last, lo)
-        v = op.Where(edge, op.Cast(last, to=t), v)
-        self.l = op.Sub(v, op.Cast(self.lo, to=t))
-        self.h = op.Sub(_const(1, t), self.l)
+        p = op.Unsqueeze(_range(_scalar(pooled)), _i64(0, 2))                  # [1, P, 1]
+        ops = _GraphOps(t)
+        v = sample_position(op.Unsqueeze(start, _i64(1, 2)), op.Unsqueeze(bin_size, _i64(1, 2)), grid3, p, g, ops)
+        self.lo, self.hi, self.l, self.h, self.valid = bilinear_taps(v, size, ops)
 
 
 def _align_samples(input: ir.Value, rois: ir.Value, spatial_scale: float, ph: int, pw: int,
@@ -408,14 +453,6 @@ def _roi_align_decomposed(
 # ---- roi_pool ----------------------------------------------------------------------------
 
 
-def _round_half_away(v: ir.Value, t: ir.DataType) -> ir.Value:
-    """C's round() (ONNX Round rounds half to even); exact: |v| - floor(|v|) is exact."""
-    a = op.Abs(v)
-    f = op.Floor(a)
-    r = op.Where(op.GreaterOrEqual(op.Sub(a, f), _const(0.5, t)), op.Add(f, _const(1, t)), f)
-    return _to_int(op.Where(op.Less(v, _const(0, t)), op.Neg(r), r))
-
-
 def _pool_bins(start: ir.Value, bin_size: ir.Value, pooled: int, size: ir.Value, t: ir.DataType,
                int_start: ir.Value | None, empty: ir.Value | None) -> tuple[ir.Value, ir.Value]:
     """Bin ``p`` of each box covers ``[lo, hi)``, ``[K, pooled]`` each, clipped to ``[0, size]``.
@@ -456,8 +493,8 @@ def _roi_pool(
         h0, h1 = _pool_bins(ys, op.Div(roi_h, _const(pooled_height, t)), pooled_height, height, t, None, empty)
         w0, w1 = _pool_bins(xs, op.Div(roi_w, _const(pooled_width, t)), pooled_width, width, t, None, empty)
     else:
-        xr, yr = _round_half_away(op.Mul(x1, s), t), _round_half_away(op.Mul(y1, s), t)
-        xr2, yr2 = _round_half_away(op.Mul(x2, s), t), _round_half_away(op.Mul(y2, s), t)
+        ops = _GraphOps(t)
+        xr, yr, xr2, yr2 = (_to_int(round_half_away(op.Mul(c, s), ops)) for c in (x1, y1, x2, y2))
         one = _i64(1)
         roi_w = op.Max(op.Add(op.Sub(xr2, xr), one), one)
         roi_h = op.Max(op.Add(op.Sub(yr2, yr), one), one)

@@ -1,36 +1,62 @@
-"""``roiops bench``: runs end to end (tiny shapes: this checks the plumbing, not speed), from
-an installed package as well as from the checkout, and rejects bad options cleanly."""
+"""``roiops bench``: the CPU suite runs end to end (tiny shapes: this checks the plumbing, not
+speed), from an installed package as well as from the checkout, and rejects bad options
+cleanly; the GPU suite's parts that need no GPU (case selection, bytes model, %peak, rows,
+the deterministic backward row) are checked on CPU tensors; --device cuda without a GPU
+says so."""
 
+import datetime
 import json
+import math
 import os
+import re
 import shutil
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
+import torch
 
 import roiops
 from roiops import bench, cli
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+ROOT = Path(__file__).resolve().parents[1]
 
 
-def _check_results(out: Path, workloads: set[str]) -> None:
+def _check_results(out: Path, workloads: set[str], chart: bool = True) -> dict:
     data = json.loads((out / "results.json").read_text())
-    assert {r["workload"] for r in data["rows"]} == workloads
-    assert {r["direction"] for r in data["rows"]} == {"forward", "backward"}
-    assert {r["layout"] for r in data["rows"]} == {"NCHW", "channels_last"}
-    assert all(r["roiops_ms"] > 0 and r["torchvision_ms"] > 0 for r in data["rows"])
-    assert data["meta"]["torch"] and data["meta"]["cpu"] and data["meta"]["roiops"]
-    assert (out / "ratios.png").read_bytes()[:8] == PNG_MAGIC
+    rows = data["rows"]
+    assert {r["workload"] for r in rows} == workloads
+    assert {r["direction"] for r in rows} == {"forward", "backward"}
+    assert all(r["device"] == "cpu" and r["dtype"] == "float32" and r["peer"] == "torchvision" for r in rows)
+    assert all(r["roiops_ms"] > 0 and r["peer_ms"] > 0 and r["gbps"] > 0 for r in rows)
+    assert all(r["ratio"] == pytest.approx(r["peer_ms"] / r["roiops_ms"]) for r in rows)
+    # average RoIAlign and RoIPool match torchvision bit for bit, forward and backward; the
+    # max workloads' peer is torchvision's average, so there is nothing to compare
+    assert all(r["max_diff"] == (None if r["op"] == "align_max" else 0.0) for r in rows)
+    meta = data["meta"]
+    assert meta["device"] == "cpu" and meta["cpu"] and meta["gpu"] is None
+    assert meta["date"] == datetime.date.today().isoformat()
+    assert meta["versions"]["torch"] == torch.__version__ and meta["versions"]["roiops"]
+    assert meta["versions"]["torchvision"]
+    assert meta["threads"] == sorted({r["threads"] for r in rows})
+    assert (out / "ratios.png").exists() == chart
+    if chart:
+        assert (out / "ratios.png").read_bytes()[:8] == PNG_MAGIC
+    return data
 
 
 def test_bench_tiny(tmp_path, capsys):
     assert cli.main(["bench", "--tiny", "--quick", "--out", str(tmp_path)]) == 0
-    _check_results(tmp_path, {w.name for w in bench.WORKLOADS})
+    data = _check_results(tmp_path, {w.name for w in bench.WORKLOADS})
+    assert {r["layout"] for r in data["rows"]} == {"NCHW", "channels_last"}
+    assert {r["threads"] for r in data["rows"]} == {2}  # --quick: the largest default count
+    assert all(r["pct_peak"] is None for r in data["rows"])
     out = capsys.readouterr().out
-    assert "ratio" in out and f"wrote {tmp_path / 'results.json'}" in out
+    assert "ratio" in out and "%peak" not in out and f"wrote {tmp_path / 'results.json'}" in out
 
 
 def test_bench_from_an_installed_package(tmp_path):
@@ -48,11 +74,30 @@ def test_bench_from_an_installed_package(tmp_path):
 
     where = run("-c", "import importlib.util; print(importlib.util.find_spec('roiops').origin)")
     assert Path(where.stdout.strip()) == site / "roiops" / "__init__.py", where.stderr
-    result = run("-m", "roiops", "bench", "--tiny", "--quick", "--workload", "roi_pool",
-                 "--out", "results")
+    result = run("-m", "roiops", "bench", "--tiny", "--quick", "--workload", "roi_pool", "--layouts", "nchw",
+                 "--peak-gbps", "10", "--no-chart", "--out", "results")
     assert result.returncode == 0, result.stderr
-    assert "roi_pool" in result.stdout
-    _check_results(work / "results", {"roi_pool"})
+    assert "roi_pool" in result.stdout and "%peak" in result.stdout
+    data = _check_results(work / "results", {"roi_pool"}, chart=False)
+    assert {r["layout"] for r in data["rows"]} == {"NCHW"}
+    assert data["meta"]["peak_gbps"] == 10 and data["meta"]["peak_source"] == "--peak-gbps"
+    assert all(r["pct_peak"] == pytest.approx(10 * r["gbps"]) for r in data["rows"])
+
+
+def test_recorded_shapes_are_the_ones_the_cpu_suite_runs():
+    """BENCHMARKS.md's CPU figures are compared across time: its shapes table must describe
+    the CPU workloads exactly."""
+    text = (ROOT / "BENCHMARKS.md").read_text()
+    rows = re.findall(r"^\| ([a-z_ -]+) \| (\d+) \| (\d+) \| (\d+)x(\d+) \| 1/(\d+) \| (\d+) \| (\d+)x\d+ \| "
+                      r"([^|]+) \| ([^|]+) \|$", text, re.MULTILINE)
+    modes = {"avg": "align", "max": "align_max", "RoIPool": "pool"}
+    recorded = {(name, modes[mode.split()[0]], int(n), int(c), int(h), int(w), 1 / int(s), int(k), int(p),
+                 None if sampling == "-" else int(sampling.split()[0]))
+                for name, n, c, h, w, s, k, p, sampling, mode in rows}
+    declared = {(w.name, w.op, w.n, w.channels, w.height, w.width, w.scale, w.boxes, w.size,
+                 w.sampling_ratio if bench.OPS[w.op].sampled else None)
+                for w in bench.WORKLOADS if "cpu" in w.devices}
+    assert len(rows) == 6 and recorded == declared
 
 
 def test_help_explains_every_option_and_lists_the_workloads(capsys):
@@ -63,6 +108,9 @@ def test_help_explains_every_option_and_lists_the_workloads(capsys):
         assert all(option in out for option in action.option_strings)
     for w in bench.WORKLOADS:
         assert f"  {w.name}\n    {w.describe()}" in out
+    for name, spec in bench.OPS.items():
+        assert f"  {name}: {spec.title}; peer: " in out
+    assert "its average RoIAlign: torchvision has no max mode" in out
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -72,6 +120,12 @@ def test_help_explains_every_option_and_lists_the_workloads(capsys):
     (["--repeats", "-1"], "argument --repeats: must be at least 1, got -1"),
     (["--repeats", "0"], "argument --repeats: must be at least 1, got 0"),
     (["--workload", "box head"], "argument --workload: invalid choice: 'box head'"),
+    (["--device", "gpu"], "argument --device: invalid choice: 'gpu'"),
+    (["--layouts", "nhwc"], "argument --layouts: invalid choice: 'nhwc'"),
+    (["--dtypes", "float64"], "argument --dtypes: invalid choice: 'float64'"),
+    (["--peak-gbps", "0"], "argument --peak-gbps: must be a positive number, got 0"),
+    (["--peak-gbps", "fast"], "argument --peak-gbps: expected a number, got 'fast'"),
+    (["--device", "cuda", "--threads", "2"], "--threads sets CPU thread counts: it applies to --device cpu only"),
     (["--speed"], "unrecognized arguments: --speed"),
 ])
 def test_bad_options_exit_2_with_one_line(argv, message, tmp_path, capsys):
@@ -89,11 +143,272 @@ def test_out_must_be_a_folder(tmp_path, capsys):
     assert "--out must be a folder" in capsys.readouterr().err
 
 
+def _fails_with_one_line(argv, tmp_path, capsys) -> str:
+    assert bench.main([*argv, "--tiny", "--quick", "--out", str(tmp_path / "out")]) == 2
+    captured = capsys.readouterr()
+    assert captured.err.startswith("roiops bench: error: ") and len(captured.err.strip().splitlines()) == 1
+    assert "Traceback" not in captured.err and captured.out == ""
+    assert not (tmp_path / "out").exists()
+    return captured.err
+
+
 def test_without_torchvision(monkeypatch, tmp_path, capsys):
     monkeypatch.setitem(sys.modules, "torchvision", None)  # makes `import torchvision` fail
-    assert bench.main(["--tiny", "--quick", "--out", str(tmp_path / "out")]) == 2
-    err = capsys.readouterr().err
-    assert err.startswith("roiops bench: error: ") and len(err.strip().splitlines()) == 1
+    err = _fails_with_one_line([], tmp_path, capsys)
     assert "install the torchvision release built for your torch" in err
-    assert "Traceback" not in err
-    assert not (tmp_path / "out").exists()
+
+
+def test_without_matplotlib(monkeypatch, tmp_path, capsys):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    assert "--no-chart" in _fails_with_one_line([], tmp_path, capsys)
+
+
+def test_cuda_without_a_gpu(monkeypatch, tmp_path, capsys):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    err = _fails_with_one_line(["--device", "cuda"], tmp_path, capsys)
+    assert err.startswith("roiops bench: error: --device cuda: torch sees no CUDA device")
+
+
+def test_a_workload_the_device_does_not_run(monkeypatch, tmp_path, capsys):
+    cpu_only = replace(bench.WORKLOADS[0], devices=("cpu",))
+    monkeypatch.setattr(bench, "WORKLOADS", [cpu_only])
+    assert cpu_only.describe().endswith(" (cpu only)")
+    assert bench.main(["--device", "cuda", "--out", str(tmp_path / "out")]) == 2
+    assert "none of the chosen workloads runs on --device cuda" in capsys.readouterr().err
+
+
+# ----------------------------------------------------------------------------- case selection
+
+
+def _plan(*argv):
+    return bench.plan(bench.build_parser().parse_args(list(argv)))
+
+
+def test_cpu_cases_by_default():
+    device, cases, repeats = _plan()
+    assert device is bench.CPU and repeats == 5
+    assert len(cases) == len(bench.WORKLOADS) * 2 * 2
+    assert [(c.workload.name, c.layout, c.dtype, c.threads) for c in cases[:4]] == [
+        ("box head train", "NCHW", "float32", 1), ("box head train", "NCHW", "float32", 2),
+        ("box head train", "channels_last", "float32", 1), ("box head train", "channels_last", "float32", 2)]
+    assert all(c.workload in bench.WORKLOADS for c in cases)  # the declared shapes, unchanged
+    _, quick, repeats = _plan("--quick", "--threads", "1", "3")
+    assert repeats == 1 and {c.threads for c in quick} == {3}
+
+
+def test_gpu_cases():
+    device, cases, repeats = _plan("--device", "cuda")
+    assert device is bench.CUDA and repeats == 50
+    assert device.directions == ("forward", "backward", "backward det")
+    assert {c.dtype for c in cases} == {"float32", "bfloat16"}
+    assert {c.layout for c in cases} == {"NCHW", "channels_last"}
+    assert {c.threads for c in cases} == {torch.get_num_threads()}
+    assert len(cases) == 4 * sum("cuda" in w.devices for w in bench.WORKLOADS)
+    _, cases, repeats = _plan("--device", "cuda", "--dtypes", "float16", "--layouts", "channels_last",
+                              "--workload", "mask head", "--repeats", "7", "--tiny")
+    assert repeats == 7
+    assert [(c.workload, c.layout, c.dtype) for c in cases] == [
+        (bench.tiny(bench.WORKLOADS[3]), "channels_last", "float16")]
+
+
+def test_select_cases_keeps_each_workload_to_its_devices():
+    gpu_only = replace(bench.WORKLOADS[0], name="gpu only", devices=("cuda",))
+    both = bench.WORKLOADS[1]
+    assert [c.workload for c in bench.select_cases([gpu_only, both], "cpu", ["nchw"], ["float32"], [1])] == [both]
+    assert [c.workload for c in bench.select_cases([gpu_only, both], "cuda", ["nchw"], ["float32"], [1])] == [
+        gpu_only, both]
+
+
+# ----------------------------------------------------------------------------- bytes, %peak, rows
+
+
+def test_covered_cells_counts_each_cell_once_with_a_margin_and_clipped():
+    w = bench.Workload("t", "align", 2, 3, 10, 12, 1 / 2, 4, 2)
+    boxes = torch.tensor([[0, 4, 4, 8, 8],       # cells 1..5 x 1..5: 25
+                          [0, 6, 6, 10, 10],     # 2..6 x 2..6: 25, 16 of them shared with the first
+                          [1, -10, 0, 3, 1],     # columns 0..3 (clipped at 0), rows 0..2: 12
+                          [1, 20, 16, 30, 30]])  # columns 9..11, rows 7..9 (clipped at the far edge): 9
+    assert bench.covered_cells(boxes, w) == 25 + 25 - 16 + 12 + 9
+
+
+def test_bytes_moved():
+    w = bench.Workload("t", "align", 2, 3, 10, 12, 1 / 2, 3, 2)
+    # 55 cells x 3 channels x 4 bytes + 36 outputs x 4 bytes + 80 bytes of boxes; the whole
+    # 2x3x10x12 gradient is written back
+    out = (3, 3, 2, 2)
+    assert bench.bytes_moved(w, False, 55, out, 4, 80) == {
+        "forward": 660 + 144 + 80, "backward": 144 + 2880, "backward det": 144 + 2880}
+    assert bench.bytes_moved(w, True, 55, out, 4, 80) == {  # + an int32 argmax per output
+        "forward": 660 + 288 + 80, "backward": 288 + 2880, "backward det": 288 + 2880}
+    assert bench.bytes_moved(w, True, 55, out, 2, 80)["backward"] == 36 * 6 + 1440  # bfloat16
+    # position-sensitive, 4 channels for a 2x2 output: each bin reads its own channel, so
+    # the covered cells are read once per output channel (here 1)
+    ps = replace(w, channels=4)
+    assert bench.bytes_moved(ps, False, 55, (3, 1, 2, 2), 4, 80) == {
+        "forward": 55 * 4 + 12 * 4 + 80, "backward": 12 * 4 + 3840, "backward det": 12 * 4 + 3840}
+
+
+def test_tiny_keeps_the_channels_a_position_sensitive_op_needs(monkeypatch):
+    monkeypatch.setitem(bench.OPS, "ps", replace(bench.OPS["align"], channel_multiple=lambda w: w.size ** 2))
+    assert bench.tiny(bench.Workload("ps", "ps", 2, 490, 200, 336, 1 / 4, 1024, 7)).channels == 8 * 49
+    assert bench.tiny(bench.WORKLOADS[0]).channels == 8
+
+
+def test_result_row_ratio_bandwidth_and_peak():
+    case = bench.Case(bench.WORKLOADS[0], "NCHW", "bfloat16", 1)
+    row = bench.result_row(case, "cuda", "forward", 1e-3, "torchvision", 3e-3, 2_000_000, 4.0, 0.5, None)
+    assert row == {**row, "roiops_ms": 1.0, "peer_ms": 3.0, "ratio": 3.0, "gbps": 2.0, "pct_peak": 50.0,
+                   "bytes": 2_000_000, "max_diff": 0.5, "device": "cuda", "dtype": "bfloat16",
+                   "workload": "box head train", "op": "align", "layout": "NCHW", "direction": "forward"}
+    assert row["shape"] == {k: v for k, v in vars(bench.WORKLOADS[0]).items() if k != "devices"}
+    alone = bench.result_row(case, "cuda", "backward det", 2e-3, "torchvision", None, 2_000_000, None, None,
+                             "no bfloat16")
+    assert (alone["peer_ms"], alone["ratio"], alone["pct_peak"], alone["gbps"]) == (None, None, None, 1.0)
+    assert alone["peer_error"] == "no bfloat16"
+
+
+def test_peak_bandwidth_of_a_gpu():
+    gbps, source = bench.peak_from_properties("NVIDIA H100 80GB HBM3", 2_619_000, 5120)
+    assert gbps == pytest.approx(3352.32) and source == "memory clock x bus width"
+    assert bench.peak_from_properties("NVIDIA H100 PCIe", 0, 0) == (2000.0, "table (H100 PCIe)")
+    assert bench.peak_from_properties("NVIDIA L4", 0, 0) == (300.0, "table (L4)")
+    assert bench.peak_from_properties("NVIDIA L40S", 0, 0) == (864.0, "table (L40S)")
+    assert bench.peak_from_properties("Some GPU", 0, 0) is None
+
+
+# ----------------------------------------------------------------------------- the GPU flow on CPU
+
+
+class _Probe(torch.autograd.Function):
+    """2 * the map's top-left 2x2 cells; its backward records roiops' deterministic switch."""
+    switch: list = []
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.shape = x.shape
+        return 2 * x[:, :, :2, :2]
+
+    @staticmethod
+    def backward(ctx, grad):
+        _Probe.switch.append(roiops.config.deterministic_backward)
+        g = grad.new_zeros(ctx.shape)
+        g[:, :, :2, :2] = 2 * grad
+        return g
+
+
+class _NoBackward(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return 2 * x[:, :, :2, :2]
+
+    @staticmethod
+    def backward(ctx, grad):
+        raise NotImplementedError("no backward for bfloat16\nmore detail")
+
+
+def _no_forward(module, w, x, b):
+    raise RuntimeError("no forward for bfloat16\nmore detail")
+
+
+@pytest.mark.parametrize("peer_call, failing", [
+    (lambda m, w, x, b: 2 * x[:, :, :2, :2], ()),
+    (lambda m, w, x, b: _NoBackward.apply(x), ("backward",)),
+    (_no_forward, ("forward", "backward")),
+])
+def test_gpu_suite_flow_on_cpu_tensors(monkeypatch, peer_call, failing):
+    """The GPU suite's directions and timing loop, on the CPU with the wall clock and a
+    probe op: roiops and the peer alternate after their warm-up calls, 'backward det' times
+    roiops' backward alone with the deterministic switch on (and restores it), a peer that
+    fails leaves its columns empty with the reason, and every row gets the bytes model."""
+    calls = []
+
+    def ours(w, x, b):
+        calls.append("roiops")
+        return _Probe.apply(x)
+
+    def peer(m, w, x, b):
+        calls.append("peer")
+        return peer_call(m, w, x, b)
+
+    monkeypatch.setitem(bench.OPS, "probe", bench.OpSpec("probe", ours, bench.Peer("math", peer)))
+    monkeypatch.setattr(roiops.config, "deterministic_backward", False)
+    _Probe.switch.clear()
+    device = replace(bench.CUDA, name="cpu", timer=bench.wall_clock, warmup=2)
+    w = bench.Workload("probe", "probe", 2, 3, 8, 8, 1 / 4, 4, 2, devices=("cuda",))
+    rows = bench.measure(bench.Case(w, "channels_last", "float32", 1), device, 3, {"math": math}, 0.5)
+
+    assert [r["direction"] for r in rows] == ["forward", "backward", "backward det"]
+    if not failing:  # setup, 2 warm-ups each, then alternating
+        assert calls == ["roiops", "peer"] + ["roiops"] * 2 + ["peer"] * 2 + ["roiops", "peer"] * 3
+    assert _Probe.switch == [False] * 5 + [True] * 5  # backward: warm-ups and repeats; then backward det
+    assert roiops.config.deterministic_backward is False
+    cells = bench.covered_cells(bench.AXIS_ALIGNED.make(w, _seeded_after_map(w)), w)
+    nbytes = bench.bytes_moved(w, False, cells, (2, 3, 2, 2), 4, 4 * 5 * 4)
+    for r in rows:
+        assert r["roiops_ms"] > 0 and r["bytes"] == nbytes[r["direction"]]
+        assert r["pct_peak"] == pytest.approx(100 * r["gbps"] / 0.5)
+        assert r["gbps"] == pytest.approx(r["bytes"] / (r["roiops_ms"] / 1e3) / 1e9)
+        has_peer = r["direction"] != "backward det"
+        timed_peer = has_peer and r["direction"] not in failing
+        assert (r["peer_ms"] is not None) == timed_peer and (r["ratio"] is not None) == timed_peer
+        assert r["max_diff"] == (0.0 if timed_peer else None)
+        assert r["peer"] == ("math" if has_peer else None)
+        assert r["peer_error"] == (f"no {failing[0]} for bfloat16" if has_peer and not timed_peer else None)
+    text = bench.table(rows, threads=False)
+    assert "backward det" in text and "%peak" in text and " thr " not in text
+    assert " thr " in bench.table(rows, threads=True)
+
+
+def _seeded_after_map(w):
+    """The generator as measure leaves it after drawing the map: the boxes come next."""
+    g = torch.Generator().manual_seed(0)
+    torch.randn(w.n, w.channels, w.height, w.width, generator=g)
+    return g
+
+
+def test_gpu_suite_end_to_end_on_cpu_tensors(monkeypatch, tmp_path, capsys):
+    """`--device cuda` as far as it goes without a GPU: the CUDA checks and device queries
+    answered by stand-ins, the cases run on CPU tensors with the wall clock."""
+    stand_in = replace(bench.CUDA, name="cpu", timer=bench.wall_clock, warmup=1)
+    monkeypatch.setattr(bench, "CUDA", stand_in)
+    monkeypatch.setitem(bench.DEVICES, "cuda", stand_in)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H100 PCIe")
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device=None: SimpleNamespace(
+        name="NVIDIA H100 PCIe", memory_clock_rate=0, memory_bus_width=0))
+    assert bench.main(["--device", "cuda", "--tiny", "--quick", "--workload", "box head max",
+                       "--layouts", "nchw", "--out", str(tmp_path)]) == 0
+    data = json.loads((tmp_path / "results.json").read_text())
+    meta, rows = data["meta"], data["rows"]
+    assert meta["gpu"] == "NVIDIA H100 PCIe" and meta["peak_gbps"] == 2000.0
+    assert meta["peak_source"] == "table (H100 PCIe)" and meta["warmup"] == 1
+    assert meta["versions"]["triton"] and meta["versions"]["cuda"] == torch.version.cuda
+    assert [(r["dtype"], r["direction"]) for r in rows] == [
+        (dtype, direction) for dtype in ("float32", "bfloat16") for direction in bench.CUDA.directions]
+    assert bench.CUDA.directions == ("forward", "backward", "backward det")
+    assert all(r["pct_peak"] == pytest.approx(r["gbps"] / 20) for r in rows)
+    assert all((r["peer"] is None) == (r["direction"] == "backward det") for r in rows)
+    assert all(r["peer_ms"] is None and r["ratio"] is None for r in rows if r["direction"] == "backward det")
+    assert all(r["max_diff"] is None for r in rows)  # the max workload's peer computes the average
+    assert (tmp_path / "ratios.png").read_bytes()[:8] == PNG_MAGIC
+    out = capsys.readouterr().out
+    assert out.startswith("device: NVIDIA H100 PCIe, peak 2000 GB/s (table (H100 PCIe))\n")
+    assert "%peak" in out and " thr " not in out
+
+
+def test_a_peer_can_take_the_boxes_in_the_maps_dtype(monkeypatch):
+    """torchvision wants boxes of the map's dtype; roiops takes float32 boxes for a half map."""
+    seen = {}
+
+    def op(who):
+        def call(*args):
+            x, b = args[-2:]
+            seen[who] = b.dtype
+            return 2 * x[:, :, :2, :2]
+        return call
+
+    monkeypatch.setitem(bench.OPS, "probe", bench.OpSpec(
+        "probe", op("roiops"), bench.Peer("math", op("peer"), boxes_in_input_dtype=True)))
+    w = bench.Workload("probe", "probe", 1, 2, 4, 4, 1 / 4, 2, 2)
+    bench.measure(bench.Case(w, "NCHW", "bfloat16", 1), bench.CPU, 1, {"math": math}, None)
+    assert seen == {"roiops": torch.float32, "peer": torch.bfloat16}

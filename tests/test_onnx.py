@@ -8,6 +8,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import types
+from typing import List
 
 import numpy as np
 import pytest
@@ -15,7 +16,8 @@ import torch
 from torch.export import Dim
 
 import roiops
-from boxes import nasty_boxes, random_boxes
+from boxes import nasty_boxes, nasty_coordinates, random_boxes
+from roiops import _geometry as geometry
 from roiops.compat import torchvision as tv
 
 onnx = pytest.importorskip("onnx")
@@ -272,3 +274,64 @@ def test_import_roiops_loads_no_onnx_code():
     code = ("import sys, roiops; loaded = [m for m in sys.modules if m.split('.')[0] in ('onnx', 'onnxscript', "
             "'onnx_ir') or m.startswith(('torch.onnx', 'roiops.onnx'))]; assert not loaded, loaded")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+# The geometry primitives through both ArrayOps: one test op whose eager kernel calls them
+# on torch tensors and whose ONNX translation builds them with the translations' _GraphOps.
+@torch.library.custom_op("roiops_test::geometry", mutates_args=())
+def _geometry_op(coord: torch.Tensor, size: torch.Tensor, start: torch.Tensor, bin_size: torch.Tensor,
+                 grid: torch.Tensor, b: torch.Tensor, s: torch.Tensor) -> List[torch.Tensor]:  # torch 2.6's infer_schema rejects list[...]
+    return [geometry.round_half_away(coord), *geometry.bilinear_taps(coord, int(size)),
+            geometry.sample_position(start, bin_size, grid, b, s)]
+
+
+@_geometry_op.register_fake
+def _(coord, size, start, bin_size, grid, b, s):
+    like = torch.empty_like(coord)
+    index = torch.empty_like(coord, dtype=torch.int64)
+    position = torch.empty(torch.broadcast_shapes(start.shape, b.shape, s.shape), dtype=start.dtype)
+    return [like, index, index.clone(), like.clone(), like.clone(), torch.empty_like(coord, dtype=torch.bool),
+            position]
+
+
+def _geometry_graph(coord, size, start, bin_size, grid, b, s):
+    ops = roiops_onnx._GraphOps(coord.dtype)
+    return [geometry.round_half_away(coord, ops), *geometry.bilinear_taps(coord, size, ops),
+            geometry.sample_position(start, bin_size, grid, b, s, ops)]
+
+
+class _Geometry(torch.nn.Module):
+    def forward(self, *args: torch.Tensor) -> list[torch.Tensor]:
+        return torch.ops.roiops_test.geometry(*args)
+
+
+def _bits(a: torch.Tensor) -> torch.Tensor:
+    return a.view({torch.float32: torch.int32, torch.float64: torch.int64}.get(a.dtype, a.dtype))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_geometry_primitives_give_the_same_bits_in_torch_and_onnx(dtype):
+    # Sample positions from nasty box starts and bin sizes (negative, tiny, huge); the taps
+    # for maps of 0, 1 and 9 cells: the exported graph gives the torch results bit for
+    # bit (NaN payloads aside), so the translations compute the reference's geometry.
+    coord = nasty_coordinates(dtype)
+    k = torch.Generator().manual_seed(2)
+    start = torch.cat([coord[:40], torch.rand(20, generator=k, dtype=dtype) * 20 - 10]).view(-1, 1, 1)
+    bin_size = torch.cat([coord[20:60], torch.rand(20, generator=k, dtype=dtype) * 6 - 1]).view(-1, 1, 1)
+    grid = torch.randint(1, 6, start.shape, generator=k)
+    b, s = torch.arange(7).view(1, -1, 1), torch.arange(5).view(1, 1, -1)
+    args = (coord, torch.tensor(9), start, bin_size, grid, b, s)
+    program = torch.onnx.export(_Geometry().eval(), args, dynamo=True,
+                                custom_translation_table={torch.ops.roiops_test.geometry.default: _geometry_graph})
+    session = _session(program)
+    for size in (0, 1, 9):
+        args = (coord, torch.tensor(size), start, bin_size, grid, b, s)
+        got = session.run(None, {i.name: a.numpy() for i, a in zip(session.get_inputs(), args)})
+        expected = _geometry_op(*args)
+        assert len(got) == len(expected) == 7
+        for i, (a, e) in enumerate(zip(got, expected)):
+            a = torch.from_numpy(a)
+            assert a.dtype == e.dtype and a.shape == e.shape, (size, i)
+            nan = torch.isnan(e) if e.is_floating_point() else torch.zeros_like(e, dtype=torch.bool)
+            assert torch.equal(torch.isnan(a) if a.is_floating_point() else nan, nan), (size, i)
+            assert torch.equal(_bits(a[~nan]), _bits(e[~nan])), (size, i)

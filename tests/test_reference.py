@@ -5,11 +5,16 @@ the definitions in docs/semantics.md), torchvision's kernels, and torch.autograd
 functions. The peers' published vectors are in test_conformance.py.
 """
 
+import ctypes
+import ctypes.util
+
 import pytest
 import torch
 
+from boxes import nasty_coordinates
 from cases import tol
 from roiops import reference as ref
+from roiops._geometry import round_half_away
 
 try:
     import torchvision
@@ -230,6 +235,23 @@ def test_pool_hand(name):
             expected_grad[a] += 1
     g = pool_backward(x, rois, torch.ones_like(out), argmax)
     assert torch.equal(g, expected_grad.view(1, 1, 3, 4))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, F64])
+def test_round_half_away_is_c_round(dtype):
+    # Oracle: the C library's round()/roundf(), bit for bit (NaN, infinities, the sign of
+    # zero, halves, 0.49999997, values beyond the last fraction).
+    libm = ctypes.CDLL(ctypes.util.find_library("m"))
+    c_round = libm.round if dtype == F64 else libm.roundf
+    ctype = ctypes.c_double if dtype == F64 else ctypes.c_float
+    c_round.restype, c_round.argtypes = ctype, [ctype]
+    v = nasty_coordinates(dtype)
+    expected = torch.tensor([c_round(x) for x in v.tolist()], dtype=dtype)
+    got = round_half_away(v)
+    bits = torch.int64 if dtype == F64 else torch.int32
+    nan = torch.isnan(expected)
+    assert torch.equal(torch.isnan(got), nan)
+    assert torch.equal(got[~nan].view(bits), expected[~nan].view(bits))
 
 
 def test_pool_ties_nan_inf():

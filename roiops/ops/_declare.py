@@ -33,18 +33,24 @@ class Kernels:
     as ``(type, name)`` in schema types; ``saved``: names of the forward's outputs after the
     first, which the backward receives (not differentiable); ``backward``: the backward's
     arguments after grad, the saved outputs and rois, in the kernels' order; ``title``:
-    how errors name the op."""
+    how errors name the op; ``out_channels``: the output's channels from the input's and
+    the pooled size (position-sensitive ops read ``ph * pw`` input channels per output
+    channel), the input's by default."""
 
     name: str
     args: tuple[tuple[str, str], ...]
     backward: tuple[str, ...]
     saved: tuple[str, ...] = ()
     title: str = ""
+    out_channels: Callable[[Any, int, int], Any] | None = None
 
 
-def empty_output(input: Tensor, rois: Tensor, ph: int, pw: int, dtype: torch.dtype | None = None) -> Tensor:
-    """An op's output (or int32 extra output) for ``rois``: ``[K, C, ph, pw]`` in the input's layout."""
-    return torch.empty((rois.shape[0], input.shape[1], ph, pw), dtype=dtype or input.dtype, device=input.device,
+def empty_output(input: Tensor, rois: Tensor, ph: int, pw: int, dtype: torch.dtype | None = None,
+                 channels: Any = None) -> Tensor:
+    """An op's output (or int32 extra output) for ``rois``: ``[K, channels, ph, pw]`` (by
+    default the input's C) in the input's layout."""
+    c = input.shape[1] if channels is None else channels
+    return torch.empty((rois.shape[0], c, ph, pw), dtype=dtype or input.dtype, device=input.device,
                        memory_format=memory_format(is_channels_last(input)))
 
 
@@ -82,8 +88,9 @@ def register(spec: Kernels) -> None:
     def forward_fake(input: Tensor, rois: Tensor, *args: Any) -> Any:
         named = dict(zip(arg_names, args))
         ph, pw = named["pooled_height"], named["pooled_width"]
-        out = empty_output(input, rois, ph, pw)
-        saved = [empty_output(input, rois, ph, pw, torch.int32) for _ in spec.saved]
+        c = spec.out_channels(input.shape[1], ph, pw) if spec.out_channels else None
+        out = empty_output(input, rois, ph, pw, channels=c)
+        saved = [empty_output(input, rois, ph, pw, torch.int32, c) for _ in spec.saved]
         return (out, *saved) if saved else out
 
     def backward_fake(grad: Tensor, *args: Any) -> Tensor:

@@ -1,4 +1,5 @@
-"""Triton kernels of roiops: the six functions of the kernel contract (docs/architecture.md).
+"""Triton kernels of roiops, one module per op, each listing its kernel-contract functions
+(docs/architecture.md) in ``__all__``; this package collects them.
 
 They run on CUDA tensors, and on CPU tensors under Triton's interpreter
 (``TRITON_INTERPRET=1`` set before this package is first imported).
@@ -23,17 +24,6 @@ from .._backend import triton_too_old
 if triton_too_old():
     raise ImportError(triton_too_old())
 
-from .roi_align import (multi_scale_roi_align_backward, multi_scale_roi_align_forward, roi_align_backward,
-                        roi_align_forward, roi_align_max_backward, roi_align_max_forward)
-from .roi_pool import roi_pool_backward, roi_pool_forward
+from .._backend import collect_kernels  # noqa: E402
 
-__all__ = [
-    "roi_align_forward",
-    "roi_align_backward",
-    "roi_align_max_forward",
-    "roi_align_max_backward",
-    "roi_pool_forward",
-    "roi_pool_backward",
-    "multi_scale_roi_align_forward",
-    "multi_scale_roi_align_backward",
-]
+__all__ = collect_kernels(__name__, __path__, globals())

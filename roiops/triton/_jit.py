@@ -263,6 +263,39 @@ def with_flag(mask, flag):
 
 
 @triton.jit
+def bin_tile(pb, cb, ph, pw, C, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr):
+    """A program's tile: bins p = i * pw + j in [pb * BLOCK_P, +BLOCK_P) and channels c in
+    [cb * BLOCK_C, +BLOCK_C). Returns p, its mask, i, j, c and its mask."""
+    p = pb * BLOCK_P + tl.arange(0, BLOCK_P)
+    i = p // pw
+    c = cb * BLOCK_C + tl.arange(0, BLOCK_C)
+    return p, p < ph * pw, i, p - i * pw, c, c < C
+
+
+@triton.jit
+def pixel_tile(th, tw, cb, H, W, C, TILE_H: tl.constexpr, TILE_W: tl.constexpr, BLOCK_C: tl.constexpr):
+    """A deterministic-backward program's tile: map cells (r, s) of tile (th, tw), channels
+    c in [cb * BLOCK_C, +BLOCK_C) with their mask, and the tile's first and last row and
+    column inside the map (inclusive), for the tests that skip a box's samples."""
+    q = tl.arange(0, TILE_H * TILE_W)
+    r = th * TILE_H + q // TILE_W
+    s = tw * TILE_W + q % TILE_W
+    c = cb * BLOCK_C + tl.arange(0, BLOCK_C)
+    r_lo = th * TILE_H
+    s_lo = tw * TILE_W
+    return r, s, c, c < C, r_lo, tl.minimum(r_lo + TILE_H, H) - 1, s_lo, tl.minimum(s_lo + TILE_W, W) - 1
+
+
+@triton.jit
+def store_tile(gi_ptr, acc, n, r, s, c, cm, H, W, siN, siC, siH, siW, CF: tl.constexpr):
+    """Writes a pixel_tile's sums into image n of the gradient, cast to its dtype."""
+    om = along_p((r < H) & (s < W), CF) & along_c(cm, CF)
+    cell = r.to(tl.int64) * siH + s.to(tl.int64) * siW
+    o = n.to(tl.int64) * siN + along_c(c.to(tl.int64), CF) * siC + along_p(cell, CF)
+    tl.store(gi_ptr + o, acc.to(gi_ptr.dtype.element_ty), mask=om)
+
+
+@triton.jit
 def along_p(v, CF: tl.constexpr):
     """A per-position (bin or pixel) vector as a tile axis. CF ("channels fast"): tiles are
     [positions, channels] with channels the fastest axis (channels_last input); else

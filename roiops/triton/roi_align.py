@@ -54,12 +54,29 @@ from .._geometry import is_channels_last, memory_format
 from ._common import (GPU_TILE, LAUNCH_OPTS, cdiv, check_device, f64_bits, gather_blocks, kernel, next_pow2, opmath,
                       tile_blocks, use_deterministic)
 from ._common import check_align_backward, check_align_forward
-from ._jit import (align_geometry, argmax_fits, axis_taps, beats, box_level, div_rn, first_skipped, level_map, load_roi,
-                   map_spans, mark_box, may_touch, pick, sample_pos, sample_span, scale_of, touched_cells, with_flag)
+from ._jit import (align_geometry, argmax_fits, axis_taps, beats, bin_tile, box_level, div_rn, first_skipped, level_map,
+                   load_roi, map_spans, mark_box, may_touch, pick, pixel_tile, sample_pos, sample_span, scale_of,
+                   store_tile, touched_cells, with_flag)
 from ._jit import along_c as _c  # per-channel vector -> tile axis
 from ._jit import along_p as _p  # per-bin / per-pixel vector -> tile axis
 
+__all__ = ["multi_scale_roi_align_backward", "multi_scale_roi_align_forward", "roi_align_backward", "roi_align_forward",
+           "roi_align_max_backward", "roi_align_max_forward"]
+
 MAX_LEVELS = 5  # of the multi-level kernels: pick() in _jit.py selects among five arguments
+
+
+@triton.jit
+def _box(rois_ptr, k, valid, scale, N, ph, pw, sampling_ratio, ALIGNED: tl.constexpr, MAX_MODE: tl.constexpr):
+    """Box k's (int64) row check and sampling geometry; ok is False for a bad row, one masked off by
+    `valid`, or (mode max) one whose grid its argmax cannot index."""
+    ok, b, x1, y1, x2, y2 = load_roi(rois_ptr, k, N, scale)
+    sx, sy, bw, bh, gwf, ghf, gw, gh, count = align_geometry(x1, y1, x2, y2, scale, ph, pw, sampling_ratio,
+                                                             ALIGNED)
+    ok = ok & valid
+    if MAX_MODE:
+        ok = ok & argmax_fits(ghf, gwf)
+    return ok, b, sx, sy, bw, bh, gwf, ghf, gw, gh, count
 
 
 @triton.jit
@@ -73,19 +90,10 @@ def _fwd_tile(
     """Bins [pb * BLOCK_P, +BLOCK_P) x channels [cb * BLOCK_C, +BLOCK_C) of box k; the box
     is masked unless `valid` (the multi-level kernel's level check)."""
     T = rois_ptr.dtype.element_ty
-    ok, b, x1, y1, x2, y2 = load_roi(rois_ptr, k.to(tl.int64), N, scale)
-    ok = ok & valid
-    sx, sy, bw, bh, gwf, ghf, gw, gh, count = align_geometry(x1, y1, x2, y2, scale, ph, pw, sampling_ratio,
-                                                             ALIGNED)
-    if MAX_MODE:
-        ok = ok & argmax_fits(ghf, gwf)
+    ok, b, sx, sy, bw, bh, gwf, ghf, gw, gh, count = _box(rois_ptr, k.to(tl.int64), valid, scale, N, ph, pw,
+                                                          sampling_ratio, ALIGNED, MAX_MODE)
 
-    p = pb * BLOCK_P + tl.arange(0, BLOCK_P)
-    pm = p < ph * pw
-    i = p // pw
-    j = p - i * pw
-    c = cb * BLOCK_C + tl.arange(0, BLOCK_C)
-    cm = c < C
+    p, pm, i, j, c, cm = bin_tile(pb, cb, ph, pw, C, BLOCK_P, BLOCK_C)
     tile_m = with_flag(_p(pm, CF) & _c(cm, CF), ok)
     x_base = x_ptr + b * sxN + _c(c.to(tl.int64) * sxC, CF)
     ybase = sy + i.to(T) * bh
@@ -193,19 +201,10 @@ def _bwd_atomic_tile(
     of box k (masked unless `valid`)."""
     T = rois_ptr.dtype.element_ty
     G = gi_ptr.dtype.element_ty
-    ok, b, x1, y1, x2, y2 = load_roi(rois_ptr, k.to(tl.int64), N, scale)
-    ok = ok & valid
-    sx, sy, bw, bh, gwf, ghf, gw, gh, count = align_geometry(x1, y1, x2, y2, scale, ph, pw, sampling_ratio,
-                                                             ALIGNED)
-    if MAX_MODE:
-        ok = ok & argmax_fits(ghf, gwf)
+    ok, b, sx, sy, bw, bh, gwf, ghf, gw, gh, count = _box(rois_ptr, k.to(tl.int64), valid, scale, N, ph, pw,
+                                                          sampling_ratio, ALIGNED, MAX_MODE)
 
-    p = pb * BLOCK_P + tl.arange(0, BLOCK_P)
-    pm = p < ph * pw
-    i = p // pw
-    j = p - i * pw
-    c = cb * BLOCK_C + tl.arange(0, BLOCK_C)
-    cm = c < C
+    p, pm, i, j, c, cm = bin_tile(pb, cb, ph, pw, C, BLOCK_P, BLOCK_C)
     tile_m = with_flag(_p(pm, CF) & _c(cm, CF), ok)
     k64 = k.to(tl.int64)
     c64 = c.to(tl.int64)
@@ -307,12 +306,9 @@ def _gather_box(
     T = rois_ptr.dtype.element_ty
     Hf = H.to(T)
     Wf = W.to(T)
-    ok, b, x1, y1, x2, y2 = load_roi(rois_ptr, k, N, scale)
-    sx, sy, bw, bh, gwf, ghf, gw, gh, count = align_geometry(x1, y1, x2, y2, scale, ph, pw, sampling_ratio,
-                                                             ALIGNED)
+    ok, b, sx, sy, bw, bh, gwf, ghf, gw, gh, count = _box(rois_ptr, k, True, scale, N, ph, pw, sampling_ratio,
+                                                          ALIGNED, MAX_MODE)
     use = ok & (b == n) & (gh > 0) & (gw > 0)
-    if MAX_MODE:
-        use = use & argmax_fits(ghf, gwf)
     use = use & may_touch(sy, sy + ph * bh, r_lo, r_hi, Hf) & may_touch(sx, sx + pw * bw, s_lo, s_hi, Wf)
     if use:
         for i in range(0, ph):
@@ -369,17 +365,10 @@ def _bwd_gather_tile(
     """Pixels of tile (th, tw) x channels [cb * BLOCK_C, +BLOCK_C) of image n: the sum of
     what the boxes marked in the tile's row `tile` of the mask give them, in box order."""
     T = rois_ptr.dtype.element_ty
-    q = tl.arange(0, TILE_H * TILE_W)
-    r = th * TILE_H + q // TILE_W
-    s = tw * TILE_W + q % TILE_W
-    c = cb * BLOCK_C + tl.arange(0, BLOCK_C)
-    cm = c < C
+    r, s, c, cm, r_lo, r_hi, s_lo, s_hi = pixel_tile(th, tw, cb, H, W, C, TILE_H, TILE_W, BLOCK_C)
     c64 = c.to(tl.int64)
-    # The tile's cells, inclusive, as coordinates for the skip tests.
-    r_lo = (th * TILE_H).to(T)
-    r_hi = (tl.minimum(th * TILE_H + TILE_H, H) - 1).to(T)
-    s_lo = (tw * TILE_W).to(T)
-    s_hi = (tl.minimum(tw * TILE_W + TILE_W, W) - 1).to(T)
+    # The tile's cells as coordinates for the skip tests.
+    r_lo, r_hi, s_lo, s_hi = r_lo.to(T), r_hi.to(T), s_lo.to(T), s_hi.to(T)
 
     acc = _p(tl.zeros([TILE_H * TILE_W], dtype=T), CF) + _c(tl.zeros([BLOCK_C], dtype=T), CF)
     # The boxes marked for this tile by _align_tiles_kernel, in increasing index.
@@ -393,9 +382,7 @@ def _bwd_gather_tile(
                                       s_lo, s_hi, cm, c64, scale, N, H, W, ph, pw, sampling_ratio,
                                       sgK, sgC, sgH, sgW, saK, saC, saH, saW, ALIGNED, MAX_MODE, TILE_H, TILE_W, CF)
 
-    om = _p((r < H) & (s < W), CF) & _c(cm, CF)
-    o = n.to(tl.int64) * siN + _c(c64, CF) * siC + _p(r.to(tl.int64) * siH + s.to(tl.int64) * siW, CF)
-    tl.store(gi_ptr + o, acc.to(gi_ptr.dtype.element_ty), mask=om)
+    store_tile(gi_ptr, acc, n, r, s, c, cm, H, W, siN, siC, siH, siW, CF)
 
 
 @kernel
@@ -421,14 +408,13 @@ def _align_tiles_kernel(
         W = W0
         scale = scale_of(sb0, T)
         start = 0
-    ok, b, x1, y1, x2, y2 = load_roi(rois_ptr, k.to(tl.int64), N, scale)
-    sx, sy, bw, bh, gwf, ghf, gw, gh, count = align_geometry(x1, y1, x2, y2, scale, ph, pw, sampling_ratio,
-                                                             ALIGNED)
+    ok, b, sx, sy, bw, bh, gwf, ghf, gw, gh, count = _box(rois_ptr, k.to(tl.int64), valid, scale, N, ph, pw,
+                                                          sampling_ratio, ALIGNED, False)
     # Cells the samples can touch: a sample at y reaches rows floor(y) and floor(y) + 1;
     # one more each side for the rounding of its position.
     r0, r1, rows = touched_cells(sy, sy + ph * bh, H)
     c0, c1, cols = touched_cells(sx, sx + pw * bw, W)
-    if valid & ok & (gh > 0) & (gw > 0) & rows & cols:
+    if ok & (gh > 0) & (gw > 0) & rows & cols:
         first = start + b * (((H + TILE_H - 1) // TILE_H) * ((W + TILE_W - 1) // TILE_W))
         mark_box(mask_ptr, first, k, r0, r1, c0, c1, W, n_words, TILE_H, TILE_W, BLOCK)
 

@@ -36,7 +36,9 @@ from ._common import (LAUNCH_OPTS, cdiv, check_device, f64_bits, gather_blocks, 
 from ._common import check_pool_backward, check_pool_forward
 from ._jit import along_c as _c  # per-channel vector -> tile axis
 from ._jit import along_p as _p  # per-bin / per-pixel vector -> tile axis
-from ._jit import beats, load_roi, mark_box, pool_axis, scale_of, with_flag
+from ._jit import beats, bin_tile, load_roi, mark_box, pixel_tile, pool_axis, scale_of, store_tile, with_flag
+
+__all__ = ["roi_pool_backward", "roi_pool_forward"]
 
 _BIG = tl.constexpr(2147483647)
 
@@ -56,12 +58,7 @@ def _pool_fwd_kernel(
     scale = scale_of(scale_bits, T)
     ok, b, x1, y1, x2, y2 = load_roi(rois_ptr, k.to(tl.int64), N, scale)
 
-    p = pb * BLOCK_P + tl.arange(0, BLOCK_P)
-    pm = p < ph * pw
-    i = p // pw
-    j = p - i * pw
-    c = cb * BLOCK_C + tl.arange(0, BLOCK_C)
-    cm = c < C
+    p, pm, i, j, c, cm = bin_tile(pb, cb, ph, pw, C, BLOCK_P, BLOCK_C)
     hs, he, ney = pool_axis(y1, y2, scale, i, ph, H, CONTINUOUS)
     ws, we, nex = pool_axis(x1, x2, scale, j, pw, W, CONTINUOUS)
     live = with_flag(pm, ok & ney & nex)
@@ -108,12 +105,7 @@ def _pool_bwd_atomic_kernel(
     # No scale in the backward contract: only the batch index and finiteness are checked.
     ok, b, x1, y1, x2, y2 = load_roi(rois_ptr, k.to(tl.int64), N, 1.0, False)
 
-    p = pb * BLOCK_P + tl.arange(0, BLOCK_P)
-    pm = p < ph * pw
-    i = p // pw
-    j = p - i * pw
-    c = cb * BLOCK_C + tl.arange(0, BLOCK_C)
-    cm = c < C
+    p, pm, i, j, c, cm = bin_tile(pb, cb, ph, pw, C, BLOCK_P, BLOCK_C)
     m = with_flag(_p(pm, CF) & _c(cm, CF), ok)
     k64 = k.to(tl.int64)
     c64 = c.to(tl.int64)
@@ -216,17 +208,9 @@ def _pool_bwd_gather_kernel(
     tw = t - th * n_tw
     cb = tl.program_id(1)
 
-    q = tl.arange(0, TILE_H * TILE_W)
-    r = th * TILE_H + q // TILE_W
-    s = tw * TILE_W + q % TILE_W
+    r, s, c, cm, r_lo, r_hi, s_lo, s_hi = pixel_tile(th, tw, cb, H, W, C, TILE_H, TILE_W, BLOCK_C)
     cell = r * W + s
-    c = cb * BLOCK_C + tl.arange(0, BLOCK_C)
-    cm = c < C
     c64 = c.to(tl.int64)
-    r_lo = th * TILE_H
-    r_hi = tl.minimum(r_lo + TILE_H, H) - 1
-    s_lo = tw * TILE_W
-    s_hi = tl.minimum(s_lo + TILE_W, W) - 1
 
     acc = _p(tl.zeros([TILE_H * TILE_W], dtype=T), CF) + _c(tl.zeros([BLOCK_C], dtype=T), CF)
     # The boxes the prepass marked for this tile (valid rows of this image), in order.
@@ -239,9 +223,7 @@ def _pool_bwd_gather_kernel(
                     acc = _pool_gather_box(acc, w * 32 + j, grad_ptr, arg_ptr, fbin_ptr, cell, r_lo, r_hi, s_lo,
                                            s_hi, cm, c64, ph, pw, sgK, sgC, sgH, sgW, saK, saC, saH, saW, CF)
 
-    om = _p((r < H) & (s < W), CF) & _c(cm, CF)
-    o = n.to(tl.int64) * siN + _c(c64, CF) * siC + _p(r.to(tl.int64) * siH + s.to(tl.int64) * siW, CF)
-    tl.store(gi_ptr + o, acc.to(gi_ptr.dtype.element_ty), mask=om)
+    store_tile(gi_ptr, acc, n, r, s, c, cm, H, W, siN, siC, siH, siW, CF)
 
 
 # ----------------------------------------------------------------------------- launchers

@@ -1,153 +1,20 @@
-"""Pure-PyTorch reference kernels: the test oracle and the fallback for any device.
-
-Written from ``docs/semantics.md`` (the definitions) and the kernel contract in
-``docs/architecture.md``; each step below names the formula it implements, so the code
-can be checked line by line against them.  Speed is not a goal: boxes are processed one
-at a time in Python, and everything inside a box (channels, bins, sample points) is a
-handful of tensor ops.
-
-Conventions shared by all six functions:
-
-* ``rois`` is ``[K, 5]`` with rows ``(batch_index, x1, y1, x2, y2)``; it is converted to
-  the opmath type (float32 for half/bfloat16/float32 inputs, float64 for float64), in
-  which all coordinate arithmetic and all accumulation happen.
-* Results have the input's (or grad's) dtype and are channels_last when the input is
-  (for backward: when ``channels_last`` is true), contiguous otherwise.
-* ``argmax`` is int32 with the shape of ``out``; -1 marks a bin with nothing to pool.
-* A batch index that is not an integer in ``[0, N)``, or a non-finite coordinate, raises
-  ``ValueError`` naming the row, before any indexing happens.
-* The forward functions are differentiable by autograd with respect to ``input``, and
-  autograd gives exactly the gradient the explicit backward functions compute (the
-  tests check one against the other); boxes get no gradient.
-"""
+"""Reference RoIAlign, modes "avg" and "max" (docs/semantics.md, "roi_align avg" and
+"roi_align max")."""
 
 from __future__ import annotations
 
 import torch
 from torch import Tensor
 
-from ._geometry import (MAX_ARGMAX_GRID, MAX_OUTPUT_SIZE, MAX_SAMPLING_RATIO, bilinear_taps, is_channels_last,
-                        memory_format, round_half_away, sample_position)
+from .._geometry import MAX_ARGMAX_GRID, bilinear_taps, is_channels_last, sample_position
+from ._common import (attach, check_grad, check_pooled, check_sampling_ratio, first_max, layout, opmath_type,
+                      prepare_rois, require_finite)
 
-__all__ = [
-    "roi_align_forward",
-    "roi_align_backward",
-    "roi_align_max_forward",
-    "roi_align_max_backward",
-    "roi_pool_forward",
-    "roi_pool_backward",
-]
-
-
-# --------------------------------------------------------------------------------------
-# Shared helpers
-# --------------------------------------------------------------------------------------
-
-
-def _opmath(dtype: torch.dtype) -> torch.dtype:
-    if dtype == torch.float64:
-        return torch.float64
-    if dtype in (torch.float32, torch.float16, torch.bfloat16):
-        return torch.float32
-    raise TypeError(f"roiops: unsupported dtype {dtype}; expected a floating dtype")
-
-
-def _layout(t: Tensor, channels_last: bool) -> Tensor:
-    return t.contiguous(memory_format=memory_format(channels_last))
-
+__all__ = ["roi_align_backward", "roi_align_forward", "roi_align_max_backward", "roi_align_max_forward"]
 
 # Adaptive grid per axis: the kernels' coordinate range (2^24 cells) gives at most 2^25 + 1;
 # the reference also takes larger boxes, but its sample indices must stay exact.
 _MAX_ADAPTIVE_GRID = 2**26
-
-
-def _check_pooled(pooled_height: int, pooled_width: int) -> None:
-    if not (0 < int(pooled_height) <= MAX_OUTPUT_SIZE and 0 < int(pooled_width) <= MAX_OUTPUT_SIZE):
-        raise ValueError(
-            f"roiops: output size must be in [1, {MAX_OUTPUT_SIZE}], got ({pooled_height}, {pooled_width})"
-        )
-
-
-def _check_sampling_ratio(sampling_ratio: int) -> None:
-    if int(sampling_ratio) > MAX_SAMPLING_RATIO:
-        raise ValueError(f"roiops: sampling_ratio must be at most {MAX_SAMPLING_RATIO} (<= 0 for adaptive), "
-                         f"got {sampling_ratio}")
-
-
-def _prepare_rois(rois: Tensor, batch_size: int, opmath: torch.dtype, device) -> tuple[Tensor, list[int]]:
-    """Validate ``rois`` (semantics.md "Inputs") and return them in opmath with the batch indices.
-
-    Runs before any indexing, so a bad row can never cause an out-of-bounds access.
-    """
-    if rois.dim() != 2 or rois.size(1) != 5:
-        raise ValueError(f"roiops: rois must have shape [K, 5], got {tuple(rois.shape)}")
-    if not rois.is_floating_point():
-        raise ValueError(f"roiops: rois must be floating point, got {rois.dtype}")
-    rois = rois.detach().to(device=device, dtype=opmath)
-    if rois.size(0) == 0:
-        return rois, []
-    idx = rois[:, 0]
-    idx_ok = torch.isfinite(idx) & (idx == torch.floor(idx)) & (idx >= 0) & (idx < batch_size)
-    coords_ok = torch.isfinite(rois[:, 1:]).all(dim=1)
-    bad = ~(idx_ok & coords_ok)
-    if bool(bad.any()):
-        row = int(bad.nonzero()[0, 0])
-        values = rois[row].tolist()
-        if not bool(idx_ok[row]):
-            raise ValueError(
-                f"roiops: rois row {row}: batch index {values[0]!r} is not an integer "
-                f"in [0, {batch_size}) (row = {values})"
-            )
-        raise ValueError(f"roiops: rois row {row}: coordinates must be finite (row = {values})")
-    return rois, [int(b) for b in idx.tolist()]
-
-
-def _check_grad(grad: Tensor, k: int, channels: int, ph: int | None = None, pw: int | None = None) -> None:
-    ok = grad.dim() == 4 and grad.size(0) == k and grad.size(1) == channels
-    if ok and ph is not None:
-        ok = grad.size(2) == ph and grad.size(3) == pw
-    if not ok:
-        raise ValueError(
-            f"roiops: grad must have shape [K={k}, C={channels}, {ph or 'ph'}, {pw or 'pw'}], "
-            f"got {tuple(grad.shape)}"
-        )
-
-
-def _require_finite(rois: Tensor, quantities: list[Tensor], spatial_scale: float) -> None:
-    # Finite coordinates can still overflow once scaled (float32 x * s); refuse those rows
-    # too rather than let an infinity reach a grid size or an index.
-    ok = torch.isfinite(torch.stack(quantities, dim=1)).all(dim=1)
-    if not bool(ok.all()):
-        row = int((~ok).nonzero()[0, 0])
-        raise ValueError(
-            f"roiops: rois row {row}: coordinates are not finite after spatial_scale "
-            f"{spatial_scale} (row = {rois[row].tolist()})"
-        )
-
-
-def _attach(out: Tensor, input: Tensor) -> Tensor:
-    # When no box samples anything, ``out`` is built from fresh zeros and is cut off from
-    # ``input``; hook it back on (adding an exact 0) so autograd yields a zero gradient
-    # instead of complaining that the output does not require grad.
-    if torch.is_grad_enabled() and input.requires_grad and not out.requires_grad:
-        out = out + input.reshape(-1)[:0].sum().to(out.dtype)
-    return out
-
-
-def _first_max(values: Tensor, member: Tensor) -> Tensor:
-    """Index along the last dim of the first maximal member (row-major), or M if none.
-
-    Same result as the scan of the kernel contract: start at the first member, move to a
-    later one only if it is strictly greater, or if it is NaN while the running max is
-    not.  So: any NaN member -> the first NaN; otherwise the first member equal to the
-    max (ties keep the earliest).  ``member`` is a bool tensor broadcastable to ``values``.
-    """
-    m = values.size(-1)
-    running = torch.where(member, values, float("-inf")).amax(dim=-1, keepdim=True)
-    best = member & ((values == running) | (torch.isnan(values) & torch.isnan(running)))
-    position = torch.arange(m, device=values.device)
-    return torch.where(best, position, m).amin(dim=-1)
-
 
 # --------------------------------------------------------------------------------------
 # roi_align geometry (semantics.md "roi_align avg"), shared by the avg and max modes
@@ -255,7 +122,7 @@ def _axis_samples(start: Tensor, bin_size: Tensor, pooled: int, grid: int, size:
 
 def _align_boxes(rois, spatial_scale, ph, pw, sampling_ratio, aligned, height, width, max_mode=False):
     """Per-box geometry of semantics.md "roi_align avg" for all boxes (rois already validated, opmath)."""
-    _check_sampling_ratio(sampling_ratio)
+    check_sampling_ratio(sampling_ratio)
     opmath = rois.dtype
     s = torch.tensor(spatial_scale, dtype=opmath, device=rois.device)
     o = 0.5 if aligned else 0.0
@@ -270,7 +137,7 @@ def _align_boxes(rois, spatial_scale, ph, pw, sampling_ratio, aligned, height, w
     bin_w = roi_w / pw
     bin_h = roi_h / ph
 
-    _require_finite(rois, [x_start, y_start, roi_w, roi_h], spatial_scale)
+    require_finite(rois, [x_start, y_start, roi_w, roi_h], spatial_scale)
 
     if sampling_ratio > 0:
         grid_h = [int(sampling_ratio)] * rois.size(0)
@@ -319,11 +186,11 @@ def _sample_values(plane: Tensor, box: _AlignBox) -> Tensor:
 def roi_align_forward(input: Tensor, rois: Tensor, spatial_scale: float, pooled_height: int,
                       pooled_width: int, sampling_ratio: int, aligned: bool) -> Tensor:
     """RoIAlign average: ``out[k, c, i, j]`` = mean of the bin's bilinear samples."""
-    _check_pooled(pooled_height, pooled_width)
+    check_pooled(pooled_height, pooled_width)
     ph, pw = int(pooled_height), int(pooled_width)
     n, c, height, width = input.shape
-    opmath = _opmath(input.dtype)
-    rois, batch = _prepare_rois(rois, n, opmath, input.device)
+    opmath = opmath_type(input.dtype)
+    rois, batch = prepare_rois(rois, n, opmath, input.device)
     boxes = _align_boxes(rois, spatial_scale, ph, pw, int(sampling_ratio), bool(aligned), height, width)
     x = input.to(opmath)
 
@@ -336,19 +203,19 @@ def roi_align_forward(input: Tensor, rois: Tensor, spatial_scale: float, pooled_
         v = _sample_values(x[b], box).view(c, ph, box.my, pw, box.mx)
         outs.append(v.sum(dim=(2, 4)) / box.count)
     out = torch.stack(outs) if outs else x.new_zeros((0, c, ph, pw))
-    out = _attach(out, input)
-    return _layout(out.to(input.dtype), is_channels_last(input))
+    out = attach(out, input)
+    return layout(out.to(input.dtype), is_channels_last(input))
 
 
 def roi_align_backward(grad: Tensor, rois: Tensor, spatial_scale: float, pooled_height: int,
                        pooled_width: int, batch_size: int, channels: int, height: int, width: int,
                        sampling_ratio: int, aligned: bool, channels_last: bool) -> Tensor:
     """Adjoint of :func:`roi_align_forward`: each sample scatters ``grad * w / count``."""
-    _check_pooled(pooled_height, pooled_width)
+    check_pooled(pooled_height, pooled_width)
     ph, pw = int(pooled_height), int(pooled_width)
-    opmath = _opmath(grad.dtype)
-    rois, batch = _prepare_rois(rois, batch_size, opmath, grad.device)
-    _check_grad(grad, rois.size(0), channels, ph, pw)
+    opmath = opmath_type(grad.dtype)
+    rois, batch = prepare_rois(rois, batch_size, opmath, grad.device)
+    check_grad(grad, rois.size(0), channels, ph, pw)
     boxes = _align_boxes(rois, spatial_scale, ph, pw, int(sampling_ratio), bool(aligned), height, width)
     g_all = grad.to(opmath)
 
@@ -365,7 +232,7 @@ def roi_align_backward(grad: Tensor, rois: Tensor, spatial_scale: float, pooled_
             contrib = torch.where(valid, g * weight / box.count, 0.0)
             flat = (rows[:, None] * width + cols[None, :]).reshape(-1)
             plane.index_add_(1, flat, contrib.reshape(channels, flat.numel()))
-    return _layout(grad_input.to(grad.dtype), bool(channels_last))
+    return layout(grad_input.to(grad.dtype), bool(channels_last))
 
 
 # --------------------------------------------------------------------------------------
@@ -380,11 +247,11 @@ def roi_align_max_forward(input: Tensor, rois: Tensor, spatial_scale: float, poo
     ``argmax`` is ``iy * grid_w + ix`` of the first largest sample, -1 for a bin with no
     sample points (whose value is 0).
     """
-    _check_pooled(pooled_height, pooled_width)
+    check_pooled(pooled_height, pooled_width)
     ph, pw = int(pooled_height), int(pooled_width)
     n, c, height, width = input.shape
-    opmath = _opmath(input.dtype)
-    rois, batch = _prepare_rois(rois, n, opmath, input.device)
+    opmath = opmath_type(input.dtype)
+    rois, batch = prepare_rois(rois, n, opmath, input.device)
     boxes = _align_boxes(rois, spatial_scale, ph, pw, int(sampling_ratio), bool(aligned), height, width,
                          max_mode=True)
     x = input.to(opmath)
@@ -399,7 +266,7 @@ def roi_align_max_forward(input: Tensor, rois: Tensor, spatial_scale: float, poo
         # [C, ph, pw, my*mx]: each bin's inside samples in row-major (iy, ix) order.
         v = _sample_values(x[b], box).view(c, ph, my, pw, mx).permute(0, 1, 3, 2, 4).reshape(c, ph, pw, my * mx)
         member = (box.y.valid.view(ph, 1, my, 1) & box.x.valid.view(1, pw, 1, mx)).reshape(ph, pw, my * mx)
-        pos = _first_max(v, member)  # my*mx: no inside sample
+        pos = first_max(v, member)  # my*mx: no inside sample
         inside = pos < my * mx
         # Gather rather than amax so autograd sends the gradient to the winner only.
         best = v.gather(-1, pos.clamp(max=my * mx - 1).unsqueeze(-1)).squeeze(-1)
@@ -417,9 +284,9 @@ def roi_align_max_forward(input: Tensor, rois: Tensor, spatial_scale: float, poo
     else:
         out = x.new_zeros((0, c, ph, pw))
         argmax = torch.zeros((0, c, ph, pw), dtype=torch.int64, device=x.device)
-    out = _attach(out, input)
+    out = attach(out, input)
     cl = is_channels_last(input)
-    return _layout(out.to(input.dtype), cl), _layout(argmax.to(torch.int32), cl)
+    return layout(out.to(input.dtype), cl), layout(argmax.to(torch.int32), cl)
 
 
 def roi_align_max_backward(grad: Tensor, argmax: Tensor, rois: Tensor, spatial_scale: float,
@@ -428,11 +295,11 @@ def roi_align_max_backward(grad: Tensor, argmax: Tensor, rois: Tensor, spatial_s
                            channels_last: bool) -> Tensor:
     """Adjoint of :func:`roi_align_max_forward`: the winning sample sends ``grad * w`` to
     each of its four bilinear neighbours (no division by the sample count)."""
-    _check_pooled(pooled_height, pooled_width)
+    check_pooled(pooled_height, pooled_width)
     ph, pw = int(pooled_height), int(pooled_width)
-    opmath = _opmath(grad.dtype)
-    rois, batch = _prepare_rois(rois, batch_size, opmath, grad.device)
-    _check_grad(grad, rois.size(0), channels, ph, pw)
+    opmath = opmath_type(grad.dtype)
+    rois, batch = prepare_rois(rois, batch_size, opmath, grad.device)
+    check_grad(grad, rois.size(0), channels, ph, pw)
     if argmax.shape != grad.shape:
         raise ValueError(f"roiops: argmax shape {tuple(argmax.shape)} != grad shape {tuple(grad.shape)}")
     boxes = _align_boxes(rois, spatial_scale, ph, pw, int(sampling_ratio), bool(aligned), height, width,
@@ -466,147 +333,4 @@ def roi_align_max_backward(grad: Tensor, argmax: Tensor, rois: Tensor, spatial_s
             contrib = torch.where(live, g * (wy * wx), 0.0)
             flat = chan + rows * width + cols
             plane.index_add_(0, flat.reshape(-1), contrib.reshape(-1))
-    return _layout(grad_input.to(grad.dtype), bool(channels_last))
-
-
-# --------------------------------------------------------------------------------------
-# roi_pool (semantics.md "roi_pool")
-# --------------------------------------------------------------------------------------
-
-
-def _pool_bins(rois, spatial_scale, ph, pw, continuous, height, width):
-    """Bin limits [K, ph] rows and [K, pw] columns, clipped to the map, as int64.
-
-    Computed in the opmath type in torchvision's order (floor/ceil of ``j * bin`` and
-    ``(j + 1) * bin``), so float32/float64 results are bit-identical to it; values stay
-    floating until clipped, so huge coordinates cannot overflow an integer (a sum that
-    overflows to +-inf just clips to the map edge).
-    """
-    opmath, device = rois.dtype, rois.device
-    s = torch.tensor(spatial_scale, dtype=opmath, device=device)
-    jh = torch.arange(ph, dtype=opmath, device=device)
-    jw = torch.arange(pw, dtype=opmath, device=device)
-    if not continuous:
-        # Caffe / torchvision: round the scaled corners, force malformed boxes to 1x1.
-        x1 = round_half_away(rois[:, 1] * s)[:, None]
-        y1 = round_half_away(rois[:, 2] * s)[:, None]
-        x2 = round_half_away(rois[:, 3] * s)[:, None]
-        y2 = round_half_away(rois[:, 4] * s)[:, None]
-        roi_w = (x2 - x1 + 1).clamp(min=1)
-        roi_h = (y2 - y1 + 1).clamp(min=1)
-        _require_finite(rois, [x1[:, 0], y1[:, 0], roi_w[:, 0], roi_h[:, 0]], spatial_scale)
-        bin_w = roi_w / pw
-        bin_h = roi_h / ph
-        w_start = torch.floor(jw * bin_w) + x1
-        w_end = torch.ceil((jw + 1) * bin_w) + x1
-        h_start = torch.floor(jh * bin_h) + y1
-        h_end = torch.ceil((jh + 1) * bin_h) + y1
-        box_empty = torch.zeros(rois.size(0), dtype=torch.bool, device=device)
-    else:
-        # mmdetection: no rounding, the box ends at (x2 + 1) * s.
-        x_start = (rois[:, 1] * s)[:, None]
-        y_start = (rois[:, 2] * s)[:, None]
-        roi_w = (rois[:, 3] + 1) * s - x_start[:, 0]
-        roi_h = (rois[:, 4] + 1) * s - y_start[:, 0]
-        _require_finite(rois, [x_start[:, 0], y_start[:, 0], roi_w, roi_h], spatial_scale)
-        box_empty = (roi_w <= 0) | (roi_h <= 0)
-        bin_w = (roi_w / pw)[:, None]
-        bin_h = (roi_h / ph)[:, None]
-        w_start = torch.floor(jw * bin_w + x_start)
-        w_end = torch.ceil((jw + 1) * bin_w + x_start)
-        h_start = torch.floor(jh * bin_h + y_start)
-        h_end = torch.ceil((jh + 1) * bin_h + y_start)
-
-    def clip(t, size):
-        return t.clamp(0, size).long()
-
-    h_start, h_end = clip(h_start, height), clip(h_end, height)
-    w_start, w_end = clip(w_start, width), clip(w_end, width)
-    # An empty box (continuous mode) has every bin empty.
-    h_end = torch.where(box_empty[:, None], h_start, h_end)
-    return h_start, h_end, w_start, w_end
-
-
-def roi_pool_forward(input: Tensor, rois: Tensor, spatial_scale: float, pooled_height: int,
-                     pooled_width: int, continuous: bool) -> tuple[Tensor, Tensor]:
-    """RoIPool: max over each bin's pixels; ``argmax`` is ``h * W + w`` in the image plane.
-
-    ``continuous=False`` is Caffe/torchvision, ``True`` is mmdetection (semantics.md "roi_pool").
-    An empty bin gives 0 and argmax -1.
-    """
-    _check_pooled(pooled_height, pooled_width)
-    ph, pw = int(pooled_height), int(pooled_width)
-    n, c, height, width = input.shape
-    opmath = _opmath(input.dtype)
-    rois, batch = _prepare_rois(rois, n, opmath, input.device)
-    h_start, h_end, w_start, w_end = _pool_bins(rois, spatial_scale, ph, pw, bool(continuous), height, width)
-    x = input.to(opmath)
-    device = x.device
-
-    outs, argmaxes = [], []
-    for k, b in enumerate(batch):
-        hs, he, ws, we = h_start[k], h_end[k], w_start[k], w_end[k]
-        empty = (he <= hs)[:, None] | (we <= ws)[None, :]  # [ph, pw]
-        out = x.new_zeros((c, ph, pw))
-        argmax = torch.full((c, ph, pw), -1, dtype=torch.int64, device=device)
-        if not bool(empty.all()):
-            # Bin row by bin row, so that memory follows the window the box covers (times C
-            # and pw), not the window times the bins. The first maximum in row-major order
-            # is: NaN if any (else the max), at the smallest flat index h * W + w among the
-            # cells holding it. Each column's first maximum over the bin row's rows comes
-            # first; then, per bin, the smallest flat index among its columns that hold it.
-            c0, c1 = int(ws.min()), int(we.max())
-            cols = torch.arange(c0, c1, device=device)
-            in_col = (cols >= ws[:, None]) & (cols < we[:, None])  # [pw, S]
-            flat = torch.zeros((c, ph, pw), dtype=torch.int64, device=device)
-            for i in range(ph):
-                r0, r1 = int(hs[i]), int(he[i])
-                if r1 <= r0:
-                    continue
-                rows = x[b, :, r0:r1, c0:c1]  # [C, R, S]
-                pos = _first_max(rows.transpose(1, 2), torch.ones((), dtype=torch.bool, device=device))  # [C, S]
-                col_val = rows.gather(1, pos[:, None, :]).squeeze(1)[:, None, :]  # [C, 1, S]
-                col_flat = ((r0 + pos) * width + cols)[:, None, :]
-                running = torch.where(in_col, col_val, float("-inf")).amax(dim=-1, keepdim=True)  # [C, pw, 1]
-                best = in_col & ((col_val == running) | (torch.isnan(col_val) & torch.isnan(running)))
-                flat[:, i] = torch.where(best, col_flat, torch.iinfo(torch.int64).max).amin(dim=-1).clamp(
-                    max=height * width - 1)  # an empty bin's: any in-range index, masked below
-            picked = x[b].reshape(c, height * width).gather(1, flat.reshape(c, ph * pw)).view(c, ph, pw)
-            out = torch.where(empty, 0.0, picked)
-            argmax = torch.where(empty, -1, flat)
-        outs.append(out)
-        argmaxes.append(argmax)
-    if outs:
-        out, argmax = torch.stack(outs), torch.stack(argmaxes)
-    else:
-        out = x.new_zeros((0, c, ph, pw))
-        argmax = torch.zeros((0, c, ph, pw), dtype=torch.int64, device=device)
-    out = _attach(out, input)
-    cl = is_channels_last(input)
-    return _layout(out.to(input.dtype), cl), _layout(argmax.to(torch.int32), cl)
-
-
-def roi_pool_backward(grad: Tensor, argmax: Tensor, rois: Tensor, batch_size: int, channels: int,
-                      height: int, width: int, channels_last: bool) -> Tensor:
-    """Adjoint of :func:`roi_pool_forward`: each bin's grad goes to its argmax element."""
-    opmath = _opmath(grad.dtype)
-    rois, batch = _prepare_rois(rois, batch_size, opmath, grad.device)
-    _check_grad(grad, rois.size(0), channels)
-    if argmax.shape != grad.shape:
-        raise ValueError(f"roiops: argmax shape {tuple(argmax.shape)} != grad shape {tuple(grad.shape)}")
-    g_all = grad.to(opmath)
-    am_all = argmax.long()
-
-    grad_input = torch.zeros((batch_size, channels, height, width), dtype=opmath, device=grad.device)
-    chan = torch.arange(channels, device=grad.device)[:, None, None] * (height * width)
-    for k, b in enumerate(batch):
-        am = am_all[k]
-        if bool(((am < -1) | (am >= height * width)).any()):
-            raise ValueError(f"roiops: argmax of box {k} is outside [-1, {height * width})")
-        if height * width == 0:
-            continue
-        won = am >= 0
-        contrib = torch.where(won, g_all[k], 0.0)
-        flat = chan + am.clamp(min=0)
-        grad_input[b].view(-1).index_add_(0, flat.reshape(-1), contrib.reshape(-1))
-    return _layout(grad_input.to(grad.dtype), bool(channels_last))
+    return layout(grad_input.to(grad.dtype), bool(channels_last))

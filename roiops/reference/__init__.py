@@ -1,0 +1,27 @@
+"""Pure-PyTorch reference kernels: the test oracle and the fallback for any device, one
+module per op (each lists its kernels in ``__all__``; this package collects them).
+
+Written from ``docs/semantics.md`` (the definitions) and the kernel contract in
+``docs/architecture.md``; each step in the op modules names the formula it implements, so the code
+can be checked line by line against them.  Speed is not a goal: boxes are processed one
+at a time in Python, and everything inside a box (channels, bins, sample points) is a
+handful of tensor ops.
+
+Conventions shared by every kernel:
+
+* ``rois`` is ``[K, 5]`` with rows ``(batch_index, x1, y1, x2, y2)``; it is converted to
+  the opmath type (float32 for half/bfloat16/float32 inputs, float64 for float64), in
+  which all coordinate arithmetic and all accumulation happen.
+* Results have the input's (or grad's) dtype and are channels_last when the input is
+  (for backward: when ``channels_last`` is true), contiguous otherwise.
+* ``argmax`` is int32 with the shape of ``out``; -1 marks a bin with nothing to pool.
+* A batch index that is not an integer in ``[0, N)``, or a non-finite coordinate, raises
+  ``ValueError`` naming the row, before any indexing happens.
+* The forward functions are differentiable by autograd with respect to ``input``, and
+  autograd gives exactly the gradient the explicit backward functions compute (the
+  tests check one against the other); boxes get no gradient.
+"""
+
+from .._backend import collect_kernels
+
+__all__ = collect_kernels(__name__, __path__, globals())
