@@ -3,6 +3,8 @@ Semantics: docs/semantics.md, "ps_roi_align"."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import Tensor
 
@@ -11,8 +13,9 @@ from .._validation import BoxesType, OutputSize
 from ._declare import Kernels, RoIModule, register
 
 
-def ps_channels(channels, ph: int, pw: int):
-    """Output channels of a position-sensitive op: each reads ``ph * pw`` input channels."""
+def ps_channels(channels: Any, ph: int, pw: int) -> Any:
+    """Output channels of a position-sensitive op (each reads ``ph * pw`` input channels);
+    ``channels`` is an int, or a symbolic one while tracing."""
     return channels // (ph * pw)
 
 

@@ -1,0 +1,134 @@
+// What the position-sensitive ops (R-FCN's PSRoIAlign and PSRoIPool) share on the CPU:
+// the channel rule, their task split and the output channel loop.
+//
+// Bin (i, j) of output channel c reads input channel (c * ph + i) * pw + j. For a fixed
+// bin, consecutive output channels are ph * pw input channels apart, so the kernels keep
+// one accumulator per output channel of a block and run their innermost loops along the
+// block: each lane is one channel, summed in torchvision's order, so vectorising changes
+// no bit.
+//
+// Forward tasks: (chunk of one image's boxes, block of output channels); backward tasks:
+// (image, block of output channels), which own the ph * pw input channels of each of their
+// output channels and add the image's boxes in increasing k: deterministic, no atomics,
+// any thread count.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+#include "geometry.h"
+#include "sampling.h"
+
+namespace roiops {
+
+// C_out, the output channels: the input's C must be C_out * ph * pw.
+inline int64_t ps_out_channels(int64_t C, int64_t ph, int64_t pw) {
+  TORCH_CHECK_VALUE(C % (ph * pw) == 0, "roiops: input channels (", C, ") must be a multiple of pooled_height * ",
+                    "pooled_width (", ph, " * ", pw, ")");
+  return C / (ph * pw);
+}
+
+// Output channels per task: up to 64 (one accumulator array in L1), fewer when the tasks
+// would not keep the threads busy.
+inline int64_t ps_channel_block(int64_t groups, int64_t C_out) {
+  const int64_t want = 2 * static_cast<int64_t>(at::get_num_threads());
+  int64_t cb = std::min<int64_t>(C_out, 64);
+  while (cb > 8 && groups * ((C_out + cb - 1) / cb) < want) cb = (cb + 1) / 2;
+  return std::max<int64_t>(cb, 1);
+}
+
+// Batch indices of the (checked) rois.
+inline std::vector<int64_t> ps_batch(const at::Tensor& rois) {
+  std::vector<int64_t> batch(static_cast<size_t>(rois.size(0)));
+  AT_DISPATCH_FLOATING_TYPES(rois.scalar_type(), "roiops_ps_batch", [&] {
+    const scalar_t* r = rois.const_data_ptr<scalar_t>();
+    for (size_t k = 0; k < batch.size(); ++k) batch[k] = static_cast<int64_t>(r[5 * k]);
+  });
+  return batch;
+}
+
+// Forward tasks: chunks of up to kChunk boxes of one image, times blocks of cb output
+// channels. f(boxes, count, c0, nc) for each, on all threads.
+template <typename F>
+void ps_forward_tasks(const std::vector<int64_t>& batch, int64_t N, int64_t C_out, const F& f) {
+  constexpr int64_t kChunk = 32;
+  const std::vector<std::vector<int64_t>> by_image = boxes_by_image(batch, N);
+  std::vector<std::pair<int64_t, int64_t>> chunks;  // (image, first position in its list)
+  for (int64_t n = 0; n < N; ++n) {
+    for (size_t q = 0; q < by_image[n].size(); q += kChunk) chunks.emplace_back(n, static_cast<int64_t>(q));
+  }
+  const int64_t groups = static_cast<int64_t>(chunks.size());
+  const int64_t cb = ps_channel_block(groups, C_out), blocks = (C_out + cb - 1) / cb;
+  parallel_tasks(groups * blocks, [&](int64_t t) {
+    const auto& [n, q] = chunks[t / blocks];
+    const int64_t c0 = (t % blocks) * cb;
+    const std::vector<int64_t>& list = by_image[n];
+    f(list.data() + q, std::min<int64_t>(kChunk, static_cast<int64_t>(list.size()) - q), c0,
+      std::min(cb, C_out - c0));
+  });
+}
+
+// Backward tasks: image n, output channels [c0, c0 + nc); f(n, c0, nc, boxes of n).
+template <typename F>
+void ps_backward_tasks(const std::vector<int64_t>& batch, int64_t N, int64_t C_out, const F& f) {
+  const std::vector<std::vector<int64_t>> by_image = boxes_by_image(batch, N);
+  const int64_t cb = ps_channel_block(N, C_out), blocks = (C_out + cb - 1) / cb;
+  parallel_tasks(N * blocks, [&](int64_t t) {
+    const int64_t n = t / blocks, c0 = (t % blocks) * cb;
+    if (!by_image[n].empty()) f(n, c0, std::min(cb, C_out - c0), by_image[n]);
+  });
+}
+
+// Strides of an [N, C, H, W] tensor (or of [K, C_out, ph, pw]).
+struct Strides {
+  int64_t n, c, h, w;
+  explicit Strides(const at::Tensor& t) : n(t.stride(0)), c(t.stride(1)), h(t.stride(2)), w(t.stride(3)) {}
+};
+
+// A forward's checked arguments: input in its layout, rois contiguous, C_out, and the
+// output to fill ([K, C_out, ph, pw] in the input's layout).
+struct PsForward {
+  at::Tensor input, rois, out;
+  int64_t C_out;
+
+  PsForward(const at::Tensor& input_, const at::Tensor& rois_, double spatial_scale, int64_t ph, int64_t pw) {
+    check_input(input_);
+    check_args(rois_, input_.scalar_type(), input_.size(2), input_.size(3), spatial_scale, ph, pw);
+    C_out = ps_out_channels(input_.size(1), ph, pw);
+    const bool channels_last = is_channels_last(input_);
+    input = input_.contiguous(format_of(channels_last));
+    rois = rois_.contiguous();
+    check_rois(rois, input.size(0), spatial_scale);
+    out = empty_output({rois.size(0), C_out, ph, pw}, input.options().memory_format(format_of(channels_last)));
+  }
+};
+
+// A backward's checked arguments: grad in the gradient's layout, rois contiguous, and the
+// zeroed opmath accumulator of the [N, C, H, W] gradient (result() gives it the grad's dtype).
+struct PsBackward {
+  at::Tensor grad, rois, acc;
+
+  PsBackward(const at::Tensor& grad_, const at::Tensor& rois_, double spatial_scale, int64_t ph, int64_t pw,
+             int64_t N, int64_t C, int64_t H, int64_t W, bool channels_last) {
+    check_input(grad_);
+    check_args(rois_, grad_.scalar_type(), H, W, spatial_scale, ph, pw);
+    TORCH_CHECK_VALUE(N >= 0 && C >= 0, "roiops: batch size and channels must be non-negative");
+    const int64_t C_out = ps_out_channels(C, ph, pw);
+    TORCH_CHECK_VALUE(grad_.size(0) == rois_.size(0) && grad_.size(1) == C_out && grad_.size(2) == ph &&
+                          grad_.size(3) == pw,
+                      "roiops: grad must be [K, C / (ph * pw), ph, pw], got ", grad_.sizes());
+    rois = rois_.contiguous();
+    check_rois(rois, N, spatial_scale);
+    grad = grad_.contiguous(format_of(channels_last));
+    const at::ScalarType opmath = grad.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+    // at::zeros would drop the memory format.
+    acc = at::empty({N, C, H, W}, grad.options().dtype(opmath).memory_format(format_of(channels_last))).zero_();
+  }
+
+  at::Tensor result() const { return acc.scalar_type() == grad.scalar_type() ? acc : acc.to(grad.scalar_type()); }
+};
+
+}  // namespace roiops
