@@ -7,10 +7,8 @@
 // block: each lane is one channel, summed in torchvision's order, so vectorising changes
 // no bit.
 //
-// Forward tasks: (chunk of one image's boxes, block of output channels); backward tasks:
-// (image, block of output channels), which own the ph * pw input channels of each of their
-// output channels and add the image's boxes in increasing k: deterministic, no atomics,
-// any thread count.
+// Tasks (ps_tasks) are one bin of a block of output channels of one image; backward ones
+// add the image's boxes in increasing k: deterministic, no atomics, any thread count.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -50,37 +48,25 @@ inline std::vector<int64_t> ps_batch(const at::Tensor& rois) {
   return batch;
 }
 
-// Forward tasks: chunks of up to kChunk boxes of one image, times blocks of cb output
-// channels. f(boxes, count, c0, nc) for each, on all threads.
+// Tasks: image n, bin (i, j) = (bin / pw, bin % pw), output channels [c0, c0 + nc), which
+// name the input channels (c * ph + i) * pw + j that the task reads (forward) or writes
+// (backward); f(n, bin, c0, nc, boxes of image n) for each, on all threads. Those planes
+// stay in cache while every box of the image runs, in increasing k, and no two backward
+// tasks write the same element. Tasks exchange values with the boxes through bin-major
+// buffers [ph, pw, K, C_out] (bin_major), where a task's values are contiguous runs.
 template <typename F>
-void ps_forward_tasks(const std::vector<int64_t>& batch, int64_t N, int64_t C_out, const F& f) {
-  constexpr int64_t kChunk = 32;
+void ps_tasks(const std::vector<int64_t>& batch, int64_t N, int64_t C_out, int64_t bins, const F& f) {
   const std::vector<std::vector<int64_t>> by_image = boxes_by_image(batch, N);
-  std::vector<std::pair<int64_t, int64_t>> chunks;  // (image, first position in its list)
-  for (int64_t n = 0; n < N; ++n) {
-    for (size_t q = 0; q < by_image[n].size(); q += kChunk) chunks.emplace_back(n, static_cast<int64_t>(q));
-  }
-  const int64_t groups = static_cast<int64_t>(chunks.size());
-  const int64_t cb = ps_channel_block(groups, C_out), blocks = (C_out + cb - 1) / cb;
-  parallel_tasks(groups * blocks, [&](int64_t t) {
-    const auto& [n, q] = chunks[t / blocks];
-    const int64_t c0 = (t % blocks) * cb;
-    const std::vector<int64_t>& list = by_image[n];
-    f(list.data() + q, std::min<int64_t>(kChunk, static_cast<int64_t>(list.size()) - q), c0,
-      std::min(cb, C_out - c0));
+  const int64_t cb = ps_channel_block(N * bins, C_out), blocks = (C_out + cb - 1) / cb;
+  parallel_tasks(N * bins * blocks, [&](int64_t t) {
+    const int64_t n = t / (bins * blocks), bin = t / blocks % bins, c0 = t % blocks * cb;
+    if (!by_image[n].empty()) f(n, bin, c0, std::min(cb, C_out - c0), by_image[n]);
   });
 }
 
-// Backward tasks: image n, output channels [c0, c0 + nc); f(n, c0, nc, boxes of n).
-template <typename F>
-void ps_backward_tasks(const std::vector<int64_t>& batch, int64_t N, int64_t C_out, const F& f) {
-  const std::vector<std::vector<int64_t>> by_image = boxes_by_image(batch, N);
-  const int64_t cb = ps_channel_block(N, C_out), blocks = (C_out + cb - 1) / cb;
-  parallel_tasks(N * blocks, [&](int64_t t) {
-    const int64_t n = t / blocks, c0 = (t % blocks) * cb;
-    if (!by_image[n].empty()) f(n, c0, std::min(cb, C_out - c0), by_image[n]);
-  });
-}
+// A [K, C_out, ph, pw] tensor as the bin-major [ph, pw, K, C_out] (a copy), and back.
+inline at::Tensor bin_major(const at::Tensor& t) { return t.permute({2, 3, 0, 1}).contiguous(); }
+inline at::Tensor from_bin_major(const at::Tensor& t) { return t.permute({2, 3, 0, 1}); }
 
 // Strides of an [N, C, H, W] tensor (or of [K, C_out, ph, pw]).
 struct Strides {

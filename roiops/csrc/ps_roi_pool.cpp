@@ -92,63 +92,60 @@ template <typename scalar_t>
 void forward_impl(const at::Tensor& input, const at::Tensor& rois, double spatial_scale, int64_t ph, int64_t pw,
                   int64_t C_out, at::Tensor& out) {
   using T = at::opmath_type<scalar_t>;
-  const int64_t N = input.size(0), H = input.size(2), W = input.size(3), bins = ph * pw;
+  const int64_t N = input.size(0), H = input.size(2), W = input.size(3), K = rois.size(0), bins = ph * pw;
   const std::vector<PsPoolPlan> plans = build_plans<T>(rois, spatial_scale, ph, pw, H, W);
-  const Strides s(input), o(out);
+  const Strides s(input);
   const scalar_t* in = input.const_data_ptr<scalar_t>();
-  scalar_t* out_p = out.data_ptr<scalar_t>();
+  at::Tensor result = at::empty({ph, pw, K, C_out}, out.options().memory_format(at::MemoryFormat::Contiguous));
+  scalar_t* res = result.data_ptr<scalar_t>();
   Scratch<T> scratch;
-  ps_forward_tasks(ps_batch(rois), N, C_out, [&](const int64_t* boxes, int64_t count, int64_t c0, int64_t nc) {
+  const auto task = [&](int64_t n, int64_t bin, int64_t c0, int64_t nc, const std::vector<int64_t>& boxes) {
     T* acc = scratch.get(nc);
-    for (int64_t q = 0; q < count; ++q) {
-      const int64_t k = boxes[q];
+    const int64_t i = bin / pw, j = bin % pw;
+    const scalar_t* base = in + n * s.n + (c0 * bins + bin) * s.c;
+    for (const int64_t k : boxes) {
       const PsPoolPlan& p = plans[k];
-      scalar_t* ok = out_p + k * o.n + c0 * o.c;
-      for (int64_t i = 0; i < ph; ++i) {
-        for (int64_t j = 0; j < pw; ++j) {
-          const int64_t y0 = p.h0[i], y1 = p.h1[i], x0 = p.w0[j], x1 = p.w1[j];
-          if (y1 <= y0 || x1 <= x0) {
-            for (int64_t c = 0; c < nc; ++c) ok[c * o.c + i * o.h + j * o.w] = scalar_t(0);
-            continue;
-          }
-          const scalar_t* base = in + p.batch * s.n + (c0 * bins + i * pw + j) * s.c;
-          pool_bin(base, bins * s.c, s.h, s.w, y0, y1, x0, x1, nc, acc);
-          const T area = static_cast<T>((y1 - y0) * (x1 - x0));
-          for (int64_t c = 0; c < nc; ++c) ok[c * o.c + i * o.h + j * o.w] = static_cast<scalar_t>(acc[c] / area);
-        }
+      const int64_t y0 = p.h0[i], y1 = p.h1[i], x0 = p.w0[j], x1 = p.w1[j];
+      scalar_t* r = res + (bin * K + k) * C_out + c0;
+      if (y1 <= y0 || x1 <= x0) {
+        for (int64_t c = 0; c < nc; ++c) r[c] = scalar_t(0);
+        continue;
       }
+      pool_bin(base, bins * s.c, s.h, s.w, y0, y1, x0, x1, nc, acc);
+      const T area = static_cast<T>((y1 - y0) * (x1 - x0));
+      for (int64_t c = 0; c < nc; ++c) r[c] = static_cast<scalar_t>(acc[c] / area);
     }
-  });
+  };
+  ps_tasks(ps_batch(rois), N, C_out, bins, task);
+  out.copy_(from_bin_major(result));
 }
 
 template <typename scalar_t>
 void backward_impl(const at::Tensor& grad, const at::Tensor& rois, double spatial_scale, int64_t ph, int64_t pw,
                    int64_t N, int64_t H, int64_t W, at::Tensor& acc) {
   using T = at::opmath_type<scalar_t>;
-  const int64_t C_out = grad.size(1), bins = ph * pw;
+  const int64_t C_out = grad.size(1), K = grad.size(0), bins = ph * pw;
   const std::vector<PsPoolPlan> plans = build_plans<T>(rois, spatial_scale, ph, pw, H, W);
-  const Strides g(grad), a(acc);
-  const scalar_t* grad_p = grad.const_data_ptr<scalar_t>();
+  const Strides a(acc);
+  const at::Tensor g = bin_major(grad);
+  const scalar_t* grad_p = g.const_data_ptr<scalar_t>();
   T* acc_p = acc.data_ptr<T>();
   Scratch<T> scratch;
-  const auto task = [&](int64_t n, int64_t c0, int64_t nc, const std::vector<int64_t>& boxes) {
+  const auto task = [&](int64_t n, int64_t bin, int64_t c0, int64_t nc, const std::vector<int64_t>& boxes) {
     T* d = scratch.get(nc);
+    const int64_t i = bin / pw, j = bin % pw;
+    T* base = acc_p + n * a.n + (c0 * bins + bin) * a.c;
     for (const int64_t k : boxes) {
       const PsPoolPlan& p = plans[k];
-      const scalar_t* gk = grad_p + k * g.n + c0 * g.c;
-      for (int64_t i = 0; i < ph; ++i) {
-        for (int64_t j = 0; j < pw; ++j) {
-          const int64_t y0 = p.h0[i], y1 = p.h1[i], x0 = p.w0[j], x1 = p.w1[j];
-          if (y1 <= y0 || x1 <= x0) continue;
-          const T area = static_cast<T>((y1 - y0) * (x1 - x0));
-          for (int64_t c = 0; c < nc; ++c) d[c] = static_cast<T>(gk[c * g.c + i * g.h + j * g.w]) / area;
-          pool_bin_backward(d, acc_p + n * a.n + (c0 * bins + i * pw + j) * a.c, bins * a.c, a.h, a.w, y0, y1, x0,
-                            x1, nc);
-        }
-      }
+      const int64_t y0 = p.h0[i], y1 = p.h1[i], x0 = p.w0[j], x1 = p.w1[j];
+      if (y1 <= y0 || x1 <= x0) continue;
+      const T area = static_cast<T>((y1 - y0) * (x1 - x0));
+      const scalar_t* gk = grad_p + (bin * K + k) * C_out + c0;
+      for (int64_t c = 0; c < nc; ++c) d[c] = static_cast<T>(gk[c]) / area;
+      pool_bin_backward(d, base, bins * a.c, a.h, a.w, y0, y1, x0, x1, nc);
     }
   };
-  ps_backward_tasks(ps_batch(rois), N, C_out, task);
+  ps_tasks(ps_batch(rois), N, C_out, bins, task);
 }
 
 }  // namespace
