@@ -60,7 +60,7 @@ void ps_tasks(const std::vector<int64_t>& batch, int64_t N, int64_t C_out, int64
   const int64_t cb = ps_channel_block(N * bins, C_out), blocks = (C_out + cb - 1) / cb;
   parallel_tasks(N * bins * blocks, [&](int64_t t) {
     const int64_t n = t / (bins * blocks), bin = t / blocks % bins, c0 = t % blocks * cb;
-    if (!by_image[n].empty()) f(n, bin, c0, std::min(cb, C_out - c0), by_image[n]);
+    f(n, bin, c0, std::min(cb, C_out - c0), by_image[n]);
   });
 }
 
@@ -93,7 +93,9 @@ struct PsForward {
 };
 
 // A backward's checked arguments: grad in the gradient's layout, rois contiguous, and the
-// zeroed opmath accumulator of the [N, C, H, W] gradient (result() gives it the grad's dtype).
+// opmath accumulator of the [N, C, H, W] gradient (result() gives it the grad's dtype),
+// zeroed when channels_last; NCHW planes are zeroed by the task that owns them (start()),
+// which then finds them in cache.
 struct PsBackward {
   at::Tensor grad, rois, acc;
 
@@ -110,8 +112,16 @@ struct PsBackward {
     check_rois(rois, N, spatial_scale);
     grad = grad_.contiguous(format_of(channels_last));
     const at::ScalarType opmath = grad.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
-    // at::zeros would drop the memory format.
-    acc = at::empty({N, C, H, W}, grad.options().dtype(opmath).memory_format(format_of(channels_last))).zero_();
+    acc = empty_output({N, C, H, W}, grad.options().dtype(opmath).memory_format(format_of(channels_last)));
+    if (channels_last) acc.zero_();
+  }
+
+  // A task's first step: zero its nc NCHW planes (cs apart) of H * W elements at base.
+  template <typename T>
+  void start(T* base, int64_t cs, int64_t nc) const {
+    if (is_channels_last(acc)) return;
+    const int64_t cells = acc.size(2) * acc.size(3);
+    for (int64_t c = 0; c < nc; ++c) std::fill_n(base + c * cs, cells, T(0));
   }
 
   at::Tensor result() const { return acc.scalar_type() == grad.scalar_type() ? acc : acc.to(grad.scalar_type()); }

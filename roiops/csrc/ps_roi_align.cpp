@@ -125,19 +125,20 @@ void forward_impl(const at::Tensor& input, const at::Tensor& rois, double spatia
 
 template <typename scalar_t>
 void backward_impl(const at::Tensor& grad, const at::Tensor& rois, double spatial_scale, int64_t ph, int64_t pw,
-                   int64_t sampling_ratio, int64_t N, int64_t H, int64_t W, at::Tensor& acc) {
+                   int64_t sampling_ratio, int64_t N, int64_t H, int64_t W, const PsBackward& args) {
   using T = at::opmath_type<scalar_t>;
   const int64_t C_out = grad.size(1), K = grad.size(0), bins = ph * pw;
   const std::vector<AlignPlan<T>> plans = build_plans<T>(rois, spatial_scale, ph, pw, sampling_ratio, H, W);
-  const Strides a(acc);
+  const Strides a(args.acc);
   const at::Tensor g = bin_major(grad);
   const scalar_t* grad_p = g.const_data_ptr<scalar_t>();
-  T* acc_p = acc.data_ptr<T>();
+  T* acc_p = args.acc.data_ptr<T>();
   Scratch<T> scratch;
   const auto task = [&](int64_t n, int64_t bin, int64_t c0, int64_t nc, const std::vector<int64_t>& boxes) {
     T* gv = scratch.get(5 * nc);
     const int64_t i = bin / pw, j = bin % pw;
     T* base = acc_p + n * a.n + (c0 * bins + bin) * a.c;
+    args.start(base, bins * a.c, nc);
     for (const int64_t k : boxes) {
       const AlignPlan<T>& p = plans[k];
       if (p.empty()) continue;
@@ -167,11 +168,9 @@ at::Tensor ps_roi_align_backward(const at::Tensor& grad, const at::Tensor& rois,
                                  bool channels_last) {
   check_sampling_ratio(sampling_ratio);
   PsBackward a(grad, rois, spatial_scale, ph, pw, N, C, H, W, channels_last);
-  if (a.grad.numel() > 0) {
-    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, a.grad.scalar_type(), "roiops_ps_align_backward", [&] {
-      backward_impl<scalar_t>(a.grad, a.rois, spatial_scale, ph, pw, sampling_ratio, N, H, W, a.acc);
-    });
-  }
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, a.grad.scalar_type(), "roiops_ps_align_backward", [&] {
+    backward_impl<scalar_t>(a.grad, a.rois, spatial_scale, ph, pw, sampling_ratio, N, H, W, a);
+  });
   return a.result();
 }
 

@@ -80,6 +80,15 @@ ROIOPS_SIMD void pool_bin(const scalar_t* __restrict__ base, int64_t cs, int64_t
 template <typename T>
 ROIOPS_SIMD void pool_bin_backward(const T* __restrict__ d, T* __restrict__ base, int64_t cs, int64_t sH, int64_t sW,
                                    int64_t y0, int64_t y1, int64_t x0, int64_t x1, int64_t nc) {
+  if (sW == 1) {  // NCHW: along the rows, which vectorises (each element gets one term)
+    for (int64_t c = 0; c < nc; ++c) {
+      for (int64_t y = y0; y < y1; ++y) {
+        T* __restrict__ q = base + c * cs + y * sH;
+        for (int64_t x = x0; x < x1; ++x) q[x] += d[c];
+      }
+    }
+    return;
+  }
   for (int64_t y = y0; y < y1; ++y) {
     for (int64_t x = x0; x < x1; ++x) {
       T* q = base + y * sH + x * sW;
@@ -122,19 +131,20 @@ void forward_impl(const at::Tensor& input, const at::Tensor& rois, double spatia
 
 template <typename scalar_t>
 void backward_impl(const at::Tensor& grad, const at::Tensor& rois, double spatial_scale, int64_t ph, int64_t pw,
-                   int64_t N, int64_t H, int64_t W, at::Tensor& acc) {
+                   int64_t N, int64_t H, int64_t W, const PsBackward& args) {
   using T = at::opmath_type<scalar_t>;
   const int64_t C_out = grad.size(1), K = grad.size(0), bins = ph * pw;
   const std::vector<PsPoolPlan> plans = build_plans<T>(rois, spatial_scale, ph, pw, H, W);
-  const Strides a(acc);
+  const Strides a(args.acc);
   const at::Tensor g = bin_major(grad);
   const scalar_t* grad_p = g.const_data_ptr<scalar_t>();
-  T* acc_p = acc.data_ptr<T>();
+  T* acc_p = args.acc.data_ptr<T>();
   Scratch<T> scratch;
   const auto task = [&](int64_t n, int64_t bin, int64_t c0, int64_t nc, const std::vector<int64_t>& boxes) {
     T* d = scratch.get(nc);
     const int64_t i = bin / pw, j = bin % pw;
     T* base = acc_p + n * a.n + (c0 * bins + bin) * a.c;
+    args.start(base, bins * a.c, nc);
     for (const int64_t k : boxes) {
       const PsPoolPlan& p = plans[k];
       const int64_t y0 = p.h0[i], y1 = p.h1[i], x0 = p.w0[j], x1 = p.w1[j];
@@ -163,11 +173,9 @@ at::Tensor ps_roi_pool_forward(const at::Tensor& input, const at::Tensor& rois, 
 at::Tensor ps_roi_pool_backward(const at::Tensor& grad, const at::Tensor& rois, double spatial_scale, int64_t ph,
                                 int64_t pw, int64_t N, int64_t C, int64_t H, int64_t W, bool channels_last) {
   PsBackward a(grad, rois, spatial_scale, ph, pw, N, C, H, W, channels_last);
-  if (a.grad.numel() > 0) {
-    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, a.grad.scalar_type(), "roiops_ps_roi_pool_backward", [&] {
-      backward_impl<scalar_t>(a.grad, a.rois, spatial_scale, ph, pw, N, H, W, a.acc);
-    });
-  }
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, a.grad.scalar_type(), "roiops_ps_roi_pool_backward", [&] {
+    backward_impl<scalar_t>(a.grad, a.rois, spatial_scale, ph, pw, N, H, W, a);
+  });
   return a.result();
 }
 
