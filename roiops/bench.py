@@ -169,10 +169,10 @@ WORKLOADS = [
 # R-FCN heads on the stride-16 map of a 600x800 image: 7x7 bins of 21 classes (PASCAL VOC)
 # and of 256 channels, 300 and 1000 proposals.
 WORKLOADS += [
-    Workload("R-FCN classes", "ps_align", 1, 21 * 49, 38, 50, 1 / 16, 300, 7, sampling_ratio=0, devices=("cpu",)),
-    Workload("R-FCN 256", "ps_align", 1, 256 * 49, 38, 50, 1 / 16, 1000, 7, devices=("cpu",)),
-    Workload("R-FCN pool classes", "ps_pool", 1, 21 * 49, 38, 50, 1 / 16, 300, 7, devices=("cpu",)),
-    Workload("R-FCN pool 256", "ps_pool", 1, 256 * 49, 38, 50, 1 / 16, 1000, 7, devices=("cpu",)),
+    Workload("R-FCN classes", "ps_align", 1, 21 * 49, 38, 50, 1 / 16, 300, 7, sampling_ratio=0),
+    Workload("R-FCN 256", "ps_align", 1, 256 * 49, 38, 50, 1 / 16, 1000, 7),
+    Workload("R-FCN pool classes", "ps_pool", 1, 21 * 49, 38, 50, 1 / 16, 300, 7),
+    Workload("R-FCN pool 256", "ps_pool", 1, 256 * 49, 38, 50, 1 / 16, 1000, 7),
 ]
 
 

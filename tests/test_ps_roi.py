@@ -266,3 +266,79 @@ def test_onnx_export_refuses_naming_the_op(op):
     name = {"align": "ps_roi_align", "pool": "ps_roi_pool"}[op]
     with pytest.raises(Exception, match=f"roiops.{name} cannot be exported to ONNX"):
         roiops_onnx.export(Model(), (torch.randn(1, 8, 6, 6), torch.tensor([[0, 1.0, 1, 9, 9]])))
+
+
+# ---- Triton kernels (on CUDA when there is a GPU, else through Triton's interpreter)
+
+def _triton():
+    from roiops._backend import triton_too_old
+
+    if triton_too_old():
+        pytest.skip(triton_too_old())
+    import roiops.triton as rt
+
+    return rt
+
+
+TRITON_DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+@pytest.mark.parametrize("op, sr, size, dtype, channels_last", [
+    ("align", 0, (2, 3), torch.float32, False), ("align", 2, (3, 2), torch.float64, True),
+    ("align", -1, 1, torch.float16, True), ("align", 3, (2, 2), torch.bfloat16, False),
+    ("pool", 2, (2, 3), torch.float32, True), ("pool", 2, (3, 3), torch.float64, False),
+    ("pool", 2, (2, 1), torch.float16, False),
+])
+def test_triton_matches_the_cpu_kernels(op, sr, size, dtype, channels_last):
+    """Same arithmetic in the same order: bit for bit in float32 and float64, forward and
+    backward (the backward's gather adds each cell's terms in the CPU kernels' order)."""
+    _triton()
+    x, boxes = feature(size, c_out=2, dtype=dtype, channels_last=channels_last), boxes_for()
+    out, grad = run(OPS[op], x, boxes, size, sr)
+    t_out, t_grad = run(OPS[op], x.to(TRITON_DEVICE), boxes.to(TRITON_DEVICE), size, sr, backend="triton")
+    fmt = torch.channels_last if channels_last else torch.contiguous_format
+    assert t_out.is_contiguous(memory_format=fmt) and t_grad.is_contiguous(memory_format=fmt)
+    if dtype in (torch.float32, torch.float64):
+        assert torch.equal(t_out.cpu(), out) and torch.equal(t_grad.cpu(), grad)
+    else:
+        ref_out, ref_grad = run(OPS[op], x, boxes, size, sr, backend="reference")
+        close(t_out.cpu(), ref_out, dtype)
+        close(t_grad.cpu(), ref_grad, dtype)
+
+
+@pytest.mark.parametrize("name", ["ps_roi_align", "ps_roi_pool"])
+def test_triton_masks_invalid_rows(name):
+    """A row the launcher cannot check without a sync (bad batch index, NaN) gives 0 and no gradient."""
+    rt = _triton()
+    x = feature(2, c_out=2).to(TRITON_DEVICE)
+    rois = torch.tensor([[0, 1.0, 1, 9, 9], [5, 1.0, 1, 9, 9], [1, float("nan"), 1, 9, 9]], device=TRITON_DEVICE)
+    extra = (2,) if name == "ps_roi_align" else ()
+    out = getattr(rt, f"{name}_forward")(x, rois, 0.5, 2, 2, *extra)
+    assert out[0].abs().sum() > 0 and torch.equal(out[1:].cpu(), torch.zeros(2, 2, 2, 2))
+    g = torch.ones(3, 2, 2, 2, device=TRITON_DEVICE)
+    g[0] = 0
+    gi = getattr(rt, f"{name}_backward")(g, rois, 0.5, 2, 2, N, 8, H, W, *extra, False)
+    assert torch.equal(gi.cpu(), torch.zeros(N, 8, H, W))
+
+
+@pytest.mark.parametrize("name", ["ps_roi_align", "ps_roi_pool"])
+def test_triton_refuses_a_channel_count_that_is_not_a_multiple(name):
+    rt = _triton()
+    extra = (2,) if name == "ps_roi_align" else ()
+    x, rois = torch.randn(1, 10, 5, 5, device=TRITON_DEVICE), torch.tensor([[0, 1.0, 1, 3, 3]], device=TRITON_DEVICE)
+    with pytest.raises(ValueError, match="multiple of pooled_height"):
+        getattr(rt, f"{name}_forward")(x, rois, 1.0, 2, 2, *extra)
+    with pytest.raises(ValueError, match="multiple of pooled_height"):
+        getattr(rt, f"{name}_backward")(torch.zeros(1, 2, 2, 2, device=TRITON_DEVICE), rois, 1.0, 2, 2, 1, 10, 5, 5,
+                                        *extra, False)
+
+
+def test_triton_huge_boxes_visit_only_samples_near_the_map():
+    """Adaptive grids of 10^6 samples per bin side: both kernels visit only the samples
+    that can touch the map (forward) or a tile (backward), and agree with the CPU."""
+    _triton()
+    x = feature(2, c_out=2)
+    boxes = torch.tensor([[0, -1e6, -1e6, 1e6, 1e6], [1, -5e5, 2.0, 3e5, 9.0]])
+    out, grad = run(OPS["align"], x, boxes, 2, 0)
+    t_out, t_grad = run(OPS["align"], x.to(TRITON_DEVICE), boxes.to(TRITON_DEVICE), 2, 0, backend="triton")
+    assert torch.equal(t_out.cpu(), out) and torch.equal(t_grad.cpu(), grad)
