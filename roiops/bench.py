@@ -151,7 +151,8 @@ OPS |= {
     "ps_pool": OpSpec(
         "PSRoIPool",
         lambda w, x, b: roiops.ps_roi_pool(x, b, w.size, w.scale),
-        torchvision(lambda tv, w, x, b: tv.ops.ps_roi_pool(x, b, w.size, w.scale)),
+        torchvision(lambda tv, w, x, b: tv.ops.ps_roi_pool(x, b, w.size, w.scale), same_result=False,
+                    note="its forward leaves out bins' cells on the map's last row and column (docs/semantics.md)"),
         sampled=False, channel_multiple=lambda w: w.size * w.size),
 }
 
