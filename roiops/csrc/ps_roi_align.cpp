@@ -35,12 +35,11 @@ std::vector<AlignPlan<T>> build_plans(const at::Tensor& rois, double spatial_sca
   return plans;
 }
 
-// Bin (i, j) of one box for nc output channels: acc[c] = sum of the bin's samples of the
-// channel at base + c * cs.
-template <typename scalar_t, typename T>
-ROIOPS_SIMD void align_bin(const AlignPlan<T>& p, int64_t i, int64_t j, const scalar_t* __restrict__ base,
-                           int64_t cs, int64_t sH, int64_t sW, int64_t nc, T* __restrict__ acc) {
-  for (int64_t c = 0; c < nc; ++c) acc[c] = T(0);
+// f(o1, o2, o3, o4, w1, w2, w3, w4) for each sample of bin (i, j) inside the map, in
+// row-major order: the offsets (rows sH, columns sW apart) of its four neighbours and their
+// weights w1 = hy*hx, w2 = hy*lx, w3 = ly*hx, w4 = ly*lx.
+template <typename T, typename F>
+inline void for_each_sample(const AlignPlan<T>& p, int64_t i, int64_t j, int64_t sH, int64_t sW, const F& f) {
   const AxisPlan<T>&ys = p.ys, &xs = p.xs;
   for (int64_t ty = ys.begin[i]; ty < ys.begin[i + 1]; ++ty) {
     const int64_t ylo = ys.lo[ty] * sH, yhi = ys.hi[ty] * sH;
@@ -48,15 +47,24 @@ ROIOPS_SIMD void align_bin(const AlignPlan<T>& p, int64_t i, int64_t j, const sc
     for (int64_t tx = xs.begin[j]; tx < xs.begin[j + 1]; ++tx) {
       const int64_t xlo = xs.lo[tx] * sW, xhi = xs.hi[tx] * sW;
       const T lx = xs.l[tx], hx = xs.h[tx];
-      const T w1 = hy * hx, w2 = hy * lx, w3 = ly * hx, w4 = ly * lx;
-      const int64_t o1 = ylo + xlo, o2 = ylo + xhi, o3 = yhi + xlo, o4 = yhi + xhi;
-      for (int64_t c = 0; c < nc; ++c) {
-        const scalar_t* q = base + c * cs;
-        acc[c] += w1 * static_cast<T>(q[o1]) + w2 * static_cast<T>(q[o2]) + w3 * static_cast<T>(q[o3]) +
-                  w4 * static_cast<T>(q[o4]);
-      }
+      f(ylo + xlo, ylo + xhi, yhi + xlo, yhi + xhi, hy * hx, hy * lx, ly * hx, ly * lx);
     }
   }
+}
+
+// Bin (i, j) of one box for nc output channels: acc[c] = sum of the bin's samples of the
+// channel at base + c * cs.
+template <typename scalar_t, typename T>
+ROIOPS_SIMD void align_bin(const AlignPlan<T>& p, int64_t i, int64_t j, const scalar_t* __restrict__ base,
+                           int64_t cs, int64_t sH, int64_t sW, int64_t nc, T* __restrict__ acc) {
+  for (int64_t c = 0; c < nc; ++c) acc[c] = T(0);
+  for_each_sample(p, i, j, sH, sW, [&](int64_t o1, int64_t o2, int64_t o3, int64_t o4, T w1, T w2, T w3, T w4) {
+    for (int64_t c = 0; c < nc; ++c) {
+      const scalar_t* q = base + c * cs;
+      acc[c] += w1 * static_cast<T>(q[o1]) + w2 * static_cast<T>(q[o2]) + w3 * static_cast<T>(q[o3]) +
+                w4 * static_cast<T>(q[o4]);
+    }
+  });
 }
 
 // Backward of bin (i, j) of one box: g[c] (the bin's gradient of nc output channels) spread
@@ -65,32 +73,23 @@ template <typename T>
 ROIOPS_SIMD void align_bin_backward(const AlignPlan<T>& p, int64_t i, int64_t j, const T* __restrict__ g,
                                     T* __restrict__ base, int64_t cs, int64_t sH, int64_t sW, int64_t nc,
                                     T* __restrict__ d) {
-  const AxisPlan<T>&ys = p.ys, &xs = p.xs;
   const T count = p.count;
   T *d1 = d, *d2 = d + nc, *d3 = d + 2 * nc, *d4 = d + 3 * nc;
-  for (int64_t ty = ys.begin[i]; ty < ys.begin[i + 1]; ++ty) {
-    const int64_t ylo = ys.lo[ty] * sH, yhi = ys.hi[ty] * sH;
-    const T ly = ys.l[ty], hy = ys.h[ty];
-    for (int64_t tx = xs.begin[j]; tx < xs.begin[j + 1]; ++tx) {
-      const int64_t xlo = xs.lo[tx] * sW, xhi = xs.hi[tx] * sW;
-      const T lx = xs.l[tx], hx = xs.h[tx];
-      const T w1 = hy * hx, w2 = hy * lx, w3 = ly * hx, w4 = ly * lx;
-      for (int64_t c = 0; c < nc; ++c) {
-        d1[c] = g[c] * w1 / count;
-        d2[c] = g[c] * w2 / count;
-        d3[c] = g[c] * w3 / count;
-        d4[c] = g[c] * w4 / count;
-      }
-      const int64_t o1 = ylo + xlo, o2 = ylo + xhi, o3 = yhi + xlo, o4 = yhi + xhi;
-      for (int64_t c = 0; c < nc; ++c) {  // in this order: neighbours may coincide at the border
-        T* q = base + c * cs;
-        q[o1] += d1[c];
-        q[o2] += d2[c];
-        q[o3] += d3[c];
-        q[o4] += d4[c];
-      }
+  for_each_sample(p, i, j, sH, sW, [&](int64_t o1, int64_t o2, int64_t o3, int64_t o4, T w1, T w2, T w3, T w4) {
+    for (int64_t c = 0; c < nc; ++c) {
+      d1[c] = g[c] * w1 / count;
+      d2[c] = g[c] * w2 / count;
+      d3[c] = g[c] * w3 / count;
+      d4[c] = g[c] * w4 / count;
     }
-  }
+    for (int64_t c = 0; c < nc; ++c) {  // in this order: neighbours may coincide at the border
+      T* q = base + c * cs;
+      q[o1] += d1[c];
+      q[o2] += d2[c];
+      q[o3] += d3[c];
+      q[o4] += d4[c];
+    }
+  });
 }
 
 template <typename scalar_t>

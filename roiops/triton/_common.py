@@ -305,16 +305,22 @@ def check_pool_backward(grad: object, argmax: object, rois: object, batch_size: 
 
 
 def check_ps_forward(input: object, rois: object, spatial_scale: object, pooled_height: object,
-                     pooled_width: object) -> None:
-    """What the C++ position-sensitive forwards refuse, from shapes, dtypes and devices only."""
+                     pooled_width: object, sampling_ratio: object = None) -> None:
+    """What the C++ position-sensitive forwards refuse (sampling_ratio: PSRoIAlign's), from
+    shapes, dtypes and devices only."""
+    if sampling_ratio is not None:
+        _sampling_ratio(sampling_ratio)
     x = _check_forward(input, rois, spatial_scale, pooled_height, pooled_width)
     _ps_channels(x.shape[1], int(pooled_height), int(pooled_width))  # type: ignore[call-overload]
 
 
 def check_ps_backward(grad: object, rois: object, spatial_scale: object, pooled_height: object,
                       pooled_width: object, batch_size: object, channels: object, height: object, width: object,
-                      channels_last: object) -> None:
-    """What the C++ position-sensitive backwards refuse, from shapes, dtypes and devices only."""
+                      channels_last: object, sampling_ratio: object = None) -> None:
+    """What the C++ position-sensitive backwards refuse (sampling_ratio: PSRoIAlign's), from
+    shapes, dtypes and devices only."""
+    if sampling_ratio is not None:
+        _sampling_ratio(sampling_ratio)
     ph, pw = _int("pooled_height", pooled_height), _int("pooled_width", pooled_width)
     N, C, H, W = _backward_sizes(batch_size, channels, height, width, channels_last)
     grad = _tensor("grad", grad)

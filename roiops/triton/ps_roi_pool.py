@@ -17,12 +17,11 @@ import torch
 import triton
 import triton.language as tl
 
-from .._geometry import is_channels_last, memory_format
-from ._common import (LAUNCH_OPTS, cdiv, check_device, check_ps_backward, check_ps_forward, f64_bits, gather_blocks,
-                      kernel, opmath, tile_blocks)
-from ._jit import bin_tile, c_round, div_rn, load_roi, pixel_tile, scale_of, store_tile, with_flag
+from ._common import check_device, check_ps_backward, check_ps_forward, kernel
+from ._jit import bin_tile, c_round, div_rn, load_roi, scale_of, store_tile, with_flag
 from ._jit import along_c as _c  # per-channel vector -> tile axis
 from ._jit import along_p as _p  # per-bin / per-pixel vector -> tile axis
+from ._position_sensitive import gather_tile, launch_backward, launch_forward
 
 __all__ = ["ps_roi_pool_backward", "ps_roi_pool_forward"]
 
@@ -93,18 +92,9 @@ def _ps_pool_bwd_kernel(
     (C is the output's channel count)."""
     T = rois_ptr.dtype.element_ty
     P = ph * pw
-    pid = tl.program_id(0)
-    n = pid // (P * n_tiles)
-    rest = pid - n * (P * n_tiles)
-    p = rest // n_tiles
-    t = rest - p * n_tiles
-    th = t // n_tw
-    tw = t - th * n_tw
-    i = p // pw
-    j = p - i * pw
+    n, p, i, j, r, s, c, cm, r_lo, r_hi, s_lo, s_hi = gather_tile(ph, pw, n_tw, n_tiles, H, W, C, TILE_H, TILE_W,
+                                                                  BLOCK_C)
     scale = scale_of(scale_bits, T)
-
-    r, s, c, cm, r_lo, r_hi, s_lo, s_hi = pixel_tile(th, tw, tl.program_id(1), H, W, C, TILE_H, TILE_W, BLOCK_C)
     acc = _p(tl.zeros([TILE_H * TILE_W], dtype=T), CF) + _c(tl.zeros([BLOCK_C], dtype=T), CF)
     for k in range(0, K.to(tl.int64)):  # int64: grad is indexed k * sgK
         ok, b, x1, y1, x2, y2 = load_roi(rois_ptr, k, N, scale)
@@ -123,23 +113,7 @@ def ps_roi_pool_forward(input: torch.Tensor, rois: torch.Tensor, spatial_scale: 
     """Position-sensitive RoIPool forward: [K, C / (ph * pw), ph, pw] in the input's dtype and memory format."""
     check_ps_forward(input, rois, spatial_scale, pooled_height, pooled_width)
     check_device(input, _ps_pool_fwd_kernel)
-    N, C, H, W = input.shape
-    K = rois.shape[0]
-    ph, pw = int(pooled_height), int(pooled_width)
-    c_out = C // (ph * pw)
-    rois = rois.to(opmath(input.dtype)).contiguous()
-    fmt = memory_format(is_channels_last(input))
-    out = torch.empty((K, c_out, ph, pw), dtype=input.dtype, device=input.device, memory_format=fmt)
-    if out.numel() == 0:
-        return out
-    lanes_c = input.stride(1) < input.stride(3)
-    block_p, block_c = tile_blocks(ph * pw, c_out, lanes_c, input.device.type == "cpu")
-    n_pb = triton.cdiv(ph * pw, block_p)
-    assert ph == 1 or out.stride(2) == pw * out.stride(3)
-    _ps_pool_fwd_kernel[(K * n_pb, cdiv(c_out, block_c))](
-        input, rois, out, f64_bits(spatial_scale), N, c_out, H, W, ph, pw, n_pb,
-        *input.stride(), *out.stride(), BLOCK_P=block_p, BLOCK_C=block_c, CF=lanes_c, **LAUNCH_OPTS)
-    return out
+    return launch_forward(_ps_pool_fwd_kernel, input, rois, spatial_scale, int(pooled_height), int(pooled_width))
 
 
 def ps_roi_pool_backward(grad: torch.Tensor, rois: torch.Tensor, spatial_scale: float, pooled_height: int,
@@ -149,18 +123,5 @@ def ps_roi_pool_backward(grad: torch.Tensor, rois: torch.Tensor, spatial_scale: 
     check_ps_backward(grad, rois, spatial_scale, pooled_height, pooled_width, batch_size, channels, height, width,
                       channels_last)
     check_device(grad, _ps_pool_bwd_kernel)
-    N, C, H, W = int(batch_size), int(channels), int(height), int(width)
-    ph, pw = int(pooled_height), int(pooled_width)
-    K, c_out = grad.shape[0], grad.shape[1]
-    rois = rois.to(opmath(grad.dtype)).contiguous()
-    gi = torch.empty((N, C, H, W), dtype=grad.dtype, device=grad.device, memory_format=memory_format(channels_last))
-    if gi.numel() == 0:
-        return gi
-    tile_h, tile_w, block_c = gather_blocks(H, W, c_out, bool(channels_last), grad.device.type == "cpu",
-                                            grad.dtype == torch.float64)
-    n_tw = cdiv(W, tile_w)
-    n_tiles = cdiv(H, tile_h) * n_tw
-    _ps_pool_bwd_kernel[(N * ph * pw * n_tiles, cdiv(c_out, block_c))](
-        grad, rois, gi, f64_bits(spatial_scale), K, N, c_out, H, W, ph, pw, n_tw, n_tiles,
-        *grad.stride(), *gi.stride(), TILE_H=tile_h, TILE_W=tile_w, BLOCK_C=block_c, CF=True, **LAUNCH_OPTS)
-    return gi
+    return launch_backward(_ps_pool_bwd_kernel, grad, rois, spatial_scale, int(pooled_height), int(pooled_width),
+                           int(batch_size), int(channels), int(height), int(width), bool(channels_last))
