@@ -115,7 +115,8 @@ void forward_impl(const at::Tensor& input, const at::Tensor& rois, double spatia
         align_bin(p, i, j, base, bins * s.c, s.h, s.w, nc, acc);
       }
       scalar_t* r = res + (bin * K + k) * C_out + c0;
-      for (int64_t c = 0; c < nc; ++c) r[c] = static_cast<scalar_t>(acc[c] / p.count);
+      const T count = p.count;
+      for (int64_t c = 0; c < nc; ++c) r[c] = static_cast<scalar_t>(acc[c] / count);
     }
   };
   ps_tasks(ps_batch(rois), N, C_out, bins, task);
