@@ -64,9 +64,36 @@ void ps_tasks(const std::vector<int64_t>& batch, int64_t N, int64_t C_out, int64
   });
 }
 
-// A [K, C_out, ph, pw] tensor as the bin-major [ph, pw, K, C_out] (a copy), and back.
+// A [K, C_out, ph, pw] tensor as the bin-major [ph, pw, K, C_out] (a copy).
 inline at::Tensor bin_major(const at::Tensor& t) { return t.permute({2, 3, 0, 1}).contiguous(); }
-inline at::Tensor from_bin_major(const at::Tensor& t) { return t.permute({2, 3, 0, 1}); }
+
+// Where forward tasks write: the output itself when a bin's output channels are
+// contiguous there (channels_last, or one output channel), else a bin-major buffer that
+// finish() copies into it. Values of box k, bin b, output channels from c0 on: row(b, k) + c0.
+template <typename scalar_t>
+class PsOutput {
+ public:
+  explicit PsOutput(at::Tensor& out) : out_(out) {
+    const int64_t K = out.size(0), C_out = out.size(1);
+    if (out.size(1) == 1 || out.stride(1) == 1) {  // bin b at b * stride(3) (outputs are dense)
+      base_ = out.data_ptr<scalar_t>(), sK_ = out.stride(0), sB_ = out.stride(3);
+    } else {
+      buffer_ = at::empty({out.size(2), out.size(3), K, C_out},
+                          out.options().memory_format(at::MemoryFormat::Contiguous));
+      base_ = buffer_.data_ptr<scalar_t>(), sK_ = C_out, sB_ = K * C_out;
+    }
+  }
+  scalar_t* row(int64_t bin, int64_t k) const { return base_ + k * sK_ + bin * sB_; }
+  void finish() {
+    if (buffer_.defined()) out_.copy_(buffer_.permute({2, 3, 0, 1}));
+  }
+
+ private:
+  at::Tensor& out_;
+  at::Tensor buffer_;
+  scalar_t* base_;
+  int64_t sK_, sB_;
+};
 
 // Strides of an [N, C, H, W] tensor (or of [K, C_out, ph, pw]).
 struct Strides {

@@ -96,12 +96,11 @@ template <typename scalar_t>
 void forward_impl(const at::Tensor& input, const at::Tensor& rois, double spatial_scale, int64_t ph, int64_t pw,
                   int64_t sampling_ratio, int64_t C_out, at::Tensor& out) {
   using T = at::opmath_type<scalar_t>;
-  const int64_t N = input.size(0), H = input.size(2), W = input.size(3), K = rois.size(0), bins = ph * pw;
+  const int64_t N = input.size(0), H = input.size(2), W = input.size(3), bins = ph * pw;
   const std::vector<AlignPlan<T>> plans = build_plans<T>(rois, spatial_scale, ph, pw, sampling_ratio, H, W);
   const Strides s(input);
   const scalar_t* in = input.const_data_ptr<scalar_t>();
-  at::Tensor result = at::empty({ph, pw, K, C_out}, out.options().memory_format(at::MemoryFormat::Contiguous));
-  scalar_t* res = result.data_ptr<scalar_t>();
+  PsOutput<scalar_t> result(out);
   Scratch<T> scratch;
   const auto task = [&](int64_t n, int64_t bin, int64_t c0, int64_t nc, const std::vector<int64_t>& boxes) {
     T* acc = scratch.get(nc);
@@ -114,13 +113,13 @@ void forward_impl(const at::Tensor& input, const at::Tensor& rois, double spatia
       } else {
         align_bin(p, i, j, base, bins * s.c, s.h, s.w, nc, acc);
       }
-      scalar_t* r = res + (bin * K + k) * C_out + c0;
+      scalar_t* r = result.row(bin, k) + c0;
       const T count = p.count;
       for (int64_t c = 0; c < nc; ++c) r[c] = static_cast<scalar_t>(acc[c] / count);
     }
   };
   ps_tasks(ps_batch(rois), N, C_out, bins, task);
-  out.copy_(from_bin_major(result));
+  result.finish();
 }
 
 template <typename scalar_t>
