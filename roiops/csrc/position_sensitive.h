@@ -1,5 +1,6 @@
 // What the position-sensitive ops (R-FCN's PSRoIAlign and PSRoIPool) share on the CPU:
-// the channel rule, their task split and the output channel loop.
+// the channel rule, their tasks, the bin-major exchange of a task's values and the
+// argument checks.
 //
 // Bin (i, j) of output channel c reads input channel (c * ph + i) * pw + j. For a fixed
 // bin, consecutive output channels are ph * pw input channels apart, so the kernels keep
@@ -52,8 +53,8 @@ inline std::vector<int64_t> ps_batch(const at::Tensor& rois) {
 // name the input channels (c * ph + i) * pw + j that the task reads (forward) or writes
 // (backward); f(n, bin, c0, nc, boxes of image n) for each, on all threads. Those planes
 // stay in cache while every box of the image runs, in increasing k, and no two backward
-// tasks write the same element. Tasks exchange values with the boxes through bin-major
-// buffers [ph, pw, K, C_out] (bin_major), where a task's values are contiguous runs.
+// tasks write the same element. A task's values of one box (grad read, output written)
+// are a contiguous run in bin-major order [ph, pw, K, C_out] (bin_major, PsOutput).
 template <typename F>
 void ps_tasks(const std::vector<int64_t>& batch, int64_t N, int64_t C_out, int64_t bins, const F& f) {
   const std::vector<std::vector<int64_t>> by_image = boxes_by_image(batch, N);
