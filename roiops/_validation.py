@@ -216,3 +216,11 @@ def _as_float(v: object) -> float | None:
     if isinstance(v, Tensor) and v.dim() == 0 and not v.is_complex() and v.dtype != torch.bool:
         return float(v)
     return None
+
+
+def position_sensitive(input: Tensor, h: int, w: int) -> None:
+    """Position-sensitive pooling reads ``h * w`` input channels per output channel."""
+    c = input.shape[1]
+    if c % (h * w) != 0:
+        raise ValueError(f"input has {c} channels, not a multiple of output_size's h * w = {h} * {w} = {h * w}: "
+                         f"position-sensitive pooling reads h * w input channels per output channel")

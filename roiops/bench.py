@@ -142,6 +142,19 @@ OPS: dict[str, OpSpec] = {
         torchvision(lambda tv, w, x, b: tv.ops.roi_pool(x, b, w.size, w.scale)),
         argmax=True, sampled=False),
 }
+OPS |= {
+    "ps_align": OpSpec(
+        "PSRoIAlign",
+        lambda w, x, b: roiops.ps_roi_align(x, b, w.size, w.scale, w.sampling_ratio),
+        torchvision(lambda tv, w, x, b: tv.ops.ps_roi_align(x, b, w.size, w.scale, w.sampling_ratio)),
+        channel_multiple=lambda w: w.size * w.size),
+    "ps_pool": OpSpec(
+        "PSRoIPool",
+        lambda w, x, b: roiops.ps_roi_pool(x, b, w.size, w.scale),
+        torchvision(lambda tv, w, x, b: tv.ops.ps_roi_pool(x, b, w.size, w.scale), same_result=False,
+                    note="its forward leaves out bins' cells on the map's last row and column (docs/semantics.md)"),
+        sampled=False, channel_multiple=lambda w: w.size * w.size),
+}
 
 # Where these shapes occur: a Mask R-CNN/FPN box head on a stride-4 level of an 800x1344
 # image, its adaptive-sampling variant, a max-mode head, the mask head (14x14 on fewer
@@ -153,6 +166,14 @@ WORKLOADS = [
     Workload("mask head", "align", 2, 256, 200, 336, 1 / 4, 256, 14),
     Workload("roi_pool", "pool", 2, 256, 200, 336, 1 / 4, 1024, 7),
     Workload("multi-image", "align", 4, 256, 100, 168, 1 / 8, 2048, 7),
+]
+# R-FCN heads on the stride-16 map of a 600x800 image: 7x7 bins of 21 classes (PASCAL VOC)
+# and of 256 channels, 300 and 1000 proposals.
+WORKLOADS += [
+    Workload("R-FCN classes", "ps_align", 1, 21 * 49, 38, 50, 1 / 16, 300, 7, sampling_ratio=0),
+    Workload("R-FCN 256", "ps_align", 1, 256 * 49, 38, 50, 1 / 16, 1000, 7),
+    Workload("R-FCN pool classes", "ps_pool", 1, 21 * 49, 38, 50, 1 / 16, 300, 7),
+    Workload("R-FCN pool 256", "ps_pool", 1, 256 * 49, 38, 50, 1 / 16, 1000, 7),
 ]
 
 

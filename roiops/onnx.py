@@ -30,6 +30,9 @@ What each op becomes (docs/ecosystem.md has the table and the reasons):
 - ``roi_align`` mode ``"max"``: a decomposition into standard ops (Gather, ReduceMax).
   ONNX ``RoiAlign``'s max mode is a different formula (the maximum of the four weighted
   corners of each sample), so it is never used.
+- ``ps_roi_align`` and ``ps_roi_pool`` (position-sensitive, R-FCN): not exported; an export
+  of a model using them fails with an error naming the op. ONNX has no such operator, and
+  a decomposition would sum in an order ONNX's reductions do not guarantee.
 - ``roi_pool`` (both conventions): a decomposition (Gather, ReduceMax, GatherElements).
   ``MaxRoiPool`` (Caffe convention only) is not used: onnxruntime's kernel starts its
   running maximum at -FLT_MAX (older releases at +FLT_MIN, the smallest positive float,
@@ -93,6 +96,8 @@ def translation_table(
         torch.ops.roiops.roi_align.default: avg,
         torch.ops.roiops.roi_align_max.default: _roi_align_max,
         torch.ops.roiops.roi_pool.default: _roi_pool,
+        torch.ops.roiops.ps_roi_align.default: _refuse("ps_roi_align"),
+        torch.ops.roiops.ps_roi_pool.default: _refuse("ps_roi_pool"),
     }
 
 
@@ -448,6 +453,18 @@ def _roi_align_decomposed(
     count = op.Cast(op.Max(op.Mul(grid_h, grid_w), _i64(1)), to=t)
     out = op.Div(total, op.Unsqueeze(count, _i64(1, 2, 3)))
     return _restore(op.Where(_empty_grid(grid_h, grid_w), _const(0, t), out), input)
+
+
+# ---- position-sensitive ops -----------------------------------------------------------------
+
+
+def _refuse(name: str) -> Callable[..., Any]:
+    """A translation that stops the export with a message naming the op."""
+    def refuse(*args: Any, **kwargs: Any) -> Any:
+        raise NotImplementedError(f"roiops.{name} cannot be exported to ONNX: ONNX has no position-sensitive RoI "
+                                  "operator, and roiops exports no decomposition of it")
+
+    return refuse
 
 
 # ---- roi_pool ----------------------------------------------------------------------------

@@ -88,3 +88,10 @@ VARIANTS: dict[str, list[dict[str, Any]]] = {
     "_roi_align_max_backward": [dict(sampling_ratio=2, aligned=True, channels_last=True)],
     "_roi_pool_backward": [dict(channels_last=False)],
 }
+# Position-sensitive ops read pooled_height * pooled_width (2 * 3) input channels per output channel.
+VARIANTS |= {
+    "ps_roi_align": [dict(sampling_ratio=-1, channels=12, out_channels=2)],
+    "ps_roi_pool": [dict(channels=12, out_channels=2)],
+    "_ps_roi_align_backward": [dict(sampling_ratio=2, channels=12, out_channels=2, channels_last=True)],
+    "_ps_roi_pool_backward": [dict(channels=12, out_channels=2, channels_last=False)],
+}

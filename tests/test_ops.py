@@ -23,8 +23,8 @@ def boxes_for(dtype=torch.float32, seed=0):
     return torch.cat([random_boxes(N, 6, W / SCALE, H / SCALE, g, dtype), nasty_boxes(N, W / SCALE, H / SCALE, dtype)])
 
 
-def feature(dtype=torch.float32, channels_last=False, seed=0):
-    x = torch.randn(N, C, H, W, generator=torch.Generator().manual_seed(seed), dtype=torch.float64).to(dtype)
+def feature(dtype=torch.float32, channels_last=False, seed=0, channels=C):
+    x = torch.randn(N, channels, H, W, generator=torch.Generator().manual_seed(seed), dtype=torch.float64).to(dtype)
     return x.contiguous(memory_format=torch.channels_last) if channels_last else x
 
 
@@ -171,10 +171,11 @@ def test_gradcheck(op):
 def _op_sample(op, variant):
     """The op's arguments: the variant over these defaults, and for a backward that takes
     an argmax, its forward's."""
-    x, rois = feature(), boxes_for()
-    values = dict(input=x, rois=rois, grad=torch.randn(len(rois), C, 2, 3), spatial_scale=SCALE, pooled_height=2,
-                  pooled_width=3, sampling_ratio=2, aligned=True, continuous=False, batch_size=N, channels=C,
-                  height=H, width=W, channels_last=False)
+    x, rois = feature(channels=variant.get("channels", C)), boxes_for()
+    grad = torch.randn(len(rois), variant.get("out_channels", C), 2, 3)
+    values = dict(input=x, rois=rois, grad=grad, spatial_scale=SCALE, pooled_height=2, pooled_width=3,
+                  sampling_ratio=2, aligned=True, continuous=False, batch_size=N, channels=C, height=H, width=W,
+                  channels_last=False)
     values.update(variant)
     if any(a.name == "argmax" for a in schema(op).arguments):
         forward = op[1:-len("_backward")]

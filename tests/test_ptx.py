@@ -42,6 +42,8 @@ EXPECTED_VARIANTS = {
     "_align_tiles_kernel": 8,               # only rois: aligned x one/multi-level x float32/float64 rois
     "_pool_footprint_kernel": 4,            # only argmax and rois: layout x float32/float64 rois
 }
+EXPECTED_VARIANTS |= {"_ps_align_fwd_kernel": 8, "_ps_align_bwd_kernel": 8, "_ps_pool_fwd_kernel": 8,
+                      "_ps_pool_bwd_kernel": 8}
 
 # ----------------------------------------------------------------------------- the rules
 
@@ -221,6 +223,7 @@ def test_ptx_is_exact(compiled):
 
 # One shape per layout: block sizes and strides change addressing, not the float ops.
 N, C, H, W, K, P = 2, 64, 20, 30, 16, 7
+C_PS = 2 * P * P  # position-sensitive maps: P * P channels per output channel
 LEVEL_SIZES = [(40, 60), (20, 30), (10, 15)]
 LEVEL_SCALES = [1 / 4, 1 / 8, 1 / 16]
 
@@ -268,6 +271,13 @@ def _calls(launchers: dict, torch) -> list:
         "multi_scale_roi_align_backward": lambda f, dt, cl, aligned, deterministic: f(
             g(dt, cl), rois(dt), levels, LEVEL_SCALES, P, P, N, C, hs, ws, 2, aligned, cl,
             deterministic=deterministic),
+    }
+    ps_x, ps_g = (lambda dt, cl: meta((N, C_PS, H, W), dt, cl)), (lambda dt, cl: meta((K, 2, P, P), dt, cl))
+    recipes |= {
+        "ps_roi_align_forward": lambda f, dt, cl: f(ps_x(dt, cl), rois(dt), 0.25, P, P, 2),
+        "ps_roi_align_backward": lambda f, dt, cl: f(ps_g(dt, cl), rois(dt), 0.25, P, P, N, C_PS, H, W, 2, cl),
+        "ps_roi_pool_forward": lambda f, dt, cl: f(ps_x(dt, cl), rois(dt), 0.25, P, P),
+        "ps_roi_pool_backward": lambda f, dt, cl: f(ps_g(dt, cl), rois(dt), 0.25, P, P, N, C_PS, H, W, cl),
     }
     missing = sorted(set(launchers) - set(recipes))
     if missing:

@@ -509,18 +509,20 @@ KERNEL = {op: kernel_name(op) for op in contract_ops()}
 FWD = tuple(op for op in KERNEL if not op.endswith("_backward"))
 ALIGN_BWD = ("_roi_align_backward", "_roi_align_max_backward")
 POOL_BWD = ("_roi_pool_backward",)
-BWD = ALIGN_BWD + POOL_BWD
+PS_BWD = ("_ps_roi_align_backward", "_ps_roi_pool_backward")
+BWD = ALIGN_BWD + POOL_BWD + PS_BWD
 MAX_BWD = ("_roi_align_max_backward", "_roi_pool_backward")
 
 
 def good_args(op, device):
     """Arguments, in kernel-contract order, of a call both backends accept."""
-    x = torch.randn(N, C, H, W, generator=torch.Generator().manual_seed(16)).to(device)
+    c = C * 2 * 3 if "ps_roi" in op else C  # position-sensitive: 2 * 3 input channels per output channel
+    x = torch.randn(N, c, H, W, generator=torch.Generator().manual_seed(16)).to(device)
     rois = torch.tensor([[0, 1.0, 1.0, 5.0, 5.0], [1, 0.0, 0.0, 3.0, 4.0]], device=device)
     return contract_args(op, input=x, rois=rois, grad=torch.ones(2, C, 2, 3, device=device),
                          argmax=torch.zeros(2, C, 2, 3, dtype=torch.int32, device=device), spatial_scale=SCALE,
                          pooled_height=2, pooled_width=3, sampling_ratio=2, aligned=True, continuous=False,
-                         batch_size=N, channels=C, height=H, width=W, channels_last=False)
+                         batch_size=N, channels=c, height=H, width=W, channels_last=False)
 
 
 def no_bins(a, o):

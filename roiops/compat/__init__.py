@@ -13,7 +13,9 @@ defaults, box format) and reproduces its numbers on top of roiops:
 - ``roiops.compat.mmdet``: ``RoIPool`` and ``roi_pool`` of mmdetection v1
   (``mmdet.ops``), continuous-coordinate RoIPool.
 - ``roiops.compat.torchvision``: ``roi_align``, ``roi_pool``, ``RoIAlign``, ``RoIPool``,
-  ``MultiScaleRoIAlign`` (and ``LevelMapper``) of ``torchvision.ops``, bit for bit.
+  ``MultiScaleRoIAlign`` (and ``LevelMapper``), ``ps_roi_align``, ``ps_roi_pool``,
+  ``PSRoIAlign``, ``PSRoIPool`` of ``torchvision.ops``, bit for bit (docs/semantics.md
+  has the two position-sensitive exceptions).
 - ``roiops.compat.detectron2``: ``ROIAlign`` (``aligned=True`` default) and ``roi_align``
   of ``detectron2.layers``.
 - ``roiops.compat.mmcv``: ``RoIAlign``, ``RoIPool``, ``roi_align``, ``roi_pool`` of

@@ -6,11 +6,15 @@ Port with one import::
     # becomes
     from roiops.compat.torchvision import MultiScaleRoIAlign, RoIAlign, RoIPool, roi_align, roi_pool
 
+and likewise ``ps_roi_align``, ``ps_roi_pool``, ``PSRoIAlign`` and ``PSRoIPool`` (R-FCN).
+
 Same names, argument order, defaults (``aligned=False``, ``sampling_ratio=-1``, Caffe
 RoIPool) and box formats; results are torchvision's bit for bit (docs/semantics.md).
 What differs: invalid boxes (a batch index outside the batch, NaN/inf coordinates) raise
 ``ValueError`` instead of reading out of bounds; ``aligned=True`` boxes of size <= 0 with
-adaptive sampling give 0; quantized tensors are not supported.
+adaptive sampling give 0, and so do ``ps_roi_align`` bins with an empty adaptive grid
+(torchvision: NaN); ``ps_roi_pool`` bins on the last row or column average it (torchvision's
+forward leaves it out, its backward does not); quantized tensors are not supported.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from .. import _validation as v
 from .. import ops as F
 
 __all__ = ["LevelMapper", "MultiScaleRoIAlign", "RoIAlign", "RoIPool", "roi_align", "roi_pool"]
+__all__ += ["PSRoIAlign", "PSRoIPool", "ps_roi_align", "ps_roi_pool"]
 
 Boxes = Union[Tensor, Sequence[Tensor]]
 OutputSize = Union[int, tuple[int, int], list[int]]
@@ -92,6 +97,45 @@ class RoIPool(nn.Module):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(output_size={self.output_size}, spatial_scale={self.spatial_scale})"
+
+
+def ps_roi_align(input: Tensor, boxes: Boxes, output_size: OutputSize, spatial_scale: float = 1.0,
+                 sampling_ratio: int = -1) -> Tensor:
+    """``torchvision.ops.ps_roi_align``: position-sensitive RoIAlign (R-FCN) of ``input[N,
+    C_out * h * w, H, W]`` -> ``Tensor[K, C_out, h, w]``."""
+    return F.ps_roi_align(input, _boxes(input, boxes), output_size, spatial_scale, sampling_ratio)
+
+
+def ps_roi_pool(input: Tensor, boxes: Boxes, output_size: OutputSize, spatial_scale: float = 1.0) -> Tensor:
+    """``torchvision.ops.ps_roi_pool``: position-sensitive RoIPool (R-FCN) -> ``Tensor[K, C_out, h, w]``."""
+    return F.ps_roi_pool(input, _boxes(input, boxes), output_size, spatial_scale)
+
+
+class PSRoIAlign(nn.Module):
+    """``torchvision.ops.PSRoIAlign(output_size, spatial_scale, sampling_ratio)``."""
+
+    def __init__(self, output_size: OutputSize, spatial_scale: float, sampling_ratio: int) -> None:
+        super().__init__()
+        v.output_size(output_size)
+        v.spatial_scale(spatial_scale)
+        v.sampling_ratio(sampling_ratio)
+        self.output_size = output_size
+        self.spatial_scale = spatial_scale
+        self.sampling_ratio = sampling_ratio
+
+    def forward(self, input: Tensor, rois: Boxes) -> Tensor:
+        return ps_roi_align(input, rois, self.output_size, self.spatial_scale, self.sampling_ratio)
+
+    def __repr__(self) -> str:
+        return (f"{type(self).__name__}(output_size={self.output_size}, spatial_scale={self.spatial_scale}, "
+                f"sampling_ratio={self.sampling_ratio})")
+
+
+class PSRoIPool(RoIPool):
+    """``torchvision.ops.PSRoIPool(output_size, spatial_scale)``."""
+
+    def forward(self, input: Tensor, rois: Boxes) -> Tensor:
+        return ps_roi_pool(input, rois, self.output_size, self.spatial_scale)
 
 
 class LevelMapper:

@@ -302,3 +302,39 @@ def check_pool_backward(grad: object, argmax: object, rois: object, batch_size: 
     _argmax(argmax, grad)
     _backward_common(grad, rois, N, C, H, W)
     _pooled(grad.shape[2], grad.shape[3], " (grad's last two sizes)")
+
+
+def check_ps_forward(input: object, rois: object, spatial_scale: object, pooled_height: object,
+                     pooled_width: object, sampling_ratio: object = None) -> None:
+    """What the C++ position-sensitive forwards refuse (sampling_ratio: PSRoIAlign's), from
+    shapes, dtypes and devices only."""
+    if sampling_ratio is not None:
+        _sampling_ratio(sampling_ratio)
+    x = _check_forward(input, rois, spatial_scale, pooled_height, pooled_width)
+    _ps_channels(x.shape[1], int(pooled_height), int(pooled_width))  # type: ignore[call-overload]
+
+
+def check_ps_backward(grad: object, rois: object, spatial_scale: object, pooled_height: object,
+                      pooled_width: object, batch_size: object, channels: object, height: object, width: object,
+                      channels_last: object, sampling_ratio: object = None) -> None:
+    """What the C++ position-sensitive backwards refuse (sampling_ratio: PSRoIAlign's), from
+    shapes, dtypes and devices only."""
+    if sampling_ratio is not None:
+        _sampling_ratio(sampling_ratio)
+    ph, pw = _int("pooled_height", pooled_height), _int("pooled_width", pooled_width)
+    N, C, H, W = _backward_sizes(batch_size, channels, height, width, channels_last)
+    grad = _tensor("grad", grad)
+    rois = _rois_shape(rois)
+    _pooled(ph, pw)
+    _ps_channels(C, ph, pw)
+    want = [rois.shape[0], C // (ph * pw), ph, pw]
+    if list(grad.shape) != want:
+        raise ValueError(f"roiops: grad must be [K, C / (ph * pw), ph, pw] = {want}, got {list(grad.shape)}")
+    _backward_common(grad, rois, N, C, H, W)
+    _scale(spatial_scale)
+
+
+def _ps_channels(channels: int, ph: int, pw: int) -> None:
+    if channels % (ph * pw) != 0:
+        raise ValueError(f"roiops: input channels ({channels}) must be a multiple of pooled_height * pooled_width "
+                         f"({ph} * {pw})")

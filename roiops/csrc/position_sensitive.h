@@ -1,0 +1,158 @@
+// What the position-sensitive ops (R-FCN's PSRoIAlign and PSRoIPool) share on the CPU:
+// the channel rule, their tasks, the bin-major exchange of a task's values and the
+// argument checks.
+//
+// Bin (i, j) of output channel c reads input channel (c * ph + i) * pw + j. For a fixed
+// bin, consecutive output channels are ph * pw input channels apart, so the kernels keep
+// one accumulator per output channel of a block and run their innermost loops along the
+// block: each lane is one channel, summed in torchvision's order, so vectorising changes
+// no bit.
+//
+// Tasks (ps_tasks) are one bin of a block of output channels of one image; backward ones
+// add the image's boxes in increasing k: deterministic, no atomics, any thread count.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+#include "geometry.h"
+#include "sampling.h"
+
+namespace roiops {
+
+// C_out, the output channels: the input's C must be C_out * ph * pw.
+inline int64_t ps_out_channels(int64_t C, int64_t ph, int64_t pw) {
+  TORCH_CHECK_VALUE(C % (ph * pw) == 0, "roiops: input channels (", C, ") must be a multiple of pooled_height * ",
+                    "pooled_width (", ph, " * ", pw, ")");
+  return C / (ph * pw);
+}
+
+// Output channels per task: up to 64 (one accumulator array in L1), fewer when the tasks
+// would not keep the threads busy.
+inline int64_t ps_channel_block(int64_t groups, int64_t C_out) {
+  const int64_t want = 2 * static_cast<int64_t>(at::get_num_threads());
+  int64_t cb = std::min<int64_t>(C_out, 64);
+  while (cb > 8 && groups * ((C_out + cb - 1) / cb) < want) cb = (cb + 1) / 2;
+  return std::max<int64_t>(cb, 1);
+}
+
+// Batch indices of the (checked) rois.
+inline std::vector<int64_t> ps_batch(const at::Tensor& rois) {
+  std::vector<int64_t> batch(static_cast<size_t>(rois.size(0)));
+  AT_DISPATCH_FLOATING_TYPES(rois.scalar_type(), "roiops_ps_batch", [&] {
+    const scalar_t* r = rois.const_data_ptr<scalar_t>();
+    for (size_t k = 0; k < batch.size(); ++k) batch[k] = static_cast<int64_t>(r[5 * k]);
+  });
+  return batch;
+}
+
+// Tasks: image n, bin (i, j) = (bin / pw, bin % pw), output channels [c0, c0 + nc), which
+// name the input channels (c * ph + i) * pw + j that the task reads (forward) or writes
+// (backward); f(n, bin, c0, nc, boxes of image n) for each, on all threads. Those planes
+// stay in cache while every box of the image runs, in increasing k, and no two backward
+// tasks write the same element. A task's values of one box (grad read, output written)
+// are a contiguous run in bin-major order [ph, pw, K, C_out] (bin_major, PsOutput).
+template <typename F>
+void ps_tasks(const std::vector<int64_t>& batch, int64_t N, int64_t C_out, int64_t bins, const F& f) {
+  const std::vector<std::vector<int64_t>> by_image = boxes_by_image(batch, N);
+  const int64_t cb = ps_channel_block(N * bins, C_out), blocks = (C_out + cb - 1) / cb;
+  parallel_tasks(N * bins * blocks, [&](int64_t t) {
+    const int64_t n = t / (bins * blocks), bin = t / blocks % bins, c0 = t % blocks * cb;
+    f(n, bin, c0, std::min(cb, C_out - c0), by_image[n]);
+  });
+}
+
+// A [K, C_out, ph, pw] tensor as the bin-major [ph, pw, K, C_out] (a copy).
+inline at::Tensor bin_major(const at::Tensor& t) { return t.permute({2, 3, 0, 1}).contiguous(); }
+
+// Where forward tasks write: the output itself when a bin's output channels are
+// contiguous there (channels_last, or one output channel), else a bin-major buffer that
+// finish() copies into it. Values of box k, bin b, output channels from c0 on: row(b, k) + c0.
+template <typename scalar_t>
+class PsOutput {
+ public:
+  explicit PsOutput(at::Tensor& out) : out_(out) {
+    const int64_t K = out.size(0), C_out = out.size(1);
+    if (out.size(1) == 1 || out.stride(1) == 1) {  // bin b at b * stride(3) (outputs are dense)
+      base_ = out.data_ptr<scalar_t>(), sK_ = out.stride(0), sB_ = out.stride(3);
+    } else {
+      buffer_ = at::empty({out.size(2), out.size(3), K, C_out},
+                          out.options().memory_format(at::MemoryFormat::Contiguous));
+      base_ = buffer_.data_ptr<scalar_t>(), sK_ = C_out, sB_ = K * C_out;
+    }
+  }
+  scalar_t* row(int64_t bin, int64_t k) const { return base_ + k * sK_ + bin * sB_; }
+  void finish() {
+    if (buffer_.defined()) out_.copy_(buffer_.permute({2, 3, 0, 1}));
+  }
+
+ private:
+  at::Tensor& out_;
+  at::Tensor buffer_;
+  scalar_t* base_;
+  int64_t sK_, sB_;
+};
+
+// Strides of an [N, C, H, W] tensor (or of [K, C_out, ph, pw]).
+struct Strides {
+  int64_t n, c, h, w;
+  explicit Strides(const at::Tensor& t) : n(t.stride(0)), c(t.stride(1)), h(t.stride(2)), w(t.stride(3)) {}
+};
+
+// A forward's checked arguments: input in its layout, rois contiguous, C_out, and the
+// output to fill ([K, C_out, ph, pw] in the input's layout).
+struct PsForward {
+  at::Tensor input, rois, out;
+  int64_t C_out;
+
+  PsForward(const at::Tensor& input_, const at::Tensor& rois_, double spatial_scale, int64_t ph, int64_t pw) {
+    check_input(input_);
+    check_args(rois_, input_.scalar_type(), input_.size(2), input_.size(3), spatial_scale, ph, pw);
+    C_out = ps_out_channels(input_.size(1), ph, pw);
+    const bool channels_last = is_channels_last(input_);
+    input = input_.contiguous(format_of(channels_last));
+    rois = rois_.contiguous();
+    check_rois(rois, input.size(0), spatial_scale);
+    out = empty_output({rois.size(0), C_out, ph, pw}, input.options().memory_format(format_of(channels_last)));
+  }
+};
+
+// A backward's checked arguments: grad in the gradient's layout, rois contiguous, and the
+// opmath accumulator of the [N, C, H, W] gradient (result() gives it the grad's dtype),
+// zeroed when channels_last; NCHW planes are zeroed by the task that owns them (start()),
+// which then finds them in cache.
+struct PsBackward {
+  at::Tensor grad, rois, acc;
+
+  PsBackward(const at::Tensor& grad_, const at::Tensor& rois_, double spatial_scale, int64_t ph, int64_t pw,
+             int64_t N, int64_t C, int64_t H, int64_t W, bool channels_last) {
+    check_input(grad_);
+    check_args(rois_, grad_.scalar_type(), H, W, spatial_scale, ph, pw);
+    TORCH_CHECK_VALUE(N >= 0 && C >= 0, "roiops: batch size and channels must be non-negative");
+    const int64_t C_out = ps_out_channels(C, ph, pw);
+    TORCH_CHECK_VALUE(grad_.size(0) == rois_.size(0) && grad_.size(1) == C_out && grad_.size(2) == ph &&
+                          grad_.size(3) == pw,
+                      "roiops: grad must be [K, C / (ph * pw), ph, pw], got ", grad_.sizes());
+    rois = rois_.contiguous();
+    check_rois(rois, N, spatial_scale);
+    grad = grad_.contiguous(format_of(channels_last));
+    const at::ScalarType opmath = grad.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+    acc = empty_output({N, C, H, W}, grad.options().dtype(opmath).memory_format(format_of(channels_last)));
+    if (channels_last) acc.zero_();
+  }
+
+  // A task's first step: zero its nc NCHW planes (cs apart) of H * W elements at base.
+  template <typename T>
+  void start(T* base, int64_t cs, int64_t nc) const {
+    if (is_channels_last(acc)) return;
+    const int64_t cells = acc.size(2) * acc.size(3);
+    for (int64_t c = 0; c < nc; ++c) std::fill_n(base + c * cs, cells, T(0));
+  }
+
+  at::Tensor result() const { return acc.scalar_type() == grad.scalar_type() ? acc : acc.to(grad.scalar_type()); }
+};
+
+}  // namespace roiops

@@ -1,0 +1,186 @@
+// Position-sensitive RoIAlign on the CPU (docs/semantics.md, "ps_roi_align").
+//
+// Each box's sample plan (roi_align's AlignPlan with the half-cell shift) is built once
+// and shared by all channels; the kernels run position_sensitive.h's tasks. Sums are
+// torchvision's, in its order: per sample w1*v1 + w2*v2 + w3*v3 + w4*v4, samples added in
+// row-major order from 0 (a sample outside the map adds 0, which changes no sum that
+// starts from +0), then divided by the count; backward adds (grad * w) / count to each
+// neighbour, boxes in increasing k. So float32 and float64 results equal torchvision's
+// bit for bit where the semantics agree.
+#include <ATen/OpMathType.h>
+#include <ATen/Parallel.h>
+
+#include <vector>
+
+#include "geometry.h"
+#include "position_sensitive.h"
+#include "registry.h"
+#include "sampling.h"
+
+namespace roiops {
+namespace {
+
+template <typename T>
+std::vector<AlignPlan<T>> build_plans(const at::Tensor& rois, double spatial_scale, int64_t ph, int64_t pw,
+                                      int64_t sampling_ratio, int64_t H, int64_t W) {
+  const int64_t K = rois.size(0);
+  std::vector<AlignPlan<T>> plans(static_cast<size_t>(K));
+  const T* roi = rois.const_data_ptr<T>();
+  const T scale = static_cast<T>(spatial_scale);
+  at::parallel_for(0, K, 16, [&](int64_t k0, int64_t k1) {
+    for (int64_t k = k0; k < k1; ++k) {
+      plans[k].build(roi + 5 * k, scale, ph, pw, sampling_ratio, /*aligned=*/true, H, W, /*max_mode=*/false);
+    }
+  });
+  return plans;
+}
+
+// f(o1, o2, o3, o4, w1, w2, w3, w4) for each sample of bin (i, j) inside the map, in
+// row-major order: the offsets (rows sH, columns sW apart) of its four neighbours and their
+// weights w1 = hy*hx, w2 = hy*lx, w3 = ly*hx, w4 = ly*lx.
+template <typename T, typename F>
+inline void for_each_sample(const AlignPlan<T>& p, int64_t i, int64_t j, int64_t sH, int64_t sW, const F& f) {
+  const AxisPlan<T>&ys = p.ys, &xs = p.xs;
+  for (int64_t ty = ys.begin[i]; ty < ys.begin[i + 1]; ++ty) {
+    const int64_t ylo = ys.lo[ty] * sH, yhi = ys.hi[ty] * sH;
+    const T ly = ys.l[ty], hy = ys.h[ty];
+    for (int64_t tx = xs.begin[j]; tx < xs.begin[j + 1]; ++tx) {
+      const int64_t xlo = xs.lo[tx] * sW, xhi = xs.hi[tx] * sW;
+      const T lx = xs.l[tx], hx = xs.h[tx];
+      f(ylo + xlo, ylo + xhi, yhi + xlo, yhi + xhi, hy * hx, hy * lx, ly * hx, ly * lx);
+    }
+  }
+}
+
+// Bin (i, j) of one box for nc output channels: acc[c] = sum of the bin's samples of the
+// channel at base + c * cs.
+template <typename scalar_t, typename T>
+ROIOPS_SIMD void align_bin(const AlignPlan<T>& p, int64_t i, int64_t j, const scalar_t* __restrict__ base,
+                           int64_t cs, int64_t sH, int64_t sW, int64_t nc, T* __restrict__ acc) {
+  for (int64_t c = 0; c < nc; ++c) acc[c] = T(0);
+  for_each_sample(p, i, j, sH, sW, [&](int64_t o1, int64_t o2, int64_t o3, int64_t o4, T w1, T w2, T w3, T w4) {
+    for (int64_t c = 0; c < nc; ++c) {
+      const scalar_t* q = base + c * cs;
+      acc[c] += w1 * static_cast<T>(q[o1]) + w2 * static_cast<T>(q[o2]) + w3 * static_cast<T>(q[o3]) +
+                w4 * static_cast<T>(q[o4]);
+    }
+  });
+}
+
+// Backward of bin (i, j) of one box: g[c] (the bin's gradient of nc output channels) spread
+// to the channel at base + c * cs. d holds 4 * nc scratch values.
+template <typename T>
+ROIOPS_SIMD void align_bin_backward(const AlignPlan<T>& p, int64_t i, int64_t j, const T* __restrict__ g,
+                                    T* __restrict__ base, int64_t cs, int64_t sH, int64_t sW, int64_t nc,
+                                    T* __restrict__ d) {
+  const T count = p.count;
+  T *d1 = d, *d2 = d + nc, *d3 = d + 2 * nc, *d4 = d + 3 * nc;
+  for_each_sample(p, i, j, sH, sW, [&](int64_t o1, int64_t o2, int64_t o3, int64_t o4, T w1, T w2, T w3, T w4) {
+    for (int64_t c = 0; c < nc; ++c) {
+      d1[c] = g[c] * w1 / count;
+      d2[c] = g[c] * w2 / count;
+      d3[c] = g[c] * w3 / count;
+      d4[c] = g[c] * w4 / count;
+    }
+    for (int64_t c = 0; c < nc; ++c) {  // in this order: neighbours may coincide at the border
+      T* q = base + c * cs;
+      q[o1] += d1[c];
+      q[o2] += d2[c];
+      q[o3] += d3[c];
+      q[o4] += d4[c];
+    }
+  });
+}
+
+template <typename scalar_t>
+void forward_impl(const at::Tensor& input, const at::Tensor& rois, double spatial_scale, int64_t ph, int64_t pw,
+                  int64_t sampling_ratio, int64_t C_out, at::Tensor& out) {
+  using T = at::opmath_type<scalar_t>;
+  const int64_t N = input.size(0), H = input.size(2), W = input.size(3), bins = ph * pw;
+  const std::vector<AlignPlan<T>> plans = build_plans<T>(rois, spatial_scale, ph, pw, sampling_ratio, H, W);
+  const Strides s(input);
+  const scalar_t* in = input.const_data_ptr<scalar_t>();
+  PsOutput<scalar_t> result(out);
+  Scratch<T> scratch;
+  const auto task = [&](int64_t n, int64_t bin, int64_t c0, int64_t nc, const std::vector<int64_t>& boxes) {
+    T* acc = scratch.get(nc);
+    const int64_t i = bin / pw, j = bin % pw;
+    const scalar_t* base = in + n * s.n + (c0 * bins + bin) * s.c;
+    for (const int64_t k : boxes) {
+      const AlignPlan<T>& p = plans[k];
+      if (p.empty()) {
+        for (int64_t c = 0; c < nc; ++c) acc[c] = T(0);
+      } else {
+        align_bin(p, i, j, base, bins * s.c, s.h, s.w, nc, acc);
+      }
+      scalar_t* r = result.row(bin, k) + c0;
+      const T count = p.count;
+      for (int64_t c = 0; c < nc; ++c) r[c] = static_cast<scalar_t>(acc[c] / count);
+    }
+  };
+  ps_tasks(ps_batch(rois), N, C_out, bins, task);
+  result.finish();
+}
+
+template <typename scalar_t>
+void backward_impl(const at::Tensor& grad, const at::Tensor& rois, double spatial_scale, int64_t ph, int64_t pw,
+                   int64_t sampling_ratio, int64_t N, int64_t H, int64_t W, const PsBackward& args) {
+  using T = at::opmath_type<scalar_t>;
+  const int64_t C_out = grad.size(1), K = grad.size(0), bins = ph * pw;
+  const std::vector<AlignPlan<T>> plans = build_plans<T>(rois, spatial_scale, ph, pw, sampling_ratio, H, W);
+  const Strides a(args.acc);
+  const at::Tensor g = bin_major(grad);
+  const scalar_t* grad_p = g.const_data_ptr<scalar_t>();
+  T* acc_p = args.acc.data_ptr<T>();
+  Scratch<T> scratch;
+  const auto task = [&](int64_t n, int64_t bin, int64_t c0, int64_t nc, const std::vector<int64_t>& boxes) {
+    T* gv = scratch.get(5 * nc);
+    const int64_t i = bin / pw, j = bin % pw;
+    T* base = acc_p + n * a.n + (c0 * bins + bin) * a.c;
+    args.start(base, bins * a.c, nc);
+    for (const int64_t k : boxes) {
+      const AlignPlan<T>& p = plans[k];
+      if (p.empty()) continue;
+      const scalar_t* gk = grad_p + (bin * K + k) * C_out + c0;
+      for (int64_t c = 0; c < nc; ++c) gv[c] = static_cast<T>(gk[c]);
+      align_bin_backward(p, i, j, gv, base, bins * a.c, a.h, a.w, nc, gv + nc);
+    }
+  };
+  ps_tasks(ps_batch(rois), N, C_out, bins, task);
+}
+
+}  // namespace
+
+at::Tensor ps_roi_align_forward(const at::Tensor& input, const at::Tensor& rois, double spatial_scale, int64_t ph,
+                                int64_t pw, int64_t sampling_ratio) {
+  check_sampling_ratio(sampling_ratio);
+  PsForward a(input, rois, spatial_scale, ph, pw);
+  if (a.out.numel() == 0) return a.out;
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, a.input.scalar_type(), "roiops_ps_roi_align_forward", [&] {
+    forward_impl<scalar_t>(a.input, a.rois, spatial_scale, ph, pw, sampling_ratio, a.C_out, a.out);
+  });
+  return a.out;
+}
+
+at::Tensor ps_roi_align_backward(const at::Tensor& grad, const at::Tensor& rois, double spatial_scale, int64_t ph,
+                                 int64_t pw, int64_t N, int64_t C, int64_t H, int64_t W, int64_t sampling_ratio,
+                                 bool channels_last) {
+  check_sampling_ratio(sampling_ratio);
+  PsBackward a(grad, rois, spatial_scale, ph, pw, N, C, H, W, channels_last);
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, a.grad.scalar_type(), "roiops_ps_align_backward", [&] {
+    backward_impl<scalar_t>(a.grad, a.rois, spatial_scale, ph, pw, sampling_ratio, N, H, W, a);
+  });
+  return a.result();
+}
+
+namespace {
+
+// The Python entry points, in roiops._C (registry.h).
+const Registrar registrar([](pybind11::module_& m) {
+  m.def("ps_roi_align_forward", &ps_roi_align_forward);
+  m.def("ps_roi_align_backward", &ps_roi_align_backward);
+});
+
+}  // namespace
+
+}  // namespace roiops

@@ -1,0 +1,191 @@
+// Position-sensitive RoIPool on the CPU (docs/semantics.md, "ps_roi_pool").
+//
+// Each box's bins are computed once and shared by all channels; the kernels run
+// position_sensitive.h's tasks. Sums are torchvision's, in its order: the bin's cells
+// added row by row from 0, divided by the bin's area; backward adds grad / area to each
+// cell, boxes in increasing k. So float32 and float64 results equal torchvision's bit for
+// bit where the semantics agree (bins clipped to the map, see semantics.md).
+#include <ATen/OpMathType.h>
+#include <ATen/Parallel.h>
+
+#include <cmath>
+#include <vector>
+
+#include "geometry.h"
+#include "position_sensitive.h"
+#include "registry.h"
+#include "sampling.h"
+
+namespace roiops {
+namespace {
+
+// Bins of one box: bin i covers rows [h0[i], h1[i]), columns [w0[j], w1[j]), clipped to the map.
+struct PsPoolPlan {
+  int64_t batch = 0;
+  std::vector<int64_t> h0, h1, w0, w1;
+
+  template <typename T>
+  void build(const T* roi, T scale, int64_t ph, int64_t pw, int64_t H, int64_t W) {
+    batch = static_cast<int64_t>(roi[0]);
+    const int64_t x1 = round_half_away(roi[1] * scale), y1 = round_half_away(roi[2] * scale);
+    const int64_t x2 = round_half_away(roi[3] * scale), y2 = round_half_away(roi[4] * scale);
+    edges<T>(y1, std::max<int64_t>(y2 - y1, 1), ph, H, h0, h1);
+    edges<T>(x1, std::max<int64_t>(x2 - x1, 1), pw, W, w0, w1);
+  }
+
+ private:
+  // floor(p * bin) and ceil((p + 1) * bin) of the float bin size, plus the rounded start.
+  template <typename T>
+  static void edges(int64_t start, int64_t size, int64_t pooled, int64_t limit, std::vector<int64_t>& lo,
+                    std::vector<int64_t>& hi) {
+    const T bin = static_cast<T>(size) / static_cast<T>(pooled);
+    lo.resize(pooled);
+    hi.resize(pooled);
+    for (int64_t p = 0; p < pooled; ++p) {
+      const int64_t a = static_cast<int64_t>(std::floor(static_cast<T>(p) * bin)) + start;
+      const int64_t b = static_cast<int64_t>(std::ceil(static_cast<T>(p + 1) * bin)) + start;
+      lo[p] = std::min(std::max<int64_t>(a, 0), limit);
+      hi[p] = std::min(std::max<int64_t>(b, 0), limit);
+    }
+  }
+};
+
+template <typename T>
+std::vector<PsPoolPlan> build_plans(const at::Tensor& rois, double spatial_scale, int64_t ph, int64_t pw, int64_t H,
+                                    int64_t W) {
+  const int64_t K = rois.size(0);
+  std::vector<PsPoolPlan> plans(static_cast<size_t>(K));
+  const T* roi = rois.const_data_ptr<T>();
+  const T scale = static_cast<T>(spatial_scale);
+  at::parallel_for(0, K, 64, [&](int64_t k0, int64_t k1) {
+    for (int64_t k = k0; k < k1; ++k) plans[k].build(roi + 5 * k, scale, ph, pw, H, W);
+  });
+  return plans;
+}
+
+// acc[c] = sum of rows [y0, y1) x columns [x0, x1) of the channel at base + c * cs.
+template <typename scalar_t, typename T>
+ROIOPS_SIMD void pool_bin(const scalar_t* __restrict__ base, int64_t cs, int64_t sH, int64_t sW, int64_t y0,
+                          int64_t y1, int64_t x0, int64_t x1, int64_t nc, T* __restrict__ acc) {
+  for (int64_t c = 0; c < nc; ++c) acc[c] = T(0);
+  for (int64_t y = y0; y < y1; ++y) {
+    for (int64_t x = x0; x < x1; ++x) {
+      const scalar_t* q = base + y * sH + x * sW;
+      for (int64_t c = 0; c < nc; ++c) acc[c] += static_cast<T>(q[c * cs]);
+    }
+  }
+}
+
+// d[c] added to rows [y0, y1) x columns [x0, x1) of the channel at base + c * cs.
+template <typename T>
+ROIOPS_SIMD void pool_bin_backward(const T* __restrict__ d, T* __restrict__ base, int64_t cs, int64_t sH, int64_t sW,
+                                   int64_t y0, int64_t y1, int64_t x0, int64_t x1, int64_t nc) {
+  if (sW == 1) {  // NCHW: along the rows, which vectorises (each element gets one term)
+    for (int64_t c = 0; c < nc; ++c) {
+      for (int64_t y = y0; y < y1; ++y) {
+        T* __restrict__ q = base + c * cs + y * sH;
+        for (int64_t x = x0; x < x1; ++x) q[x] += d[c];
+      }
+    }
+    return;
+  }
+  for (int64_t y = y0; y < y1; ++y) {
+    for (int64_t x = x0; x < x1; ++x) {
+      T* q = base + y * sH + x * sW;
+      for (int64_t c = 0; c < nc; ++c) q[c * cs] += d[c];
+    }
+  }
+}
+
+template <typename scalar_t>
+void forward_impl(const at::Tensor& input, const at::Tensor& rois, double spatial_scale, int64_t ph, int64_t pw,
+                  int64_t C_out, at::Tensor& out) {
+  using T = at::opmath_type<scalar_t>;
+  const int64_t N = input.size(0), H = input.size(2), W = input.size(3), bins = ph * pw;
+  const std::vector<PsPoolPlan> plans = build_plans<T>(rois, spatial_scale, ph, pw, H, W);
+  const Strides s(input);
+  const scalar_t* in = input.const_data_ptr<scalar_t>();
+  PsOutput<scalar_t> result(out);
+  Scratch<T> scratch;
+  const auto task = [&](int64_t n, int64_t bin, int64_t c0, int64_t nc, const std::vector<int64_t>& boxes) {
+    T* acc = scratch.get(nc);
+    const int64_t i = bin / pw, j = bin % pw;
+    const scalar_t* base = in + n * s.n + (c0 * bins + bin) * s.c;
+    for (const int64_t k : boxes) {
+      const PsPoolPlan& p = plans[k];
+      const int64_t y0 = p.h0[i], y1 = p.h1[i], x0 = p.w0[j], x1 = p.w1[j];
+      scalar_t* r = result.row(bin, k) + c0;
+      if (y1 <= y0 || x1 <= x0) {
+        for (int64_t c = 0; c < nc; ++c) r[c] = scalar_t(0);
+        continue;
+      }
+      pool_bin(base, bins * s.c, s.h, s.w, y0, y1, x0, x1, nc, acc);
+      const T area = static_cast<T>((y1 - y0) * (x1 - x0));
+      for (int64_t c = 0; c < nc; ++c) r[c] = static_cast<scalar_t>(acc[c] / area);
+    }
+  };
+  ps_tasks(ps_batch(rois), N, C_out, bins, task);
+  result.finish();
+}
+
+template <typename scalar_t>
+void backward_impl(const at::Tensor& grad, const at::Tensor& rois, double spatial_scale, int64_t ph, int64_t pw,
+                   int64_t N, int64_t H, int64_t W, const PsBackward& args) {
+  using T = at::opmath_type<scalar_t>;
+  const int64_t C_out = grad.size(1), K = grad.size(0), bins = ph * pw;
+  const std::vector<PsPoolPlan> plans = build_plans<T>(rois, spatial_scale, ph, pw, H, W);
+  const Strides a(args.acc);
+  const at::Tensor g = bin_major(grad);
+  const scalar_t* grad_p = g.const_data_ptr<scalar_t>();
+  T* acc_p = args.acc.data_ptr<T>();
+  Scratch<T> scratch;
+  const auto task = [&](int64_t n, int64_t bin, int64_t c0, int64_t nc, const std::vector<int64_t>& boxes) {
+    T* d = scratch.get(nc);
+    const int64_t i = bin / pw, j = bin % pw;
+    T* base = acc_p + n * a.n + (c0 * bins + bin) * a.c;
+    args.start(base, bins * a.c, nc);
+    for (const int64_t k : boxes) {
+      const PsPoolPlan& p = plans[k];
+      const int64_t y0 = p.h0[i], y1 = p.h1[i], x0 = p.w0[j], x1 = p.w1[j];
+      if (y1 <= y0 || x1 <= x0) continue;
+      const T area = static_cast<T>((y1 - y0) * (x1 - x0));
+      const scalar_t* gk = grad_p + (bin * K + k) * C_out + c0;
+      for (int64_t c = 0; c < nc; ++c) d[c] = static_cast<T>(gk[c]) / area;
+      pool_bin_backward(d, base, bins * a.c, a.h, a.w, y0, y1, x0, x1, nc);
+    }
+  };
+  ps_tasks(ps_batch(rois), N, C_out, bins, task);
+}
+
+}  // namespace
+
+at::Tensor ps_roi_pool_forward(const at::Tensor& input, const at::Tensor& rois, double spatial_scale, int64_t ph,
+                               int64_t pw) {
+  PsForward a(input, rois, spatial_scale, ph, pw);
+  if (a.out.numel() == 0) return a.out;
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, a.input.scalar_type(), "roiops_ps_roi_pool_forward", [&] {
+    forward_impl<scalar_t>(a.input, a.rois, spatial_scale, ph, pw, a.C_out, a.out);
+  });
+  return a.out;
+}
+
+at::Tensor ps_roi_pool_backward(const at::Tensor& grad, const at::Tensor& rois, double spatial_scale, int64_t ph,
+                                int64_t pw, int64_t N, int64_t C, int64_t H, int64_t W, bool channels_last) {
+  PsBackward a(grad, rois, spatial_scale, ph, pw, N, C, H, W, channels_last);
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, a.grad.scalar_type(), "roiops_ps_roi_pool_backward", [&] {
+    backward_impl<scalar_t>(a.grad, a.rois, spatial_scale, ph, pw, N, H, W, a);
+  });
+  return a.result();
+}
+
+namespace {
+
+// The Python entry points, in roiops._C (registry.h).
+const Registrar registrar([](pybind11::module_& m) {
+  m.def("ps_roi_pool_forward", &ps_roi_pool_forward);
+  m.def("ps_roi_pool_backward", &ps_roi_pool_backward);
+});
+
+}  // namespace
+
+}  // namespace roiops

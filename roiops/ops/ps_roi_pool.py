@@ -1,0 +1,64 @@
+"""Position-sensitive RoIPool (R-FCN): its registered ops, public function and Module.
+Semantics: docs/semantics.md, "ps_roi_pool"."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from .. import _validation as v
+from .._validation import BoxesType, OutputSize
+from ._declare import Kernels, RoIModule, register
+from .ps_roi_align import ps_channels
+
+register(Kernels("ps_roi_pool", (("float", "spatial_scale"), ("int", "pooled_height"), ("int", "pooled_width")),
+                 ("spatial_scale", "pooled_height", "pooled_width", "batch_size", "channels", "height", "width",
+                  "channels_last"), title="ps_roi_pool", out_channels=ps_channels))
+
+
+def ps_roi_pool(
+    input: Tensor,
+    boxes: BoxesType,
+    output_size: OutputSize,
+    spatial_scale: float = 1.0,
+) -> Tensor:
+    """Position-sensitive RoIPool (R-FCN): bin ``(i, j)`` of output channel ``c`` is the
+    average of input channel ``(c * h + i) * w + j`` over the bin's cells.
+
+    Args:
+        input: feature map ``Tensor[N, C, H, W]`` with ``C = C_out * h * w``,
+            float16/bfloat16/float32/float64, NCHW or channels_last.
+        boxes, output_size, spatial_scale: as for :func:`ps_roi_align`. Box corners are
+            rounded to cells (C's rounding), and a box is at least one cell wide and high.
+
+    Returns:
+        ``Tensor[K, C_out, h, w]`` of the input's dtype and memory format; an empty bin
+        gives 0.
+
+    Example::
+
+        >>> x = torch.randn(1, 4 * 9, 32, 32)
+        >>> roiops.ps_roi_pool(x, [torch.tensor([[0.0, 0.0, 15.0, 15.0]])], 3).shape
+        torch.Size([1, 4, 3, 3])
+    """
+    input = v.feature_map(input)
+    h, w = v.output_size(output_size)
+    v.position_sensitive(input, h, w)
+    scale = v.spatial_scale(spatial_scale)
+    rois = v.rois(input, boxes, scale)
+    return torch.ops.roiops.ps_roi_pool(input, rois, scale, h, w)
+
+
+class PSRoIPool(RoIModule):
+    """See :func:`roiops.ps_roi_pool`.
+
+    Example::
+
+        >>> pool = roiops.PSRoIPool(7, spatial_scale=1 / 16)
+        >>> pool(features, boxes).shape  # [K, C // 49, 7, 7]
+    """
+
+    function = ps_roi_pool
+
+    def __init__(self, output_size: OutputSize, spatial_scale: float) -> None:
+        super().__init__(output_size=output_size, spatial_scale=spatial_scale)

@@ -1,0 +1,86 @@
+"""Reference position-sensitive RoIPool (docs/semantics.md, "ps_roi_pool")."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from .._geometry import is_channels_last, round_half_away
+from ._common import attach, check_grad, check_pooled, layout, opmath_type, prepare_rois, require_finite
+from .ps_roi_align import check_channels
+
+__all__ = ["ps_roi_pool_backward", "ps_roi_pool_forward"]
+
+
+def _ps_pool_bins(rois: Tensor, spatial_scale: float, ph: int, pw: int, height: int, width: int):
+    """Bin limits [K, ph] rows and [K, pw] columns, clipped to [0, size], as int64.
+
+    Corners rounded (C's round) after scaling; the box is at least 1 cell; bin edges are
+    floor(i * bin) and ceil((i + 1) * bin) of the box's float bin size, plus the rounded
+    start. Values stay floating until clipped, so no integer can overflow.
+    """
+    s = torch.tensor(spatial_scale, dtype=rois.dtype, device=rois.device)
+    x1, y1, x2, y2 = (round_half_away(rois[:, c] * s)[:, None] for c in (1, 2, 3, 4))
+    roi_w = (x2 - x1).clamp(min=1)
+    roi_h = (y2 - y1).clamp(min=1)
+    require_finite(rois, [x1[:, 0], y1[:, 0], roi_w[:, 0], roi_h[:, 0]], spatial_scale)
+
+    def edges(start, size, pooled, limit):
+        p = torch.arange(pooled, dtype=rois.dtype, device=rois.device)
+        bin_size = size / pooled
+        lo = torch.floor(p * bin_size) + start
+        hi = torch.ceil((p + 1) * bin_size) + start
+        return lo.clamp(0, limit).long(), hi.clamp(0, limit).long()
+
+    h0, h1 = edges(y1, roi_h, ph, height)
+    w0, w1 = edges(x1, roi_w, pw, width)
+    return h0, h1, w0, w1
+
+
+def ps_roi_pool_forward(input: Tensor, rois: Tensor, spatial_scale: float, pooled_height: int,
+                        pooled_width: int) -> Tensor:
+    """``out[k, c, i, j]``: the mean of input channel ``(c * ph + i) * pw + j`` over the
+    cells of bin (i, j); 0 for an empty bin."""
+    check_pooled(pooled_height, pooled_width)
+    ph, pw = int(pooled_height), int(pooled_width)
+    n, c, height, width = input.shape
+    c_out = check_channels(c, ph, pw)
+    opmath = opmath_type(input.dtype)
+    rois, batch = prepare_rois(rois, n, opmath, input.device)
+    h0, h1, w0, w1 = _ps_pool_bins(rois, spatial_scale, ph, pw, height, width)
+    x = input.to(opmath).view(n, c_out, ph, pw, height, width)
+
+    out = x.new_zeros((len(batch), c_out, ph, pw))
+    for k, b in enumerate(batch):
+        for i in range(ph):
+            for j in range(pw):
+                r0, r1, c0, c1 = int(h0[k, i]), int(h1[k, i]), int(w0[k, j]), int(w1[k, j])
+                if r1 > r0 and c1 > c0:
+                    out[k, :, i, j] = x[b, :, i, j, r0:r1, c0:c1].sum(dim=(1, 2)) / ((r1 - r0) * (c1 - c0))
+    out = attach(out, input)
+    return layout(out.to(input.dtype), is_channels_last(input))
+
+
+def ps_roi_pool_backward(grad: Tensor, rois: Tensor, spatial_scale: float, pooled_height: int,
+                         pooled_width: int, batch_size: int, channels: int, height: int, width: int,
+                         channels_last: bool) -> Tensor:
+    """Adjoint of :func:`ps_roi_pool_forward`: each cell of bin (i, j) receives ``grad /
+    area`` in channel ``(c * ph + i) * pw + j``."""
+    check_pooled(pooled_height, pooled_width)
+    ph, pw = int(pooled_height), int(pooled_width)
+    c_out = check_channels(channels, ph, pw)
+    opmath = opmath_type(grad.dtype)
+    rois, batch = prepare_rois(rois, batch_size, opmath, grad.device)
+    check_grad(grad, rois.size(0), c_out, ph, pw)
+    h0, h1, w0, w1 = _ps_pool_bins(rois, spatial_scale, ph, pw, height, width)
+    g = grad.to(opmath)
+
+    grad_input = torch.zeros((batch_size, c_out, ph, pw, height, width), dtype=opmath, device=grad.device)
+    for k, b in enumerate(batch):
+        for i in range(ph):
+            for j in range(pw):
+                r0, r1, c0, c1 = int(h0[k, i]), int(h1[k, i]), int(w0[k, j]), int(w1[k, j])
+                if r1 > r0 and c1 > c0:
+                    grad_input[b, :, i, j, r0:r1, c0:c1] += (g[k, :, i, j] / ((r1 - r0) * (c1 - c0)))[:, None, None]
+    grad_input = grad_input.view(batch_size, channels, height, width)
+    return layout(grad_input.to(grad.dtype), bool(channels_last))

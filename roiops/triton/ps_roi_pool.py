@@ -1,0 +1,127 @@
+"""Position-sensitive RoIPool in Triton (docs/semantics.md, "ps_roi_pool").
+
+Forward: one program per (box, block of bins, block of output channels); bin edges are
+computed once per tile, bin p of output channel c reads input channel c * ph * pw + p, and
+the loop over a bin's cells (rows, then columns: the CPU kernels' order of the sum) is
+bounded by the tile's largest bin, clipped to the map.
+
+Backward: a gather as in ps_roi_align.py: one program per (image, bin, tile of map cells,
+block of output channels) walks all boxes in increasing index and adds grad / area to the
+cells of its tile that the box's bin covers, then writes the tile once: deterministic, and
+equal to the CPU kernels' gradient bit for bit.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ._common import check_device, check_ps_backward, check_ps_forward, kernel
+from ._jit import bin_tile, c_round, div_rn, load_roi, scale_of, store_tile, with_flag
+from ._jit import along_c as _c  # per-channel vector -> tile axis
+from ._jit import along_p as _p  # per-bin / per-pixel vector -> tile axis
+from ._position_sensitive import gather_tile, launch_backward, launch_forward
+
+__all__ = ["ps_roi_pool_backward", "ps_roi_pool_forward"]
+
+
+@triton.jit
+def _ps_axis(c1, c2, scale, idx, pooled, size):
+    """Bin edges [lo, hi) along one axis, clipped to [0, size]: corners rounded (C's round),
+    the box at least one cell, edges floor(idx * bin) and ceil((idx + 1) * bin) plus the
+    rounded start."""
+    st = c_round(c1 * scale)
+    length = tl.maximum(c_round(c2 * scale) - st, 1.0)
+    bin = div_rn(length, pooled.to(length.dtype))
+    lo = tl.floor(idx.to(length.dtype) * bin) + st
+    hi = tl.ceil((idx + 1).to(length.dtype) * bin) + st
+    lo = tl.minimum(tl.maximum(lo, 0.0), size)
+    hi = tl.minimum(tl.maximum(hi, 0.0), size)
+    return lo.to(tl.int32), hi.to(tl.int32)
+
+
+@kernel
+def _ps_pool_fwd_kernel(
+    x_ptr, rois_ptr, out_ptr, scale_bits,
+    N, C, H, W, ph, pw, n_pblocks,
+    sxN, sxC, sxH, sxW, soK, soC, soH, soW,
+    BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr, CF: tl.constexpr,
+):
+    """Bins [pb * BLOCK_P, +BLOCK_P) x output channels [cb * BLOCK_C, +BLOCK_C) of box k (C
+    is the output's channel count)."""
+    T = rois_ptr.dtype.element_ty
+    pid = tl.program_id(0)
+    k = pid // n_pblocks
+    pb = pid - k * n_pblocks
+    cb = tl.program_id(1)
+    scale = scale_of(scale_bits, T)
+    ok, b, x1, y1, x2, y2 = load_roi(rois_ptr, k.to(tl.int64), N, scale)
+
+    p, pm, i, j, c, cm = bin_tile(pb, cb, ph, pw, C, BLOCK_P, BLOCK_C)
+    hs, he = _ps_axis(y1, y2, scale, i, ph, H.to(T))
+    ws, we = _ps_axis(x1, x2, scale, j, pw, W.to(T))
+    live = with_flag(pm, ok) & (he > hs) & (we > ws)
+    he = tl.where(live, he, hs)
+    we = tl.where(live, we, ws)
+    P = (ph * pw).to(tl.int64)
+    x_base = x_ptr + b * sxN + (_c(c.to(tl.int64) * P, CF) + _p(p.to(tl.int64), CF)) * sxC
+    cmask = _c(cm, CF)
+    acc = _p(tl.zeros([BLOCK_P], dtype=T), CF) + _c(tl.zeros([BLOCK_C], dtype=T), CF)
+    for dh in range(0, tl.max(he - hs, axis=0)):
+        h = hs + dh
+        oh = h.to(tl.int64) * sxH
+        for dw in range(0, tl.max(we - ws, axis=0)):
+            w = ws + dw
+            m = _p((h < he) & (w < we), CF) & cmask
+            acc += tl.load(x_base + _p(oh + w.to(tl.int64) * sxW, CF), mask=m, other=0.0).to(T)
+    area = ((he - hs) * (we - ws)).to(T)
+    res = tl.where(_p(live, CF), div_rn(acc, _p(tl.maximum(area, 1.0), CF)), 0.0)
+    o = k.to(tl.int64) * soK + _c(c.to(tl.int64) * soC, CF) + _p(p.to(tl.int64) * soW, CF)
+    tl.store(out_ptr + o, res.to(out_ptr.dtype.element_ty), mask=_p(pm, CF) & cmask)
+
+
+@kernel
+def _ps_pool_bwd_kernel(
+    grad_ptr, rois_ptr, gi_ptr, scale_bits,
+    K, N, C, H, W, ph, pw, n_tw, n_tiles,
+    sgK, sgC, sgH, sgW, siN, siC, siH, siW,
+    TILE_H: tl.constexpr, TILE_W: tl.constexpr, BLOCK_C: tl.constexpr, CF: tl.constexpr,
+):
+    """Tile t of image n, input channels c * ph * pw + p for output channels c of block cb
+    (C is the output's channel count)."""
+    T = rois_ptr.dtype.element_ty
+    P = ph * pw
+    n, p, i, j, r, s, c, cm, r_lo, r_hi, s_lo, s_hi = gather_tile(ph, pw, n_tw, n_tiles, H, W, C, TILE_H, TILE_W,
+                                                                  BLOCK_C)
+    scale = scale_of(scale_bits, T)
+    acc = _p(tl.zeros([TILE_H * TILE_W], dtype=T), CF) + _c(tl.zeros([BLOCK_C], dtype=T), CF)
+    for k in range(0, K.to(tl.int64)):  # int64: grad is indexed k * sgK
+        ok, b, x1, y1, x2, y2 = load_roi(rois_ptr, k, N, scale)
+        hs, he = _ps_axis(y1, y2, scale, i, ph, H.to(T))
+        ws, we = _ps_axis(x1, x2, scale, j, pw, W.to(T))
+        if ok & (b == n) & (he > hs) & (we > ws) & (hs <= r_hi) & (he > r_lo) & (ws <= s_hi) & (we > s_lo):
+            g = tl.load(grad_ptr + k * sgK + c.to(tl.int64) * sgC + i * sgH + j * sgW, mask=cm, other=0.0).to(T)
+            d = div_rn(g, ((he - hs) * (we - ws)).to(T))
+            acc += tl.where(_p((r >= hs) & (r < he) & (s >= ws) & (s < we), CF), _c(d, CF), 0.0)
+
+    store_tile(gi_ptr + p.to(tl.int64) * siC, acc, n, r, s, c * P.to(tl.int64), cm, H, W, siN, siC, siH, siW, CF)
+
+
+def ps_roi_pool_forward(input: torch.Tensor, rois: torch.Tensor, spatial_scale: float, pooled_height: int,
+                        pooled_width: int) -> torch.Tensor:
+    """Position-sensitive RoIPool forward: [K, C / (ph * pw), ph, pw] in the input's dtype and memory format."""
+    check_ps_forward(input, rois, spatial_scale, pooled_height, pooled_width)
+    check_device(input, _ps_pool_fwd_kernel)
+    return launch_forward(_ps_pool_fwd_kernel, input, rois, spatial_scale, int(pooled_height), int(pooled_width))
+
+
+def ps_roi_pool_backward(grad: torch.Tensor, rois: torch.Tensor, spatial_scale: float, pooled_height: int,
+                         pooled_width: int, batch_size: int, channels: int, height: int, width: int,
+                         channels_last: bool) -> torch.Tensor:
+    """Gradient of ps_roi_pool_forward (deterministic: see the module docstring)."""
+    check_ps_backward(grad, rois, spatial_scale, pooled_height, pooled_width, batch_size, channels, height, width,
+                      channels_last)
+    check_device(grad, _ps_pool_bwd_kernel)
+    return launch_backward(_ps_pool_bwd_kernel, grad, rois, spatial_scale, int(pooled_height), int(pooled_width),
+                           int(batch_size), int(channels), int(height), int(width), bool(channels_last))

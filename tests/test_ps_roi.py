@@ -1,0 +1,344 @@
+"""Position-sensitive RoIAlign and RoIPool (R-FCN): the CPU kernels against the float64
+reference, torchvision bit for bit where the semantics agree, hand-computed bins,
+gradcheck, validation, torch.compile and torch.export."""
+
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+import torch
+import torchvision
+from torch._dynamo.testing import CompileCounterWithBackend
+
+import roiops
+from boxes import nasty_boxes, random_boxes
+from cases import tol
+
+N, H, W = 2, 11, 13
+SCALE = 0.5  # boxes are in image pixels of a 26 x 22 image
+OPS = {
+    "align": lambda x, b, size, scale, sr: roiops.ps_roi_align(x, b, size, scale, sr),
+    "pool": lambda x, b, size, scale, sr: roiops.ps_roi_pool(x, b, size, scale),
+}
+TV = {
+    "align": lambda x, b, size, scale, sr: torchvision.ops.ps_roi_align(x, b, size, scale, sr),
+    "pool": lambda x, b, size, scale, sr: torchvision.ops.ps_roi_pool(x, b, size, scale),
+}
+
+
+def pairs(size):
+    return (size, size) if isinstance(size, int) else size
+
+
+def feature(size, c_out=3, dtype=torch.float32, channels_last=False, seed=0):
+    ph, pw = pairs(size)
+    x = torch.randn(N, c_out * ph * pw, H, W, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+    x = x.to(dtype)
+    return x.contiguous(memory_format=torch.channels_last) if channels_last else x
+
+
+def boxes_for(dtype=torch.float32, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.cat([random_boxes(N, 8, W / SCALE, H / SCALE, g, dtype), nasty_boxes(N, W / SCALE, H / SCALE, dtype)])
+
+
+def run(fn, x, boxes, size, sr=2, backend=None, seed=1):
+    """Output and input gradient for a fixed random upstream gradient."""
+    x = x.detach().clone().requires_grad_()
+    with roiops.use_backend(backend) if backend else contextlib.nullcontext():
+        out = fn(x, boxes, size, SCALE, sr)
+        g = torch.randn(out.shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64).to(out.dtype)
+        out.backward(g)
+    return out.detach(), x.grad
+
+
+def close(a, b, dtype):
+    torch.testing.assert_close(a.double(), b.double(), **tol(dtype))
+
+
+# (op, sampling_ratio): RoIPool takes none.
+VARIANTS = [("align", -1), ("align", 1), ("align", 2), ("align", 3), ("pool", 2)]
+
+
+@pytest.mark.parametrize("op, sr", VARIANTS)
+@pytest.mark.parametrize("size", [1, (2, 3), (7, 7)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_matches_reference(op, sr, size, dtype, channels_last):
+    x, boxes = feature(size, dtype=dtype, channels_last=channels_last), boxes_for(dtype)
+    out, grad = run(OPS[op], x, boxes, size, sr)
+    ref_out, ref_grad = run(OPS[op], x, boxes, size, sr, backend="reference")
+    close(out, ref_out, dtype)
+    close(grad, ref_grad, dtype)
+    fmt = torch.channels_last if channels_last else torch.contiguous_format
+    assert out.is_contiguous(memory_format=fmt) and grad.is_contiguous(memory_format=fmt)
+    assert out.dtype == grad.dtype == dtype
+    assert out.shape == (len(boxes), 3, *pairs(size))
+
+
+@pytest.mark.parametrize("op", list(OPS))
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_half_types_native(op, dtype, channels_last):
+    x, boxes = feature((3, 2), dtype=dtype, channels_last=channels_last), boxes_for()
+    out, grad = run(OPS[op], x, boxes, (3, 2), 0)
+    ref_out, ref_grad = run(OPS[op], x, boxes, (3, 2), 0, backend="reference")
+    assert out.dtype == grad.dtype == dtype
+    close(out, ref_out, dtype)
+    close(grad, ref_grad, dtype)
+
+
+def _tv_align_boxes(dtype):
+    """Boxes whose adaptive grids are not empty: torchvision divides an empty grid's sum by
+    a zero count (NaN), roiops gives 0."""
+    b = boxes_for(dtype)
+    return b[(b[:, 3] > b[:, 1]) & (b[:, 4] > b[:, 2])]
+
+
+def _tv_pool_boxes(dtype):
+    """Boxes whose bins stay off the last row and column: torchvision's forward clips bins
+    to H - 1 and W - 1 (its backward to H and W), roiops clips both to H and W."""
+    g = torch.Generator().manual_seed(5)
+    b = random_boxes(N, 24, (W - 2) / SCALE, (H - 2) / SCALE, g, dtype)
+    return torch.cat([b, torch.tensor([[0, -9.0, -7.0, 6.0, 5.0], [1, 5.0, 6.0, 1.0, 2.0], [1, 3.0, 3.0, 3.0, 3.0]],
+                                      dtype=dtype)])
+
+
+@pytest.mark.parametrize("op, sr", VARIANTS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("size", [1, (2, 3), (7, 7)])
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_bit_exact_with_torchvision(op, sr, dtype, size, channels_last):
+    x = feature(size, dtype=dtype, channels_last=channels_last)
+    boxes = _tv_align_boxes(dtype) if op == "align" else _tv_pool_boxes(dtype)
+    out, grad = run(OPS[op], x, boxes, size, sr)
+    ref, ref_grad = run(TV[op], x, boxes, size, sr)
+    assert torch.equal(out, ref) and torch.equal(grad, ref_grad)  # same arithmetic, same order
+
+
+def test_empty_adaptive_grid_gives_zero():
+    """A box of size 0 with adaptive sampling has grids of 0 samples: 0 (torchvision: NaN)."""
+    x = feature(2)
+    box = torch.tensor([[0, 3.0, 3.0, 3.0, 3.0]])
+    assert torch.equal(roiops.ps_roi_align(x, box, 2, 1.0, -1), torch.zeros(1, 3, 2, 2))
+    assert torchvision.ops.ps_roi_align(x, box, 2, 1.0, -1).isnan().all()
+
+
+def test_hand_computed_align():
+    # One output channel, 1 x 2 bins: channel 0 feeds bin (0, 0), channel 1 bin (0, 1).
+    x = torch.zeros(1, 2, 4, 6, dtype=torch.float64)
+    x[0, 0] = torch.arange(24.0).view(4, 6)
+    x[0, 1] = 100 + torch.arange(24.0).view(4, 6)
+    # Box (1, 1)-(5, 3) shifted by -0.5: x in [0.5, 4.5], y in [0.5, 2.5]; bins 2 x 2 cells,
+    # sampling_ratio 1: samples at (x, y) = (1.5, 1.5) and (3.5, 1.5).
+    out = roiops.ps_roi_align(x, torch.tensor([[0, 1.0, 1.0, 5.0, 3.0]], dtype=torch.float64), (1, 2), 1.0, 1)
+    assert out.tolist() == [[[[1.5 * 6 + 1.5, 100 + 1.5 * 6 + 3.5]]]]
+
+
+def test_hand_computed_pool_on_the_last_row_and_column():
+    """Bins reaching the last row and column average it (torchvision's forward stops one
+    cell short there)."""
+    x = torch.arange(2 * 3 * 4, dtype=torch.float64).view(1, 2, 3, 4)
+    x = x.requires_grad_()
+    # Corners round to (2, 1) and (4, 3): a 2 x 2 box split into 1 x 2 bins of 2 x 1 cells.
+    out = roiops.ps_roi_pool(x, torch.tensor([[0, 2.2, 0.6, 3.5, 2.6]], dtype=torch.float64), (1, 2), 1.0)
+    # bin (0, 0): channel 0, rows 1-2, column 2; bin (0, 1): channel 1, rows 1-2, column 3.
+    assert out.tolist() == [[[[(6 + 10) / 2, (19 + 23) / 2]]]]
+    out.sum().backward()
+    want = torch.zeros(1, 2, 3, 4, dtype=torch.float64)
+    want[0, 0, 1:3, 2] = 0.5
+    want[0, 1, 1:3, 3] = 0.5
+    assert torch.equal(x.grad, want)
+    tv = torchvision.ops.ps_roi_pool(x.detach(), torch.tensor([[0, 2.2, 0.6, 3.5, 2.6]], dtype=torch.float64),
+                                     (1, 2), 1.0)
+    assert tv[0, 0, 0, 1] == 0  # its bin (0, 1) lies on the last column, which it clips away
+
+
+@pytest.mark.parametrize("op", list(OPS))
+def test_gradcheck(op):
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(N, 2 * 6, 6, 7, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+    boxes = torch.cat([random_boxes(N, 3, 14, 12, g, torch.float64), nasty_boxes(N, 14, 12, torch.float64)[:6]])
+    fn = lambda t: OPS[op](t, boxes, (2, 3), SCALE, 2)  # noqa: E731
+    assert torch.autograd.gradcheck(fn, (x.clone().requires_grad_(),), atol=1e-8)
+    xcl = x.contiguous(memory_format=torch.channels_last)
+    assert torch.autograd.gradcheck(fn, (xcl.requires_grad_(),), atol=1e-8)
+
+
+@pytest.mark.parametrize("op", list(OPS))
+def test_backward_deterministic_across_threads(op):
+    x, boxes = feature((7, 7), c_out=21), boxes_for()
+    threads = torch.get_num_threads()
+    try:
+        results = []
+        for n in (1, 2, 3):
+            torch.set_num_threads(n)
+            results.append(run(OPS[op], x, boxes, 7, 0))
+    finally:
+        torch.set_num_threads(threads)
+    for out, grad in results[1:]:
+        assert torch.equal(out, results[0][0]) and torch.equal(grad, results[0][1])
+
+
+@pytest.mark.parametrize("fn", [roiops.ps_roi_align, roiops.ps_roi_pool, roiops.compat.torchvision.ps_roi_align,
+                                roiops.compat.torchvision.ps_roi_pool])
+def test_channels_must_be_a_multiple_of_the_bins(fn):
+    with pytest.raises(ValueError, match=r"input has 10 channels, not a multiple of output_size's h \* w = 2 \* 2"):
+        fn(torch.randn(1, 10, 5, 5), torch.tensor([[0, 1.0, 1, 3, 3]]), 2)
+
+
+@pytest.mark.parametrize("op", ["ps_roi_align", "ps_roi_pool"])
+def test_kernels_refuse_a_channel_count_that_is_not_a_multiple(op):
+    args = (torch.randn(1, 10, 5, 5), torch.tensor([[0, 1.0, 1, 3, 3]]), 1.0, 2, 2) + ((2,) if op == "ps_roi_align"
+                                                                                         else ())
+    for backend in ("cpu", "reference"):
+        with roiops.use_backend(backend), pytest.raises(ValueError, match="multiple of pooled_height"):
+            getattr(torch.ops.roiops, op)(*args)
+
+
+def test_validation_names_the_argument():
+    x, box = feature(2), torch.tensor([[0, 1.0, 1, 3, 3]])
+    with pytest.raises(ValueError, match="sampling_ratio"):
+        roiops.ps_roi_align(x, box, 2, 1.0, 1.5)
+    with pytest.raises(ValueError, match="batch index"):
+        roiops.ps_roi_pool(x, torch.tensor([[5, 1.0, 1, 3, 3]]), 2)
+    with pytest.raises(ValueError, match="spatial_scale"):
+        roiops.PSRoIPool(2, 0.0)
+
+
+def test_modules_and_empty_boxes():
+    x = feature((7, 7), c_out=2).requires_grad_()
+    align, pool = roiops.PSRoIAlign(7, 0.5, 2), roiops.PSRoIPool((7, 7), 0.5)
+    assert repr(align) == "PSRoIAlign(output_size=(7, 7), spatial_scale=0.5, sampling_ratio=2)"
+    assert repr(pool) == "PSRoIPool(output_size=(7, 7), spatial_scale=0.5)"
+    boxes = boxes_for()
+    lists = [boxes[boxes[:, 0] == i, 1:] for i in range(N)]
+    order = torch.cat([torch.nonzero(boxes[:, 0] == i)[:, 0] for i in range(N)])
+    for m, fn in ((align, OPS["align"]), (pool, OPS["pool"])):
+        assert torch.equal(m(x, lists), fn(x, boxes[order], 7, 0.5, 2))
+        empty = m(x, torch.zeros(0, 5))
+        assert empty.shape == (0, 2, 7, 7)
+        empty.sum().backward()
+        assert torch.equal(x.grad, torch.zeros_like(x))
+
+
+def _both(x, boxes):
+    return torch.cat([roiops.ps_roi_align(x, boxes, 2, 0.5, 2), roiops.ps_roi_align(x, boxes, 2, 0.5, 0),
+                      roiops.ps_roi_pool(x, boxes, 2, 0.5)], dim=1)
+
+
+def test_inductor_fullgraph_dynamic_boxes_forward_backward():
+    torch._dynamo.reset()
+    counter = CompileCounterWithBackend("inductor")
+    compiled = torch.compile(_both, backend=counter, fullgraph=True, dynamic=True)
+    x = torch.randn(2, 12, 8, 8)
+    for k in (6, 11):
+        boxes = boxes_for()[:k]
+        out, grad = run(lambda t, b, *_: compiled(t, b), x, boxes, 2)
+        ref_out, ref_grad = run(lambda t, b, *_: _both(t, b), x, boxes, 2)
+        assert out.shape == (k, 9, 2, 2)
+        torch.testing.assert_close(out, ref_out, rtol=0, atol=0)
+        torch.testing.assert_close(grad, ref_grad)
+    torch._dynamo.reset()
+
+
+def test_export_dynamic_boxes():
+    class Model(torch.nn.Module):
+        def forward(self, x, boxes):
+            return _both(x, boxes)
+
+    x, boxes = torch.randn(2, 12, 8, 8), boxes_for()[:6]
+    k = torch.export.Dim("k", min=1, max=1000)
+    ep = torch.export.export(Model(), (x, boxes), dynamic_shapes=({}, {0: k}))
+    more = boxes_for(seed=3)[:9]
+    torch.testing.assert_close(ep.module()(x, more), _both(x, more), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("op", list(OPS))
+def test_onnx_export_refuses_naming_the_op(op):
+    roiops_onnx = pytest.importorskip("roiops.onnx")
+
+    class Model(torch.nn.Module):
+        def forward(self, x, boxes):
+            return OPS[op](x, boxes, 2, 0.5, 2)
+
+    name = {"align": "ps_roi_align", "pool": "ps_roi_pool"}[op]
+    with pytest.raises(Exception, match=f"roiops.{name} cannot be exported to ONNX"):
+        roiops_onnx.export(Model(), (torch.randn(1, 8, 6, 6), torch.tensor([[0, 1.0, 1, 9, 9]])))
+
+
+# ---- Triton kernels (on CUDA when there is a GPU, else through Triton's interpreter)
+
+def _triton():
+    from roiops._backend import triton_too_old
+
+    if triton_too_old():
+        pytest.skip(triton_too_old())
+    import roiops.triton as rt
+
+    return rt
+
+
+TRITON_DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+@pytest.mark.parametrize("op, sr, size, dtype, channels_last", [
+    ("align", 0, (2, 3), torch.float32, False), ("align", 2, (3, 2), torch.float64, True),
+    ("align", -1, 1, torch.float16, True), ("align", 3, (2, 2), torch.bfloat16, False),
+    ("pool", 2, (2, 3), torch.float32, True), ("pool", 2, (3, 3), torch.float64, False),
+    ("pool", 2, (2, 1), torch.float16, False),
+])
+def test_triton_matches_the_cpu_kernels(op, sr, size, dtype, channels_last):
+    """Same arithmetic in the same order: bit for bit in float32 and float64, forward and
+    backward (the backward's gather adds each cell's terms in the CPU kernels' order)."""
+    _triton()
+    x, boxes = feature(size, c_out=2, dtype=dtype, channels_last=channels_last), boxes_for()
+    out, grad = run(OPS[op], x, boxes, size, sr)
+    t_out, t_grad = run(OPS[op], x.to(TRITON_DEVICE), boxes.to(TRITON_DEVICE), size, sr, backend="triton")
+    fmt = torch.channels_last if channels_last else torch.contiguous_format
+    assert t_out.is_contiguous(memory_format=fmt) and t_grad.is_contiguous(memory_format=fmt)
+    if dtype in (torch.float32, torch.float64):
+        assert torch.equal(t_out.cpu(), out) and torch.equal(t_grad.cpu(), grad)
+    else:
+        ref_out, ref_grad = run(OPS[op], x, boxes, size, sr, backend="reference")
+        close(t_out.cpu(), ref_out, dtype)
+        close(t_grad.cpu(), ref_grad, dtype)
+
+
+@pytest.mark.parametrize("name", ["ps_roi_align", "ps_roi_pool"])
+def test_triton_masks_invalid_rows(name):
+    """A row the launcher cannot check without a sync (bad batch index, NaN) gives 0 and no gradient."""
+    rt = _triton()
+    x = feature(2, c_out=2).to(TRITON_DEVICE)
+    rois = torch.tensor([[0, 1.0, 1, 9, 9], [5, 1.0, 1, 9, 9], [1, float("nan"), 1, 9, 9]], device=TRITON_DEVICE)
+    extra = (2,) if name == "ps_roi_align" else ()
+    out = getattr(rt, f"{name}_forward")(x, rois, 0.5, 2, 2, *extra)
+    assert out[0].abs().sum() > 0 and torch.equal(out[1:].cpu(), torch.zeros(2, 2, 2, 2))
+    g = torch.ones(3, 2, 2, 2, device=TRITON_DEVICE)
+    g[0] = 0
+    gi = getattr(rt, f"{name}_backward")(g, rois, 0.5, 2, 2, N, 8, H, W, *extra, False)
+    assert torch.equal(gi.cpu(), torch.zeros(N, 8, H, W))
+
+
+@pytest.mark.parametrize("name", ["ps_roi_align", "ps_roi_pool"])
+def test_triton_refuses_a_channel_count_that_is_not_a_multiple(name):
+    rt = _triton()
+    extra = (2,) if name == "ps_roi_align" else ()
+    x, rois = torch.randn(1, 10, 5, 5, device=TRITON_DEVICE), torch.tensor([[0, 1.0, 1, 3, 3]], device=TRITON_DEVICE)
+    with pytest.raises(ValueError, match="multiple of pooled_height"):
+        getattr(rt, f"{name}_forward")(x, rois, 1.0, 2, 2, *extra)
+    with pytest.raises(ValueError, match="multiple of pooled_height"):
+        getattr(rt, f"{name}_backward")(torch.zeros(1, 2, 2, 2, device=TRITON_DEVICE), rois, 1.0, 2, 2, 1, 10, 5, 5,
+                                        *extra, False)
+
+
+def test_triton_huge_boxes_visit_only_samples_near_the_map():
+    """Adaptive grids of 10^6 samples per bin side: both kernels visit only the samples
+    that can touch the map (forward) or a tile (backward), and agree with the CPU."""
+    _triton()
+    x = feature(2, c_out=2)
+    boxes = torch.tensor([[0, -1e6, -1e6, 1e6, 1e6], [1, -5e5, 2.0, 3e5, 9.0]])
+    out, grad = run(OPS["align"], x, boxes, 2, 0)
+    t_out, t_grad = run(OPS["align"], x.to(TRITON_DEVICE), boxes.to(TRITON_DEVICE), 2, 0, backend="triton")
+    assert torch.equal(t_out.cpu(), out) and torch.equal(t_grad.cpu(), grad)
