@@ -96,8 +96,8 @@ def translation_table(
         torch.ops.roiops.roi_align.default: avg,
         torch.ops.roiops.roi_align_max.default: _roi_align_max,
         torch.ops.roiops.roi_pool.default: _roi_pool,
-        torch.ops.roiops.ps_roi_align.default: _refuse("ps_roi_align"),
-        torch.ops.roiops.ps_roi_pool.default: _refuse("ps_roi_pool"),
+        torch.ops.roiops.ps_roi_align.default: _ps_roi_align_refused,
+        torch.ops.roiops.ps_roi_pool.default: _ps_roi_pool_refused,
     }
 
 
@@ -458,13 +458,19 @@ def _roi_align_decomposed(
 # ---- position-sensitive ops -----------------------------------------------------------------
 
 
-def _refuse(name: str) -> Callable[..., Any]:
-    """A translation that stops the export with a message naming the op."""
-    def refuse(*args: Any, **kwargs: Any) -> Any:
-        raise NotImplementedError(f"roiops.{name} cannot be exported to ONNX: ONNX has no position-sensitive RoI "
-                                  "operator, and roiops exports no decomposition of it")
+def _no_position_sensitive(name: str) -> NotImplementedError:
+    return NotImplementedError(f"roiops.{name} cannot be exported to ONNX: ONNX has no position-sensitive RoI "
+                               "operator, and roiops exports no decomposition of it")
 
-    return refuse
+
+# Refusals spell out the op's parameters: the exporter matches a translation to a node by them.
+def _ps_roi_align_refused(input: _In, rois: _In, spatial_scale: float, pooled_height: int, pooled_width: int,
+                          sampling_ratio: int) -> Any:
+    raise _no_position_sensitive("ps_roi_align")
+
+
+def _ps_roi_pool_refused(input: _In, rois: _In, spatial_scale: float, pooled_height: int, pooled_width: int) -> Any:
+    raise _no_position_sensitive("ps_roi_pool")
 
 
 # ---- roi_pool ----------------------------------------------------------------------------
