@@ -1,6 +1,7 @@
 """roiops: exact, validated, fast region-of-interest operators for PyTorch.
 
 Public API: :func:`roi_align`, :func:`roi_pool`, :func:`multi_scale_roi_align`, :class:`RoIAlign`, :class:`RoIPool`,
+:func:`roi_align_rotated`, :class:`RoIAlignRotated`,
 :func:`use_backend`, :mod:`roiops.config`, :mod:`roiops.compat` (peers' signatures) and
 :mod:`roiops.reference` (the pure-PyTorch oracle). Semantics: docs/semantics.md.
 """
@@ -11,9 +12,11 @@ from types import ModuleType
 from . import _onnx_hook, config
 from ._backend import use_backend
 from .ops import RoIAlign, RoIPool, fpn_levels, multi_scale_roi_align, roi_align, roi_pool
+from .ops import RoIAlignRotated, roi_align_rotated
 
 __all__ = ["RoIAlign", "RoIPool", "config", "fpn_levels", "multi_scale_roi_align", "roi_align", "roi_pool",
            "use_backend"]
+__all__ += ["RoIAlignRotated", "roi_align_rotated"]
 __version__ = "0.1.0"
 
 _onnx_hook.install()

@@ -11,8 +11,8 @@ import torch
 import torchvision
 
 import roiops
-from boxes import nasty_boxes, random_boxes
-from cases import ALIGN, API, POOL, VARIANTS, contract_args, schema, tol
+from boxes import nasty_boxes, nasty_rotated_boxes, random_boxes, rotated_boxes
+from cases import ALIGN, API, POOL, ROTATED_OPS, VARIANTS, contract_args, schema, tol
 
 N, C, H, W = 2, 5, 11, 13
 SCALE = 0.5  # boxes are in image pixels of a 26 x 22 image
@@ -21,6 +21,15 @@ SCALE = 0.5  # boxes are in image pixels of a 26 x 22 image
 def boxes_for(dtype=torch.float32, seed=0):
     g = torch.Generator().manual_seed(seed)
     return torch.cat([random_boxes(N, 6, W / SCALE, H / SCALE, g, dtype), nasty_boxes(N, W / SCALE, H / SCALE, dtype)])
+
+
+def rotated_rois_for(dtype=torch.float32, seed=0):
+    """Rotated boxes as the registered op takes them: angles in radians."""
+    g = torch.Generator().manual_seed(seed)
+    b = torch.cat([rotated_boxes(N, 6, W / SCALE, H / SCALE, g, torch.float64),
+                   nasty_rotated_boxes(N, W / SCALE, H / SCALE, torch.float64)])
+    b[:, 5] = torch.deg2rad(b[:, 5])
+    return b.to(dtype)
 
 
 def feature(dtype=torch.float32, channels_last=False, seed=0):
@@ -172,6 +181,8 @@ def _op_sample(op, variant):
     """The op's arguments: the variant over these defaults, and for a backward that takes
     an argmax, its forward's."""
     x, rois = feature(), boxes_for()
+    if op in ROTATED_OPS:
+        rois = rotated_rois_for()
     values = dict(input=x, rois=rois, grad=torch.randn(len(rois), C, 2, 3), spatial_scale=SCALE, pooled_height=2,
                   pooled_width=3, sampling_ratio=2, aligned=True, continuous=False, batch_size=N, channels=C,
                   height=H, width=W, channels_last=False)

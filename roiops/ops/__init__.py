@@ -5,6 +5,8 @@ registers them all."""
 from .._validation import BoxesType, OutputSize
 from .multi_scale import fpn_levels, multi_scale_roi_align
 from .roi_align import RoIAlign, roi_align
+from .roi_align_rotated import RoIAlignRotated, roi_align_rotated
 from .roi_pool import RoIPool, roi_pool
 
 __all__ = ["BoxesType", "OutputSize", "RoIAlign", "RoIPool", "fpn_levels", "multi_scale_roi_align", "roi_align", "roi_pool"]
+__all__ += ["RoIAlignRotated", "roi_align_rotated"]

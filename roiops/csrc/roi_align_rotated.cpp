@@ -1,0 +1,327 @@
+// Rotated RoIAlign on the CPU (docs/semantics.md, "roi_align_rotated").
+//
+// A rotated box's samples do not separate into rows and columns, so each box gets a plan
+// of its samples that lie on the map: per sample the offsets of its four bilinear
+// neighbours and their weights (geometry.h's sample_position and make_tap), grouped by
+// bin in row-major sample order. Only candidates are visited: per bin, the sample rows and
+// columns whose box coordinate falls within the map's extent seen along the box's axes
+// (widened to cover rounding), so the cost follows the covered map, not the box size.
+//
+// Forward: tasks are boxes; a box's plan is built once and read for every channel
+// (channels innermost when channels_last, so the loop vectorises; planes in turn when
+// NCHW). Backward: boxes in chunks of bounded plan memory, in order; within a chunk, tasks
+// own (image, block of channels) and add that image's boxes in increasing index, so the
+// sums are the same for any thread count, with no atomics.
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "geometry.h"
+#include "registry.h"
+#include "sampling.h"
+
+namespace roiops {
+namespace {
+
+template <typename T>
+struct RotatedPlan {
+  std::vector<int64_t> off;  // 4 per sample: neighbours' offsets, y * sH + x * sW
+  std::vector<T> w;          // 4 per sample: w1..w4
+  std::vector<int64_t> bin;  // ph * pw + 1: bin b's samples are [bin[b], bin[b + 1])
+  T count = 1;               // samples per bin, the divisor
+  int64_t batch = 0;
+  bool empty = true;
+
+  int64_t samples() const { return static_cast<int64_t>(w.size() / 4); }
+};
+
+// Candidate sample indices [first, last] of bin b along one box axis: those whose position
+// start + b*bin + (s + 0.5)*bin/grid may lie in [lo, hi] (two samples wider than exact).
+inline void candidates(double start, double bin, int64_t b, int64_t grid, double lo, double hi, int64_t& first,
+                       int64_t& last) {
+  const double step = bin / static_cast<double>(grid);
+  if (step == 0) {  // every sample of the bin at one place; grid is a fixed sampling ratio
+    first = 0;
+    last = grid - 1;
+    return;
+  }
+  const double base = start + static_cast<double>(b) * bin;
+  const double e0 = (lo - base) / step - 0.5, e1 = (hi - base) / step - 0.5;
+  const double g = static_cast<double>(grid);
+  first = static_cast<int64_t>(std::floor(std::clamp(std::min(e0, e1), -2.0, g))) - 2;
+  last = static_cast<int64_t>(std::ceil(std::clamp(std::max(e0, e1), -1.0, g + 1))) + 2;
+  first = std::max<int64_t>(first, 0);
+  last = std::min(last, grid - 1);
+}
+
+// The plan of one row (batch, cx, cy, w, h, theta) of rois (semantics.md "roi_align_rotated").
+template <typename T>
+void build_plan(const T* roi, double spatial_scale, int64_t ph, int64_t pw, int64_t sampling_ratio, bool aligned,
+                int64_t H, int64_t W, int64_t sH, int64_t sW, RotatedPlan<T>& p) {
+  const T scale = static_cast<T>(spatial_scale);
+  const T offset = aligned ? T(0.5) : T(0);
+  // Scale first, then shift by the offset.
+  const T cx = roi[1] * scale - offset, cy = roi[2] * scale - offset;
+  T roi_w = roi[3] * scale, roi_h = roi[4] * scale;
+  if (!aligned) {
+    roi_w = std::max(roi_w, T(1));
+    roi_h = std::max(roi_h, T(1));
+  }
+  // cos and sin computed in double and rounded once.
+  const T cos_t = static_cast<T>(std::cos(static_cast<double>(roi[5])));
+  const T sin_t = static_cast<T>(std::sin(static_cast<double>(roi[5])));
+  const T bin_h = roi_h / static_cast<T>(ph), bin_w = roi_w / static_cast<T>(pw);
+  const int64_t gh = sampling_ratio > 0 ? sampling_ratio : static_cast<int64_t>(std::ceil(roi_h / static_cast<T>(ph)));
+  const int64_t gw = sampling_ratio > 0 ? sampling_ratio : static_cast<int64_t>(std::ceil(roi_w / static_cast<T>(pw)));
+  p.batch = static_cast<int64_t>(roi[0]);
+  p.count = static_cast<T>(std::max<int64_t>(gh * gw, 1));
+  p.empty = gh <= 0 || gw <= 0;
+  p.off.clear();
+  p.w.clear();
+  p.bin.assign(static_cast<size_t>(ph * pw + 1), 0);
+  if (p.empty) return;
+  const T start_h = -roi_h / T(2), start_w = -roi_w / T(2);
+
+  // The map [-1, H] x [-1, W] seen from the centre along the box's axes, plus a margin
+  // above the rounding of the coordinate type (2^-20 of the magnitudes involved).
+  const double c = cos_t, s = sin_t, dcx = cx, dcy = cy;
+  double ylo = INFINITY, yhi = -INFINITY, xlo = INFINITY, xhi = -INFINITY;
+  for (const double a : {-1.0 - dcy, static_cast<double>(H) - dcy}) {
+    for (const double b : {-1.0 - dcx, static_cast<double>(W) - dcx}) {
+      const double along_y = a * c + b * s, along_x = -a * s + b * c;
+      ylo = std::min(ylo, along_y), yhi = std::max(yhi, along_y);
+      xlo = std::min(xlo, along_x), xhi = std::max(xhi, along_x);
+    }
+  }
+  const double margin = 2.0 + 0x1p-20 * (std::abs(dcx) + std::abs(dcy) + std::abs(static_cast<double>(roi_w)) +
+                                         std::abs(static_cast<double>(roi_h)) + static_cast<double>(H + W));
+  std::vector<int64_t> xf(static_cast<size_t>(pw)), xl(static_cast<size_t>(pw));
+  for (int64_t j = 0; j < pw; ++j) {
+    candidates(start_w, bin_w, j, gw, xlo - margin, xhi + margin, xf[j], xl[j]);
+  }
+  for (int64_t i = 0; i < ph; ++i) {
+    int64_t yf, yl;
+    candidates(start_h, bin_h, i, gh, ylo - margin, yhi + margin, yf, yl);
+    for (int64_t j = 0; j < pw; ++j) {
+      for (int64_t iy = yf; iy <= yl; ++iy) {
+        const T yy = sample_position(start_h, bin_h, i, iy, gh);
+        for (int64_t ix = xf[j]; ix <= xl[j]; ++ix) {
+          const T xx = sample_position(start_w, bin_w, j, ix, gw);
+          const T y = yy * cos_t - xx * sin_t + cy;
+          const T x = yy * sin_t + xx * cos_t + cx;
+          Tap<T> ty, tx;
+          if (!make_tap(y, H, ty) || !make_tap(x, W, tx)) continue;  // value 0, no gradient
+          p.off.insert(p.off.end(), {ty.lo * sH + tx.lo * sW, ty.lo * sH + tx.hi * sW, ty.hi * sH + tx.lo * sW,
+                                     ty.hi * sH + tx.hi * sW});
+          p.w.insert(p.w.end(), {ty.h * tx.h, ty.h * tx.l, ty.l * tx.h, ty.l * tx.l});
+        }
+      }
+      p.bin[i * pw + j + 1] = p.samples();
+    }
+  }
+}
+
+// One box, n channels at img + c * sC; output channel c at out + c * oC, bin (i, j) at
+// i * oH + j * oW. Per sample w1*v1 + w2*v2 + w3*v3 + w4*v4, summed in sample order.
+template <typename scalar_t, typename T>
+ROIOPS_SIMD void forward_box(const RotatedPlan<T>& p, const scalar_t* img, int64_t sC, int64_t n, int64_t ph,
+                             int64_t pw, bool channels_inner, T* acc, scalar_t* out, int64_t oC, int64_t oH,
+                             int64_t oW) {
+  for (int64_t b = 0; b < ph * pw; ++b) {
+    scalar_t* o = out + (b / pw) * oH + (b % pw) * oW;
+    if (channels_inner) {  // channels_last: sC == 1, one vector pass per sample
+      for (int64_t c = 0; c < n; ++c) acc[c] = 0;
+      for (int64_t s = p.bin[b]; s < p.bin[b + 1]; ++s) {
+        const int64_t* f = &p.off[4 * s];
+        const T* w = &p.w[4 * s];
+        const scalar_t *__restrict__ v1 = img + f[0], *__restrict__ v2 = img + f[1], *__restrict__ v3 = img + f[2],
+                                    *__restrict__ v4 = img + f[3];
+        const T w1 = w[0], w2 = w[1], w3 = w[2], w4 = w[3];
+        for (int64_t c = 0; c < n; ++c) {
+          acc[c] += w1 * static_cast<T>(v1[c]) + w2 * static_cast<T>(v2[c]) + w3 * static_cast<T>(v3[c]) +
+                    w4 * static_cast<T>(v4[c]);
+        }
+      }
+      for (int64_t c = 0; c < n; ++c) o[c * oC] = static_cast<scalar_t>(acc[c] / p.count);
+    } else {
+      for (int64_t c = 0; c < n; ++c) {
+        const scalar_t* plane = img + c * sC;
+        T sum = 0;
+        for (int64_t s = p.bin[b]; s < p.bin[b + 1]; ++s) {
+          const int64_t* f = &p.off[4 * s];
+          const T* w = &p.w[4 * s];
+          sum += w[0] * static_cast<T>(plane[f[0]]) + w[1] * static_cast<T>(plane[f[1]]) +
+                 w[2] * static_cast<T>(plane[f[2]]) + w[3] * static_cast<T>(plane[f[3]]);
+        }
+        o[c * oC] = static_cast<scalar_t>(sum / p.count);
+      }
+    }
+  }
+}
+
+// Adds box p's gradient for channels [c0, c1): grad of bin (i, j), channel c at
+// g + c * gC + i * gH + j * gW; the input gradient's channel c at gi + c * sC.
+template <typename scalar_t, typename T>
+ROIOPS_SIMD void backward_box(const RotatedPlan<T>& p, const scalar_t* g, int64_t gC, int64_t gH, int64_t gW,
+                              int64_t c0, int64_t c1, int64_t ph, int64_t pw, bool channels_inner, T* q, T* gi,
+                              int64_t sC) {
+  for (int64_t b = 0; b < ph * pw; ++b) {
+    if (p.bin[b] == p.bin[b + 1]) continue;
+    const scalar_t* gb = g + (b / pw) * gH + (b % pw) * gW;
+    for (int64_t c = c0; c < c1; ++c) q[c - c0] = static_cast<T>(gb[c * gC]) / p.count;
+    if (channels_inner) {  // sC == 1
+      for (int64_t s = p.bin[b]; s < p.bin[b + 1]; ++s) {
+        const int64_t* f = &p.off[4 * s];
+        const T* w = &p.w[4 * s];
+        for (int k = 0; k < 4; ++k) {
+          T* __restrict__ dst = gi + f[k] + c0;
+          const T wk = w[k];
+          for (int64_t c = 0; c < c1 - c0; ++c) dst[c] += q[c] * wk;
+        }
+      }
+    } else {
+      for (int64_t c = c0; c < c1; ++c) {
+        T* plane = gi + c * sC;
+        const T qc = q[c - c0];
+        for (int64_t s = p.bin[b]; s < p.bin[b + 1]; ++s) {
+          const int64_t* f = &p.off[4 * s];
+          const T* w = &p.w[4 * s];
+          for (int k = 0; k < 4; ++k) plane[f[k]] += qc * w[k];
+        }
+      }
+    }
+  }
+}
+
+inline void check_rotated(const at::Tensor& rois, at::ScalarType input_type, int64_t N, int64_t H, int64_t W,
+                          double spatial_scale, int64_t ph, int64_t pw, int64_t sampling_ratio) {
+  TORCH_CHECK_VALUE(rois.dim() == 2 && rois.size(1) == 6,
+                    "roiops: rois must be [K, 6] (batch_index, cx, cy, w, h, theta), got ", rois.sizes());
+  // The [K, 5] checks on the first five columns; the angle must be finite.
+  const at::Tensor first5 = rois.narrow(1, 0, 5).contiguous();
+  check_args(first5, input_type, H, W, spatial_scale, ph, pw);
+  check_sampling_ratio(sampling_ratio);
+  check_rois(first5, N, spatial_scale);
+  const at::Tensor bad = rois.select(1, 5).isfinite().logical_not();
+  if (bad.any().item<bool>()) {
+    const int64_t k = bad.nonzero()[0][0].item<int64_t>();
+    TORCH_CHECK_VALUE(false, "roiops: rois row ", k, " has angle ", rois[k][5].item<double>(), ", which is not finite");
+  }
+}
+
+// Plan memory per backward chunk: about 48 bytes per sample.
+constexpr int64_t kSampleBudget = int64_t(1) << 19;
+
+}  // namespace
+
+at::Tensor roi_align_rotated_forward(const at::Tensor& input_, const at::Tensor& rois_, double spatial_scale,
+                                     int64_t ph, int64_t pw, int64_t sampling_ratio, bool aligned) {
+  check_input(input_);
+  check_rotated(rois_, input_.scalar_type(), input_.size(0), input_.size(2), input_.size(3), spatial_scale, ph, pw,
+                sampling_ratio);
+  const bool channels_last = is_channels_last(input_);
+  const at::Tensor input = input_.contiguous(format_of(channels_last));
+  const at::Tensor rois = rois_.contiguous();
+  const int64_t K = rois.size(0), C = input.size(1), H = input.size(2), W = input.size(3);
+  at::Tensor out = empty_output({K, C, ph, pw}, input.options().memory_format(format_of(channels_last)));
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, input.scalar_type(), "roiops_roi_align_rotated_forward",
+                                  [&] {
+    using T = at::opmath_type<scalar_t>;
+    const scalar_t* in = input.const_data_ptr<scalar_t>();
+    scalar_t* o = out.mutable_data_ptr<scalar_t>();
+    const T* r = rois.const_data_ptr<T>();
+    const int64_t sN = input.stride(0), sC = input.stride(1), sH = input.stride(2), sW = input.stride(3);
+    const int64_t oK = out.stride(0), oC = out.stride(1), oH = out.stride(2), oW = out.stride(3);
+    at::parallel_for(0, K, 1, [&](int64_t k0, int64_t k1) {
+      RotatedPlan<T> plan;
+      std::vector<T> acc(static_cast<size_t>(C));
+      for (int64_t k = k0; k < k1; ++k) {
+        build_plan(r + 6 * k, spatial_scale, ph, pw, sampling_ratio, aligned, H, W, sH, sW, plan);
+        if (plan.empty) {
+          for (int64_t c = 0; c < C; ++c)
+            for (int64_t i = 0; i < ph; ++i)
+              for (int64_t j = 0; j < pw; ++j) o[k * oK + c * oC + i * oH + j * oW] = static_cast<scalar_t>(0);
+          continue;
+        }
+        forward_box(plan, in + plan.batch * sN, sC, C, ph, pw, channels_last, acc.data(), o + k * oK, oC, oH, oW);
+      }
+    });
+  });
+  return out;
+}
+
+at::Tensor roi_align_rotated_backward(const at::Tensor& grad_, const at::Tensor& rois_, double spatial_scale,
+                                      int64_t ph, int64_t pw, int64_t N, int64_t C, int64_t H, int64_t W,
+                                      int64_t sampling_ratio, bool aligned, bool channels_last) {
+  check_input(grad_);
+  TORCH_CHECK_VALUE(N >= 0 && C >= 0, "roiops: batch size and channels must be non-negative");
+  check_rotated(rois_, grad_.scalar_type(), N, H, W, spatial_scale, ph, pw, sampling_ratio);
+  TORCH_CHECK_VALUE(grad_.size(0) == rois_.size(0) && grad_.size(1) == C && grad_.size(2) == ph && grad_.size(3) == pw,
+                    "roiops: grad must be [K, C, pooled_height, pooled_width], got ", grad_.sizes());
+  const at::Tensor rois = rois_.contiguous();
+  const at::Tensor grad = grad_.contiguous(format_of(channels_last));
+  const auto opts = grad.options().memory_format(format_of(channels_last));
+  at::Tensor gi = empty_output({N, C, H, W}, opts);
+  const int64_t K = rois.size(0);
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, grad.scalar_type(), "roiops_roi_align_rotated_backward",
+                                  [&] {
+    using T = at::opmath_type<scalar_t>;
+    // Sums in T: float16/bfloat16 gradients are rounded once at the end.
+    at::Tensor acc = std::is_same_v<T, scalar_t> ? gi : at::empty_like(gi, opts.dtype(c10::CppTypeToScalarType<T>::value));
+    acc.zero_();
+    T* a = acc.mutable_data_ptr<T>();
+    const scalar_t* g = grad.const_data_ptr<scalar_t>();
+    const T* r = rois.const_data_ptr<T>();
+    const int64_t sN = acc.stride(0), sC = acc.stride(1), sH = acc.stride(2), sW = acc.stride(3);
+    const int64_t gK = grad.stride(0), gC = grad.stride(1), gH = grad.stride(2), gW = grad.stride(3);
+    // Channel blocks: many per image so that a few images keep every thread busy.
+    const int64_t block = channels_last ? 64 : 8;
+    const int64_t blocks = (C + block - 1) / block;
+    std::vector<RotatedPlan<T>> plans;
+    for (int64_t k0 = 0; k0 < K;) {
+      // A chunk: boxes in order until their plans reach the sample budget (at least one box).
+      int64_t k1 = k0, samples = 0;
+      plans.clear();
+      while (k1 < K && (k1 == k0 || samples < kSampleBudget)) {
+        const int64_t n = std::min<int64_t>(K - k1, std::max<int64_t>(at::get_num_threads(), 1) * 4);
+        plans.resize(static_cast<size_t>(k1 - k0 + n));
+        at::parallel_for(0, n, 1, [&](int64_t b0, int64_t b1) {
+          for (int64_t b = b0; b < b1; ++b) {
+            build_plan(r + 6 * (k1 + b), spatial_scale, ph, pw, sampling_ratio, aligned, H, W, sH, sW,
+                       plans[k1 - k0 + b]);
+          }
+        });
+        for (int64_t b = 0; b < n; ++b) samples += plans[k1 - k0 + b].samples();
+        k1 += n;
+      }
+      at::parallel_for(0, N * blocks, 1, [&](int64_t t0, int64_t t1) {
+        std::vector<T> q(static_cast<size_t>(block));
+        for (int64_t t = t0; t < t1; ++t) {
+          const int64_t n = t / blocks, c0 = (t % blocks) * block, c1 = std::min(C, c0 + block);
+          for (int64_t k = k0; k < k1; ++k) {
+            const RotatedPlan<T>& p = plans[k - k0];
+            if (p.batch != n || p.empty) continue;
+            backward_box(p, g + k * gK, gC, gH, gW, c0, c1, ph, pw, channels_last, q.data(), a + n * sN, sC);
+          }
+        }
+      });
+      k0 = k1;
+    }
+    if (!std::is_same_v<T, scalar_t>) gi.copy_(acc);
+  });
+  return gi;
+}
+
+namespace {
+
+// The Python entry points, in roiops._C (registry.h).
+const Registrar registrar([](pybind11::module_& m) {
+  m.def("roi_align_rotated_forward", &roi_align_rotated_forward);
+  m.def("roi_align_rotated_backward", &roi_align_rotated_backward);
+});
+
+}  // namespace
+
+}  // namespace roiops
