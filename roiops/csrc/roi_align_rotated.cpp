@@ -15,6 +15,7 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <vector>
 
@@ -27,12 +28,13 @@ namespace {
 
 template <typename T>
 struct RotatedPlan {
-  std::vector<int64_t> off;  // 4 per sample: neighbours' offsets, y * sH + x * sW
-  std::vector<T> w;          // 4 per sample: w1..w4
-  std::vector<int64_t> bin;  // ph * pw + 1: bin b's samples are [bin[b], bin[b + 1])
-  T count = 1;               // samples per bin, the divisor
+  std::vector<int32_t> cell;  // 4 per sample: the neighbours' rows y_lo, y_hi and columns x_lo, x_hi
+  std::vector<T> w;           // 4 per sample: w1..w4 (y_lo x_lo, y_lo x_hi, y_hi x_lo, y_hi x_hi)
+  std::vector<int64_t> bin;   // ph * pw + 1: bin b's samples are [bin[b], bin[b + 1])
+  T count = 1;                // samples per bin, the divisor
   int64_t batch = 0;
-  bool empty = true;
+  // Rows and columns the samples touch, [y0, y1) x [x0, x1); empty when y0 >= y1.
+  int64_t y0 = 0, y1 = 0, x0 = 0, x1 = 0;
 
   int64_t samples() const { return static_cast<int64_t>(w.size() / 4); }
 };
@@ -59,7 +61,7 @@ inline void candidates(double start, double bin, int64_t b, int64_t grid, double
 // The plan of one row (batch, cx, cy, w, h, theta) of rois (semantics.md "roi_align_rotated").
 template <typename T>
 void build_plan(const T* roi, double spatial_scale, int64_t ph, int64_t pw, int64_t sampling_ratio, bool aligned,
-                int64_t H, int64_t W, int64_t sH, int64_t sW, RotatedPlan<T>& p) {
+                int64_t H, int64_t W, RotatedPlan<T>& p) {
   const T scale = static_cast<T>(spatial_scale);
   const T offset = aligned ? T(0.5) : T(0);
   // Scale first, then shift by the offset.
@@ -77,120 +79,179 @@ void build_plan(const T* roi, double spatial_scale, int64_t ph, int64_t pw, int6
   const int64_t gw = sampling_ratio > 0 ? sampling_ratio : static_cast<int64_t>(std::ceil(roi_w / static_cast<T>(pw)));
   p.batch = static_cast<int64_t>(roi[0]);
   p.count = static_cast<T>(std::max<int64_t>(gh * gw, 1));
-  p.empty = gh <= 0 || gw <= 0;
-  p.off.clear();
+  p.cell.clear();
   p.w.clear();
   p.bin.assign(static_cast<size_t>(ph * pw + 1), 0);
-  if (p.empty) return;
-  const T start_h = -roi_h / T(2), start_w = -roi_w / T(2);
-
-  // The map [-1, H] x [-1, W] seen from the centre along the box's axes, plus a margin
-  // above the rounding of the coordinate type (2^-20 of the magnitudes involved).
-  const double c = cos_t, s = sin_t, dcx = cx, dcy = cy;
-  double ylo = INFINITY, yhi = -INFINITY, xlo = INFINITY, xhi = -INFINITY;
-  for (const double a : {-1.0 - dcy, static_cast<double>(H) - dcy}) {
-    for (const double b : {-1.0 - dcx, static_cast<double>(W) - dcx}) {
-      const double along_y = a * c + b * s, along_x = -a * s + b * c;
-      ylo = std::min(ylo, along_y), yhi = std::max(yhi, along_y);
-      xlo = std::min(xlo, along_x), xhi = std::max(xhi, along_x);
-    }
-  }
-  const double margin = 2.0 + 0x1p-20 * (std::abs(dcx) + std::abs(dcy) + std::abs(static_cast<double>(roi_w)) +
-                                         std::abs(static_cast<double>(roi_h)) + static_cast<double>(H + W));
-  std::vector<int64_t> xf(static_cast<size_t>(pw)), xl(static_cast<size_t>(pw));
-  for (int64_t j = 0; j < pw; ++j) {
-    candidates(start_w, bin_w, j, gw, xlo - margin, xhi + margin, xf[j], xl[j]);
-  }
-  for (int64_t i = 0; i < ph; ++i) {
-    int64_t yf, yl;
-    candidates(start_h, bin_h, i, gh, ylo - margin, yhi + margin, yf, yl);
-    for (int64_t j = 0; j < pw; ++j) {
-      for (int64_t iy = yf; iy <= yl; ++iy) {
-        const T yy = sample_position(start_h, bin_h, i, iy, gh);
-        for (int64_t ix = xf[j]; ix <= xl[j]; ++ix) {
-          const T xx = sample_position(start_w, bin_w, j, ix, gw);
-          const T y = yy * cos_t - xx * sin_t + cy;
-          const T x = yy * sin_t + xx * cos_t + cx;
-          Tap<T> ty, tx;
-          if (!make_tap(y, H, ty) || !make_tap(x, W, tx)) continue;  // value 0, no gradient
-          p.off.insert(p.off.end(), {ty.lo * sH + tx.lo * sW, ty.lo * sH + tx.hi * sW, ty.hi * sH + tx.lo * sW,
-                                     ty.hi * sH + tx.hi * sW});
-          p.w.insert(p.w.end(), {ty.h * tx.h, ty.h * tx.l, ty.l * tx.h, ty.l * tx.l});
-        }
+  p.y0 = p.x0 = INT64_MAX;
+  p.y1 = p.x1 = INT64_MIN;
+  if (gh > 0 && gw > 0) {
+    const T start_h = -roi_h / T(2), start_w = -roi_w / T(2);
+    // The map [-1, H] x [-1, W] seen from the centre along the box's axes, plus a margin
+    // above the rounding of the coordinate type (2^-20 of the magnitudes involved).
+    const double c = cos_t, s = sin_t, dcx = cx, dcy = cy;
+    double ylo = INFINITY, yhi = -INFINITY, xlo = INFINITY, xhi = -INFINITY;
+    for (const double a : {-1.0 - dcy, static_cast<double>(H) - dcy}) {
+      for (const double b : {-1.0 - dcx, static_cast<double>(W) - dcx}) {
+        const double along_y = a * c + b * s, along_x = -a * s + b * c;
+        ylo = std::min(ylo, along_y), yhi = std::max(yhi, along_y);
+        xlo = std::min(xlo, along_x), xhi = std::max(xhi, along_x);
       }
-      p.bin[i * pw + j + 1] = p.samples();
+    }
+    const double margin = 2.0 + 0x1p-20 * (std::abs(dcx) + std::abs(dcy) + std::abs(static_cast<double>(roi_w)) +
+                                           std::abs(static_cast<double>(roi_h)) + static_cast<double>(H + W));
+    std::vector<int64_t> xf(static_cast<size_t>(pw)), xl(static_cast<size_t>(pw));
+    for (int64_t j = 0; j < pw; ++j) candidates(start_w, bin_w, j, gw, xlo - margin, xhi + margin, xf[j], xl[j]);
+    for (int64_t i = 0; i < ph; ++i) {
+      int64_t yf, yl;
+      candidates(start_h, bin_h, i, gh, ylo - margin, yhi + margin, yf, yl);
+      for (int64_t j = 0; j < pw; ++j) {
+        for (int64_t iy = yf; iy <= yl; ++iy) {
+          const T yy = sample_position(start_h, bin_h, i, iy, gh);
+          for (int64_t ix = xf[j]; ix <= xl[j]; ++ix) {
+            const T xx = sample_position(start_w, bin_w, j, ix, gw);
+            const T y = yy * cos_t - xx * sin_t + cy;
+            const T x = yy * sin_t + xx * cos_t + cx;
+            Tap<T> ty, tx;
+            if (!make_tap(y, H, ty) || !make_tap(x, W, tx)) continue;  // value 0, no gradient
+            p.cell.insert(p.cell.end(), {static_cast<int32_t>(ty.lo), static_cast<int32_t>(ty.hi),
+                                         static_cast<int32_t>(tx.lo), static_cast<int32_t>(tx.hi)});
+            p.w.insert(p.w.end(), {ty.h * tx.h, ty.h * tx.l, ty.l * tx.h, ty.l * tx.l});
+            p.y0 = std::min(p.y0, ty.lo), p.y1 = std::max(p.y1, ty.hi + 1);
+            p.x0 = std::min(p.x0, tx.lo), p.x1 = std::max(p.x1, tx.hi + 1);
+          }
+        }
+        p.bin[i * pw + j + 1] = p.samples();
+      }
     }
   }
+  if (p.samples() == 0) p.y0 = p.y1 = p.x0 = p.x1 = 0;
 }
 
-// One box, n channels at img + c * sC; output channel c at out + c * oC, bin (i, j) at
-// i * oH + j * oW. Per sample w1*v1 + w2*v2 + w3*v3 + w4*v4, summed in sample order.
-template <typename scalar_t, typename T>
-ROIOPS_SIMD void forward_box(const RotatedPlan<T>& p, const scalar_t* img, int64_t sC, int64_t n, int64_t ph,
-                             int64_t pw, bool channels_inner, T* acc, scalar_t* out, int64_t oC, int64_t oH,
-                             int64_t oW) {
+// Where a kernel finds cell (y, x): base + (y - y0) * rs + (x - x0) * cs, its channels at
+// unit stride (channels_last input, or a tile) or at stride sC (NCHW planes, read in place).
+template <typename S>
+struct Cells {
+  S* base;
+  int64_t rs, cs, y0, x0;
+  // The four neighbours of sample s of p.
+  template <typename T>
+  inline void taps(const RotatedPlan<T>& p, int64_t s, int64_t (&o)[4]) const {
+    const int32_t* c = &p.cell[4 * s];
+    const int64_t r0 = (c[0] - y0) * rs, r1 = (c[1] - y0) * rs, c0 = (c[2] - x0) * cs, c1 = (c[3] - x0) * cs;
+    o[0] = r0 + c0, o[1] = r0 + c1, o[2] = r1 + c0, o[3] = r1 + c1;
+  }
+};
+
+// One box, n channels; output channel c at out + c * oC, bin (i, j) at i * oH + j * oW. Per
+// sample w1*v1 + w2*v2 + w3*v3 + w4*v4, summed in sample order, divided by the count.
+// Channels at unit stride: one vector pass per sample.
+template <typename scalar_t, typename S, typename T>
+ROIOPS_SIMD void forward_cells(const RotatedPlan<T>& p, const Cells<const S>& m, int64_t n, int64_t ph, int64_t pw,
+                               T* __restrict__ acc, scalar_t* out, int64_t oC, int64_t oH, int64_t oW) {
   for (int64_t b = 0; b < ph * pw; ++b) {
-    scalar_t* o = out + (b / pw) * oH + (b % pw) * oW;
-    if (channels_inner) {  // channels_last: sC == 1, one vector pass per sample
-      for (int64_t c = 0; c < n; ++c) acc[c] = 0;
-      for (int64_t s = p.bin[b]; s < p.bin[b + 1]; ++s) {
-        const int64_t* f = &p.off[4 * s];
-        const T* w = &p.w[4 * s];
-        const scalar_t *__restrict__ v1 = img + f[0], *__restrict__ v2 = img + f[1], *__restrict__ v3 = img + f[2],
-                                    *__restrict__ v4 = img + f[3];
-        const T w1 = w[0], w2 = w[1], w3 = w[2], w4 = w[3];
-        for (int64_t c = 0; c < n; ++c) {
-          acc[c] += w1 * static_cast<T>(v1[c]) + w2 * static_cast<T>(v2[c]) + w3 * static_cast<T>(v3[c]) +
-                    w4 * static_cast<T>(v4[c]);
-        }
-      }
-      for (int64_t c = 0; c < n; ++c) o[c * oC] = static_cast<scalar_t>(acc[c] / p.count);
-    } else {
+    for (int64_t c = 0; c < n; ++c) acc[c] = 0;
+    for (int64_t s = p.bin[b]; s < p.bin[b + 1]; ++s) {
+      int64_t o[4];
+      m.taps(p, s, o);
+      const T* w = &p.w[4 * s];
+      const S *__restrict__ v1 = m.base + o[0], *__restrict__ v2 = m.base + o[1], *__restrict__ v3 = m.base + o[2],
+                            *__restrict__ v4 = m.base + o[3];
+      const T w1 = w[0], w2 = w[1], w3 = w[2], w4 = w[3];
       for (int64_t c = 0; c < n; ++c) {
-        const scalar_t* plane = img + c * sC;
-        T sum = 0;
-        for (int64_t s = p.bin[b]; s < p.bin[b + 1]; ++s) {
-          const int64_t* f = &p.off[4 * s];
-          const T* w = &p.w[4 * s];
-          sum += w[0] * static_cast<T>(plane[f[0]]) + w[1] * static_cast<T>(plane[f[1]]) +
-                 w[2] * static_cast<T>(plane[f[2]]) + w[3] * static_cast<T>(plane[f[3]]);
-        }
-        o[c * oC] = static_cast<scalar_t>(sum / p.count);
+        acc[c] += w1 * static_cast<T>(v1[c]) + w2 * static_cast<T>(v2[c]) + w3 * static_cast<T>(v3[c]) +
+                  w4 * static_cast<T>(v4[c]);
       }
+    }
+    scalar_t* o = out + (b / pw) * oH + (b % pw) * oW;
+    for (int64_t c = 0; c < n; ++c) o[c * oC] = static_cast<scalar_t>(acc[c] / p.count);
+  }
+}
+
+// The same on NCHW planes read in place, channel c at m.base + c * sC (the boxes cover too
+// much of a large map for a tile).
+template <typename scalar_t, typename T>
+void forward_planes(const RotatedPlan<T>& p, const Cells<const scalar_t>& m, int64_t sC, int64_t n, int64_t ph,
+                    int64_t pw, scalar_t* out, int64_t oC, int64_t oH, int64_t oW) {
+  for (int64_t c = 0; c < n; ++c) {
+    const scalar_t* plane = m.base + c * sC;
+    for (int64_t b = 0; b < ph * pw; ++b) {
+      T sum = 0;
+      for (int64_t s = p.bin[b]; s < p.bin[b + 1]; ++s) {
+        int64_t o[4];
+        m.taps(p, s, o);
+        const T* w = &p.w[4 * s];
+        sum += w[0] * static_cast<T>(plane[o[0]]) + w[1] * static_cast<T>(plane[o[1]]) +
+               w[2] * static_cast<T>(plane[o[2]]) + w[3] * static_cast<T>(plane[o[3]]);
+      }
+      out[c * oC + (b / pw) * oH + (b % pw) * oW] = static_cast<scalar_t>(sum / p.count);
     }
   }
 }
 
-// Adds box p's gradient for channels [c0, c1): grad of bin (i, j), channel c at
-// g + c * gC + i * gH + j * gW; the input gradient's channel c at gi + c * sC.
+// Adds box p's gradient for n channels, channel c of bin (i, j) at g + c * gC + i * gH + j * gW:
+// each sample adds (grad / count) * w to its four neighbours. Channels at unit stride in m.
 template <typename scalar_t, typename T>
-ROIOPS_SIMD void backward_box(const RotatedPlan<T>& p, const scalar_t* g, int64_t gC, int64_t gH, int64_t gW,
-                              int64_t c0, int64_t c1, int64_t ph, int64_t pw, bool channels_inner, T* q, T* gi,
-                              int64_t sC) {
+ROIOPS_SIMD void backward_cells(const RotatedPlan<T>& p, const scalar_t* g, int64_t gC, int64_t gH, int64_t gW,
+                                int64_t n, int64_t ph, int64_t pw, T* __restrict__ q, const Cells<T>& m) {
   for (int64_t b = 0; b < ph * pw; ++b) {
     if (p.bin[b] == p.bin[b + 1]) continue;
     const scalar_t* gb = g + (b / pw) * gH + (b % pw) * gW;
-    for (int64_t c = c0; c < c1; ++c) q[c - c0] = static_cast<T>(gb[c * gC]) / p.count;
-    if (channels_inner) {  // sC == 1
+    for (int64_t c = 0; c < n; ++c) q[c] = static_cast<T>(gb[c * gC]) / p.count;
+    for (int64_t s = p.bin[b]; s < p.bin[b + 1]; ++s) {
+      int64_t o[4];
+      m.taps(p, s, o);
+      const T* w = &p.w[4 * s];
+      for (int k = 0; k < 4; ++k) {
+        T* __restrict__ dst = m.base + o[k];
+        const T wk = w[k];
+        for (int64_t c = 0; c < n; ++c) dst[c] += q[c] * wk;
+      }
+    }
+  }
+}
+
+// The same into NCHW planes, channel c at m.base + c * sC.
+template <typename scalar_t, typename T>
+void backward_planes(const RotatedPlan<T>& p, const scalar_t* g, int64_t gC, int64_t gH, int64_t gW, int64_t n,
+                     int64_t ph, int64_t pw, const Cells<T>& m, int64_t sC) {
+  for (int64_t c = 0; c < n; ++c) {
+    T* plane = m.base + c * sC;
+    for (int64_t b = 0; b < ph * pw; ++b) {
+      const T q = static_cast<T>(g[c * gC + (b / pw) * gH + (b % pw) * gW]) / p.count;
       for (int64_t s = p.bin[b]; s < p.bin[b + 1]; ++s) {
-        const int64_t* f = &p.off[4 * s];
+        int64_t o[4];
+        m.taps(p, s, o);
         const T* w = &p.w[4 * s];
-        for (int k = 0; k < 4; ++k) {
-          T* __restrict__ dst = gi + f[k] + c0;
-          const T wk = w[k];
-          for (int64_t c = 0; c < c1 - c0; ++c) dst[c] += q[c] * wk;
-        }
+        for (int k = 0; k < 4; ++k) plane[o[k]] += q * w[k];
       }
-    } else {
-      for (int64_t c = c0; c < c1; ++c) {
-        T* plane = gi + c * sC;
-        const T qc = q[c - c0];
-        for (int64_t s = p.bin[b]; s < p.bin[b + 1]; ++s) {
-          const int64_t* f = &p.off[4 * s];
-          const T* w = &p.w[4 * s];
-          for (int k = 0; k < 4; ++k) plane[f[k]] += qc * w[k];
-        }
-      }
+    }
+  }
+}
+
+// Rectangle [y0, y1) x [x0, x1) of cb channels of NCHW planes (src at channel c0, rows of
+// stride sH) <-> a channels-last tile, cell (y, x) at ((y - y0) * (x1 - x0) + x - x0) * cb.
+template <typename S, typename T>
+void planes_to_rect(const S* src, int64_t sC, int64_t sH, int64_t cb, int64_t y0, int64_t y1, int64_t x0, int64_t x1,
+                    T* __restrict__ tile) {
+  const int64_t tw = x1 - x0;
+  for (int64_t y = y0; y < y1; ++y) {
+    for (int64_t c = 0; c < cb; ++c) {
+      const S* __restrict__ row = src + c * sC + y * sH;
+      T* __restrict__ dst = tile + (y - y0) * tw * cb + c;
+      for (int64_t x = x0; x < x1; ++x) dst[(x - x0) * cb] = static_cast<T>(row[x]);
+    }
+  }
+}
+
+template <typename T>
+void rect_to_planes(const T* __restrict__ tile, int64_t cb, int64_t y0, int64_t y1, int64_t x0, int64_t x1, T* dst,
+                    int64_t sC, int64_t sH) {
+  const int64_t tw = x1 - x0;
+  for (int64_t y = y0; y < y1; ++y) {
+    for (int64_t c = 0; c < cb; ++c) {
+      T* __restrict__ row = dst + c * sC + y * sH;
+      const T* __restrict__ src = tile + (y - y0) * tw * cb + c;
+      for (int64_t x = x0; x < x1; ++x) row[x] = src[(x - x0) * cb];
     }
   }
 }
@@ -211,8 +272,55 @@ inline void check_rotated(const at::Tensor& rois, at::ScalarType input_type, int
   }
 }
 
-// Plan memory per backward chunk: about 48 bytes per sample.
-constexpr int64_t kSampleBudget = int64_t(1) << 19;
+// Plans of one call are built in chunks of boxes, in order, until their samples reach this
+// budget (about 32 bytes each), so that plan memory is bounded for any number of boxes.
+constexpr int64_t kSampleBudget = int64_t(1) << 20;
+// Largest channels-last tile of an NCHW channel block a task allocates (bytes).
+constexpr int64_t kTileBudget = int64_t(16) << 20;
+
+// Runs f(k0, k1, plans, boxes_of_image) for consecutive chunks of the K boxes: plans[k - k0]
+// of box k, and per image the chunk's boxes in increasing index.
+template <typename T, typename F>
+void for_chunks(const at::Tensor& rois, int64_t N, double spatial_scale, int64_t ph, int64_t pw,
+                int64_t sampling_ratio, bool aligned, int64_t H, int64_t W, const F& f) {
+  const int64_t K = rois.size(0);
+  const T* r = rois.const_data_ptr<T>();
+  std::vector<RotatedPlan<T>> plans;
+  std::vector<std::vector<int64_t>> boxes(static_cast<size_t>(N));
+  constexpr int64_t kBatch = 256;
+  for (int64_t k0 = 0; k0 < K;) {
+    int64_t k1 = k0, samples = 0;
+    while (k1 < K && (k1 == k0 || samples < kSampleBudget)) {
+      const int64_t n = std::min(K - k1, kBatch);
+      plans.resize(static_cast<size_t>(k1 - k0 + n));
+      at::parallel_for(0, n, 1, [&](int64_t b0, int64_t b1) {
+        for (int64_t b = b0; b < b1; ++b) {
+          build_plan(r + 6 * (k1 + b), spatial_scale, ph, pw, sampling_ratio, aligned, H, W, plans[k1 - k0 + b]);
+        }
+      });
+      for (int64_t b = 0; b < n; ++b) samples += plans[k1 - k0 + b].samples();
+      k1 += n;
+    }
+    for (auto& list : boxes) list.clear();
+    for (int64_t k = k0; k < k1; ++k) boxes[plans[k - k0].batch].push_back(k);
+    f(k0, k1, plans, boxes);
+    k0 = k1;
+  }
+}
+
+// The rectangle the given boxes' samples touch, {y0, y1, x0, x1} (all 0 when none).
+template <typename T>
+std::array<int64_t, 4> touched(const std::vector<RotatedPlan<T>>& plans, const std::vector<int64_t>& boxes,
+                               int64_t k0) {
+  std::array<int64_t, 4> r = {INT64_MAX, INT64_MIN, INT64_MAX, INT64_MIN};
+  for (const int64_t k : boxes) {
+    const RotatedPlan<T>& p = plans[k - k0];
+    if (p.y0 >= p.y1) continue;
+    r = {std::min(r[0], p.y0), std::max(r[1], p.y1), std::min(r[2], p.x0), std::max(r[3], p.x1)};
+  }
+  if (r[0] >= r[1]) r = {0, 0, 0, 0};
+  return r;
+}
 
 }  // namespace
 
@@ -224,29 +332,46 @@ at::Tensor roi_align_rotated_forward(const at::Tensor& input_, const at::Tensor&
   const bool channels_last = is_channels_last(input_);
   const at::Tensor input = input_.contiguous(format_of(channels_last));
   const at::Tensor rois = rois_.contiguous();
-  const int64_t K = rois.size(0), C = input.size(1), H = input.size(2), W = input.size(3);
-  at::Tensor out = empty_output({K, C, ph, pw}, input.options().memory_format(format_of(channels_last)));
+  const int64_t N = input.size(0), C = input.size(1), H = input.size(2), W = input.size(3);
+  at::Tensor out = empty_output({rois.size(0), C, ph, pw}, input.options().memory_format(format_of(channels_last)));
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, input.scalar_type(), "roiops_roi_align_rotated_forward",
                                   [&] {
     using T = at::opmath_type<scalar_t>;
     const scalar_t* in = input.const_data_ptr<scalar_t>();
     scalar_t* o = out.mutable_data_ptr<scalar_t>();
-    const T* r = rois.const_data_ptr<T>();
     const int64_t sN = input.stride(0), sC = input.stride(1), sH = input.stride(2), sW = input.stride(3);
     const int64_t oK = out.stride(0), oC = out.stride(1), oH = out.stride(2), oW = out.stride(3);
-    at::parallel_for(0, K, 1, [&](int64_t k0, int64_t k1) {
-      RotatedPlan<T> plan;
-      std::vector<T> acc(static_cast<size_t>(C));
-      for (int64_t k = k0; k < k1; ++k) {
-        build_plan(r + 6 * k, spatial_scale, ph, pw, sampling_ratio, aligned, H, W, sH, sW, plan);
-        if (plan.empty) {
-          for (int64_t c = 0; c < C; ++c)
-            for (int64_t i = 0; i < ph; ++i)
-              for (int64_t j = 0; j < pw; ++j) o[k * oK + c * oC + i * oH + j * oW] = static_cast<scalar_t>(0);
-          continue;
+    // Tasks: (image, block of channels), each running the image's boxes of the chunk.
+    const int64_t block = channels_last ? 64 : 16, blocks = (C + block - 1) / block;
+    for_chunks<T>(rois, N, spatial_scale, ph, pw, sampling_ratio, aligned, H, W,
+                  [&](int64_t k0, int64_t, const std::vector<RotatedPlan<T>>& plans,
+                      const std::vector<std::vector<int64_t>>& boxes) {
+      parallel_tasks(N * blocks, [&](int64_t t) {
+        const int64_t n = t / blocks, c0 = (t % blocks) * block, cb = std::min(C, c0 + block) - c0;
+        if (boxes[n].empty()) return;
+        std::vector<T> acc(static_cast<size_t>(cb));
+        const scalar_t* img = in + n * sN + c0 * sC;
+        if (channels_last) {
+          const Cells<const scalar_t> m{img, sH, sW, 0, 0};
+          for (const int64_t k : boxes[n])
+            forward_cells(plans[k - k0], m, cb, ph, pw, acc.data(), o + k * oK + c0 * oC, oC, oH, oW);
+          return;
         }
-        forward_box(plan, in + plan.batch * sN, sC, C, ph, pw, channels_last, acc.data(), o + k * oK, oC, oH, oW);
-      }
+        const auto [y0, y1, x0, x1] = touched(plans, boxes[n], k0);
+        const int64_t cells = (y1 - y0) * (x1 - x0);
+        if (cells * cb * static_cast<int64_t>(sizeof(T)) > kTileBudget) {
+          const Cells<const scalar_t> m{img, sH, sW, 0, 0};
+          for (const int64_t k : boxes[n])
+            forward_planes(plans[k - k0], m, sC, cb, ph, pw, o + k * oK + c0 * oC, oC, oH, oW);
+          return;
+        }
+        // NCHW: the channel block of the rectangle the boxes touch, as a channels-last tile.
+        std::vector<T> tile(static_cast<size_t>(cells * cb));
+        planes_to_rect(img, sC, sH, cb, y0, y1, x0, x1, tile.data());
+        const Cells<const T> m{tile.data(), (x1 - x0) * cb, cb, y0, x0};
+        for (const int64_t k : boxes[n])
+          forward_cells(plans[k - k0], m, cb, ph, pw, acc.data(), o + k * oK + c0 * oC, oC, oH, oW);
+      });
     });
   });
   return out;
@@ -264,7 +389,6 @@ at::Tensor roi_align_rotated_backward(const at::Tensor& grad_, const at::Tensor&
   const at::Tensor grad = grad_.contiguous(format_of(channels_last));
   const auto opts = grad.options().memory_format(format_of(channels_last));
   at::Tensor gi = empty_output({N, C, H, W}, opts);
-  const int64_t K = rois.size(0);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, grad.scalar_type(), "roiops_roi_align_rotated_backward",
                                   [&] {
     using T = at::opmath_type<scalar_t>;
@@ -273,42 +397,43 @@ at::Tensor roi_align_rotated_backward(const at::Tensor& grad_, const at::Tensor&
     acc.zero_();
     T* a = acc.mutable_data_ptr<T>();
     const scalar_t* g = grad.const_data_ptr<scalar_t>();
-    const T* r = rois.const_data_ptr<T>();
     const int64_t sN = acc.stride(0), sC = acc.stride(1), sH = acc.stride(2), sW = acc.stride(3);
     const int64_t gK = grad.stride(0), gC = grad.stride(1), gH = grad.stride(2), gW = grad.stride(3);
-    // Channel blocks: many per image so that a few images keep every thread busy.
-    const int64_t block = channels_last ? 64 : 8;
-    const int64_t blocks = (C + block - 1) / block;
-    std::vector<RotatedPlan<T>> plans;
-    for (int64_t k0 = 0; k0 < K;) {
-      // A chunk: boxes in order until their plans reach the sample budget (at least one box).
-      int64_t k1 = k0, samples = 0;
-      plans.clear();
-      while (k1 < K && (k1 == k0 || samples < kSampleBudget)) {
-        const int64_t n = std::min<int64_t>(K - k1, std::max<int64_t>(at::get_num_threads(), 1) * 4);
-        plans.resize(static_cast<size_t>(k1 - k0 + n));
-        at::parallel_for(0, n, 1, [&](int64_t b0, int64_t b1) {
-          for (int64_t b = b0; b < b1; ++b) {
-            build_plan(r + 6 * (k1 + b), spatial_scale, ph, pw, sampling_ratio, aligned, H, W, sH, sW,
-                       plans[k1 - k0 + b]);
-          }
-        });
-        for (int64_t b = 0; b < n; ++b) samples += plans[k1 - k0 + b].samples();
-        k1 += n;
-      }
-      at::parallel_for(0, N * blocks, 1, [&](int64_t t0, int64_t t1) {
-        std::vector<T> q(static_cast<size_t>(block));
-        for (int64_t t = t0; t < t1; ++t) {
-          const int64_t n = t / blocks, c0 = (t % blocks) * block, c1 = std::min(C, c0 + block);
-          for (int64_t k = k0; k < k1; ++k) {
-            const RotatedPlan<T>& p = plans[k - k0];
-            if (p.batch != n || p.empty) continue;
-            backward_box(p, g + k * gK, gC, gH, gW, c0, c1, ph, pw, channels_last, q.data(), a + n * sN, sC);
-          }
+    // Tasks: (image, block of channels), each adding the image's boxes of the chunk in
+    // increasing index: the same sums for any thread count.
+    const int64_t block = channels_last ? 64 : 16, blocks = (C + block - 1) / block;
+    for_chunks<T>(rois, N, spatial_scale, ph, pw, sampling_ratio, aligned, H, W,
+                  [&](int64_t k0, int64_t, const std::vector<RotatedPlan<T>>& plans,
+                      const std::vector<std::vector<int64_t>>& boxes) {
+      parallel_tasks(N * blocks, [&](int64_t t) {
+        const int64_t n = t / blocks, c0 = (t % blocks) * block, cb = std::min(C, c0 + block) - c0;
+        if (boxes[n].empty()) return;
+        std::vector<T> q(static_cast<size_t>(cb));
+        T* img = a + n * sN + c0 * sC;
+        if (channels_last) {
+          const Cells<T> m{img, sH, sW, 0, 0};
+          for (const int64_t k : boxes[n])
+            backward_cells(plans[k - k0], g + k * gK + c0 * gC, gC, gH, gW, cb, ph, pw, q.data(), m);
+          return;
         }
+        const auto [y0, y1, x0, x1] = touched(plans, boxes[n], k0);
+        const int64_t cells = (y1 - y0) * (x1 - x0);
+        if (cells == 0) return;
+        if (cells * cb * static_cast<int64_t>(sizeof(T)) > kTileBudget) {
+          const Cells<T> m{img, sH, sW, 0, 0};
+          for (const int64_t k : boxes[n])
+            backward_planes(plans[k - k0], g + k * gK + c0 * gC, gC, gH, gW, cb, ph, pw, m, sC);
+          return;
+        }
+        // NCHW: sums in a channels-last tile of the rectangle, added to the planes after.
+        std::vector<T> tile(static_cast<size_t>(cells * cb));
+        if (k0 > 0) planes_to_rect(img, sC, sH, cb, y0, y1, x0, x1, tile.data());
+        const Cells<T> m{tile.data(), (x1 - x0) * cb, cb, y0, x0};
+        for (const int64_t k : boxes[n])
+          backward_cells(plans[k - k0], g + k * gK + c0 * gC, gC, gH, gW, cb, ph, pw, q.data(), m);
+        rect_to_planes(tile.data(), cb, y0, y1, x0, x1, img, sC, sH);
       });
-      k0 = k1;
-    }
+    });
     if (!std::is_same_v<T, scalar_t>) gi.copy_(acc);
   });
   return gi;
