@@ -188,41 +188,33 @@ void forward_planes(const RotatedPlan<T>& p, const Cells<const scalar_t>& m, int
   }
 }
 
-// Adds box p's gradient for n channels, channel c of bin (i, j) at g + c * gC + i * gH + j * gW:
-// each sample adds (grad / count) * w to its four neighbours. Channels at unit stride in m.
+// Adds box p's gradient for n channels to rows [r0, r1) (a band; m's origin is row r0),
+// channel c of bin (i, j) at g + c * gC + i * gH + j * gW: each sample adds
+// (grad / count) * w to those of its four neighbours in the band. Channel c at stride mC
+// in m (1 for channels_last and tiles: one vector pass per tap).
 template <typename scalar_t, typename T>
-ROIOPS_SIMD void backward_cells(const RotatedPlan<T>& p, const scalar_t* g, int64_t gC, int64_t gH, int64_t gW,
-                                int64_t n, int64_t ph, int64_t pw, T* __restrict__ q, const Cells<T>& m) {
+ROIOPS_SIMD void backward_band(const RotatedPlan<T>& p, const scalar_t* g, int64_t gC, int64_t gH, int64_t gW,
+                               int64_t n, int64_t ph, int64_t pw, T* __restrict__ q, const Cells<T>& m, int64_t mC,
+                               int64_t r0, int64_t r1) {
   for (int64_t b = 0; b < ph * pw; ++b) {
     if (p.bin[b] == p.bin[b + 1]) continue;
     const scalar_t* gb = g + (b / pw) * gH + (b % pw) * gW;
     for (int64_t c = 0; c < n; ++c) q[c] = static_cast<T>(gb[c * gC]) / p.count;
     for (int64_t s = p.bin[b]; s < p.bin[b + 1]; ++s) {
+      const int32_t* cell = &p.cell[4 * s];
+      const bool lo_in = cell[0] >= r0 && cell[0] < r1, hi_in = cell[1] >= r0 && cell[1] < r1;
+      if (!lo_in && !hi_in) continue;
       int64_t o[4];
       m.taps(p, s, o);
       const T* w = &p.w[4 * s];
-      for (int k = 0; k < 4; ++k) {
+      for (int k = lo_in ? 0 : 2; k < (hi_in ? 4 : 2); ++k) {
         T* __restrict__ dst = m.base + o[k];
         const T wk = w[k];
-        for (int64_t c = 0; c < n; ++c) dst[c] += q[c] * wk;
-      }
-    }
-  }
-}
-
-// The same into NCHW planes, channel c at m.base + c * sC.
-template <typename scalar_t, typename T>
-void backward_planes(const RotatedPlan<T>& p, const scalar_t* g, int64_t gC, int64_t gH, int64_t gW, int64_t n,
-                     int64_t ph, int64_t pw, const Cells<T>& m, int64_t sC) {
-  for (int64_t c = 0; c < n; ++c) {
-    T* plane = m.base + c * sC;
-    for (int64_t b = 0; b < ph * pw; ++b) {
-      const T q = static_cast<T>(g[c * gC + (b / pw) * gH + (b % pw) * gW]) / p.count;
-      for (int64_t s = p.bin[b]; s < p.bin[b + 1]; ++s) {
-        int64_t o[4];
-        m.taps(p, s, o);
-        const T* w = &p.w[4 * s];
-        for (int k = 0; k < 4; ++k) plane[o[k]] += q * w[k];
+        if (mC == 1) {
+          for (int64_t c = 0; c < n; ++c) dst[c] += q[c] * wk;
+        } else {
+          for (int64_t c = 0; c < n; ++c) dst[c * mC] += q[c] * wk;
+        }
       }
     }
   }
@@ -394,44 +386,48 @@ at::Tensor roi_align_rotated_backward(const at::Tensor& grad_, const at::Tensor&
     using T = at::opmath_type<scalar_t>;
     // Sums in T: float16/bfloat16 gradients are rounded once at the end.
     at::Tensor acc = std::is_same_v<T, scalar_t> ? gi : at::empty_like(gi, opts.dtype(c10::CppTypeToScalarType<T>::value));
-    acc.zero_();
     T* a = acc.mutable_data_ptr<T>();
     const scalar_t* g = grad.const_data_ptr<scalar_t>();
     const int64_t sN = acc.stride(0), sC = acc.stride(1), sH = acc.stride(2), sW = acc.stride(3);
     const int64_t gK = grad.stride(0), gC = grad.stride(1), gH = grad.stride(2), gW = grad.stride(3);
-    // Tasks: (image, block of channels), each adding the image's boxes of the chunk in
-    // increasing index: the same sums for any thread count.
-    const int64_t block = channels_last ? 64 : 16, blocks = (C + block - 1) / block;
+    // Tasks: (image, band of rows) for channels_last, all channels, summed in place;
+    // (image, band, block of 16 channels) for NCHW, summed in a channels-last tile of the
+    // band and written to the planes after. A band stays in cache while the image's boxes
+    // add to it in increasing index: the same sums for any thread count, no atomics.
+    const int64_t cb_max = channels_last ? C : std::min<int64_t>(C, 16);
+    const int64_t blocks = cb_max > 0 ? (C + cb_max - 1) / cb_max : 0;
+    const int64_t row_bytes = std::max<int64_t>(W * cb_max * static_cast<int64_t>(sizeof(T)), 1);
+    const int64_t rows = std::max<int64_t>((channels_last ? kClBandBytes : kBandBytes) / row_bytes, 1);
+    const int64_t bands = (H + rows - 1) / rows;
+    if (rois.size(0) == 0 || blocks == 0) acc.zero_();
     for_chunks<T>(rois, N, spatial_scale, ph, pw, sampling_ratio, aligned, H, W,
                   [&](int64_t k0, int64_t, const std::vector<RotatedPlan<T>>& plans,
                       const std::vector<std::vector<int64_t>>& boxes) {
-      parallel_tasks(N * blocks, [&](int64_t t) {
-        const int64_t n = t / blocks, c0 = (t % blocks) * block, cb = std::min(C, c0 + block) - c0;
-        if (boxes[n].empty()) return;
+      parallel_tasks(N * bands * blocks, [&](int64_t t) {
+        const int64_t n = t / (bands * blocks), r0 = (t / blocks % bands) * rows, r1 = std::min(H, r0 + rows);
+        const int64_t c0 = (t % blocks) * cb_max, cb = std::min(C, c0 + cb_max) - c0;
         std::vector<T> q(static_cast<size_t>(cb));
         T* img = a + n * sN + c0 * sC;
-        if (channels_last) {
-          const Cells<T> m{img, sH, sW, 0, 0};
-          for (const int64_t k : boxes[n])
-            backward_cells(plans[k - k0], g + k * gK + c0 * gC, gC, gH, gW, cb, ph, pw, q.data(), m);
-          return;
+        std::vector<T> tile;
+        Cells<T> m{img + r0 * sH, sH, sW, r0, 0};
+        // In place: channels_last, and NCHW rows too long for a tile (then channel stride sC).
+        const bool in_place = channels_last || W * cb * static_cast<int64_t>(sizeof(T)) > kTileBudget;
+        if (in_place) {
+          if (k0 == 0) {
+            for (int64_t c = 0; c < (channels_last ? 1 : cb); ++c)
+              for (int64_t y = r0; y < r1; ++y) std::fill_n(img + c * sC + y * sH, channels_last ? W * sW : W, T(0));
+          }
+        } else {
+          tile.assign(static_cast<size_t>((r1 - r0) * W * cb), T(0));
+          if (k0 > 0) planes_to_rect(img, sC, sH, cb, r0, r1, 0, W, tile.data());
+          m = Cells<T>{tile.data(), W * cb, cb, r0, 0};
         }
-        const auto [y0, y1, x0, x1] = touched(plans, boxes[n], k0);
-        const int64_t cells = (y1 - y0) * (x1 - x0);
-        if (cells == 0) return;
-        if (cells * cb * static_cast<int64_t>(sizeof(T)) > kTileBudget) {
-          const Cells<T> m{img, sH, sW, 0, 0};
-          for (const int64_t k : boxes[n])
-            backward_planes(plans[k - k0], g + k * gK + c0 * gC, gC, gH, gW, cb, ph, pw, m, sC);
-          return;
+        for (const int64_t k : boxes[n]) {
+          const RotatedPlan<T>& p = plans[k - k0];
+          if (p.y1 <= r0 || p.y0 >= r1) continue;
+          backward_band(p, g + k * gK + c0 * gC, gC, gH, gW, cb, ph, pw, q.data(), m, in_place ? sC : 1, r0, r1);
         }
-        // NCHW: sums in a channels-last tile of the rectangle, added to the planes after.
-        std::vector<T> tile(static_cast<size_t>(cells * cb));
-        if (k0 > 0) planes_to_rect(img, sC, sH, cb, y0, y1, x0, x1, tile.data());
-        const Cells<T> m{tile.data(), (x1 - x0) * cb, cb, y0, x0};
-        for (const int64_t k : boxes[n])
-          backward_cells(plans[k - k0], g + k * gK + c0 * gC, gC, gH, gW, cb, ph, pw, q.data(), m);
-        rect_to_planes(tile.data(), cb, y0, y1, x0, x1, img, sC, sH);
+        if (!in_place) rect_to_planes(tile.data(), cb, r0, r1, 0, W, img, sC, sH);
       });
     });
     if (!std::is_same_v<T, scalar_t>) gi.copy_(acc);
