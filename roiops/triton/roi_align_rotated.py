@@ -228,7 +228,7 @@ def _rotated_bwd_ordered_kernel(
                 for dx in range(0, nx):
                     xx = sample_pos(xbase, fx + dx, bw, gwf)
                     ylo_, yhi_, xlo_, xhi_, w1, w2, w3, w4, inside = _taps(yy, xx, cy, cx, cos, sin, H, W)
-                    m = cm & inside
+                    m = with_flag(cm, inside)
                     oy0 = ylo_.to(tl.int64) * siH
                     oy1 = yhi_.to(tl.int64) * siH
                     ox0 = xlo_.to(tl.int64) * siW
