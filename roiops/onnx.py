@@ -36,6 +36,10 @@ What each op becomes (docs/ecosystem.md has the table and the reasons):
   so all-negative bins came out positive), turning an all ``-inf`` bin into -FLT_MAX, and
   it propagates NaN only when the NaN is the last element of the bin.
 
+- ``roi_align_rotated``: no translation; exporting it raises an error naming the op. ONNX
+  has no rotated RoIAlign operator, and a decomposition would gather every sample of every
+  box (the kernels visit only the samples near the map).
+
 Every decomposition reproduces the kernels' arithmetic (same float type, same operation
 order) and matches roiops bit for bit, NaN and infinities included, up to the sign of a
 zero maximum in mode "max" (ReduceMax may pick either of -0.0 and +0.0). Each op's second
@@ -93,6 +97,7 @@ def translation_table(
         torch.ops.roiops.roi_align.default: avg,
         torch.ops.roiops.roi_align_max.default: _roi_align_max,
         torch.ops.roiops.roi_pool.default: _roi_pool,
+        torch.ops.roiops.roi_align_rotated.default: _roi_align_rotated_refused,
     }
 
 
@@ -548,3 +553,10 @@ def _roi_pool(
     out = op.Where(empty_bin, _const(0, t), op.Transpose(best, perm=[0, 2, 1, 3]))
     argmax = op.Where(empty_bin, _i64(-1), op.Transpose(argmax, perm=[0, 2, 1, 3]))
     return _restore(out, input), op.Cast(argmax, to=_INT32)
+
+
+def _roi_align_rotated_refused(input: _In, rois: _In, spatial_scale: float, pooled_height: int, pooled_width: int,
+                               sampling_ratio: int, aligned: bool) -> Any:
+    raise NotImplementedError(
+        "roiops.roi_align_rotated (torch.ops.roiops.roi_align_rotated) has no ONNX translation: ONNX has no rotated "
+        "RoIAlign operator; keep it out of the exported graph (e.g. export the network up to the pooling)")

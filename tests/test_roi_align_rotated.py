@@ -304,3 +304,50 @@ def test_triton_deterministic_backward(channels_last):
     ref = roiops.reference.roi_align_rotated_backward(g, *args)
     assert torch.equal(runs[0], runs[1])
     torch.testing.assert_close(runs[0], ref, **tol(F32))
+
+
+# ----------------------------------------------------------------------------- drop-ins
+
+
+def test_detectron2_drop_in():
+    from roiops.compat.detectron2 import ROIAlignRotated
+
+    m = ROIAlignRotated((3, 4), SCALE, 0)
+    assert repr(m) == "ROIAlignRotated(output_size=(3, 4), spatial_scale=0.5, sampling_ratio=0)"
+    x, b = feature(F32), boxes(F32)
+    assert torch.equal(m(x, b), roiops.roi_align_rotated(x, b, (3, 4), SCALE, 0, aligned=True))
+    with pytest.raises(ValueError, match=r"Tensor\[K, 6\]"):
+        m(x, b[:, :5])
+
+
+def test_mmcv_drop_in():
+    from roiops.compat.mmcv import RoIAlignRotated, roi_align_rotated
+
+    m = RoIAlignRotated(3, SCALE, 2, aligned=False, clockwise=True)
+    assert repr(m) == "RoIAlignRotated(output_size=(3, 3), spatial_scale=0.5, sampling_ratio=2, aligned=False, " \
+                      "clockwise=True)"
+    x, b = feature(F32), boxes(F32)
+    b[:, 5] = torch.deg2rad(b[:, 5])
+    expected = roiops.roi_align_rotated(x, b, 3, SCALE, 2, False, True, "radians")
+    assert torch.equal(m(x, b), expected)
+    assert torch.equal(roi_align_rotated(x, b, 3, SCALE, 2, False, True), expected)
+    # Defaults: spatial_scale 1, adaptive sampling, aligned, counter-clockwise.
+    assert torch.equal(roi_align_rotated(x, b, 2), roiops.roi_align_rotated(x, b, 2, 1.0, 0, angle="radians"))
+
+
+def test_onnx_export_refuses_with_the_op_named():
+    pytest.importorskip("onnxscript")
+    import roiops.onnx
+
+    class Head(torch.nn.Module):
+        def forward(self, x, b):
+            return roiops.roi_align_rotated(x, b, 2, SCALE, 2)
+
+    x, b = feature(F32), boxes(F32)
+    with pytest.raises(Exception) as info:
+        roiops.onnx.export(Head(), (x, b))
+    chain, e = [], info.value
+    while e is not None:
+        chain.append(str(e))
+        e = e.__cause__ or e.__context__
+    assert any("roiops.roi_align_rotated" in m and "no ONNX translation" in m for m in chain)
