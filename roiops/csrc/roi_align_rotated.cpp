@@ -7,11 +7,14 @@
 // columns whose box coordinate falls within the map's extent seen along the box's axes
 // (widened to cover rounding), so the cost follows the covered map, not the box size.
 //
-// Forward: tasks are boxes; a box's plan is built once and read for every channel
-// (channels innermost when channels_last, so the loop vectorises; planes in turn when
-// NCHW). Backward: boxes in chunks of bounded plan memory, in order; within a chunk, tasks
-// own (image, block of channels) and add that image's boxes in increasing index, so the
-// sums are the same for any thread count, with no atomics.
+// Plans are built once per call, in chunks of boxes whose samples stay within a budget,
+// and shared by all channels. Forward tasks are (image, block of channels): channels_last
+// input is read in place, channels innermost so that the loops vectorise; NCHW input is
+// first copied into a channels-last tile of the rectangle the image's boxes touch (per
+// plane in place when that tile would be too large). Backward tasks own (image, band of
+// rows), all channels in place for channels_last, a 16-channel channels-last tile for
+// NCHW, and add the image's boxes in increasing index: the same sums for any thread
+// count, no atomics.
 #include <ATen/Parallel.h>
 
 #include <algorithm>
