@@ -89,7 +89,8 @@ def _rotated_box(rois_ptr, cs_ptr, k, N, H, W, scale, ph, pw, sampling_ratio, AL
     yhi = tl.maximum(tl.maximum(y00, y01), tl.maximum(y10, y11)) + margin
     xlo = tl.minimum(tl.minimum(x00, x01), tl.minimum(x10, x11)) - margin
     xhi = tl.maximum(tl.maximum(x00, x01), tl.maximum(x10, x11)) + margin
-    return ok, b, cy, cx, cos, sin, bh, bw, ghf, gwf, count, -rh / 2.0, -rw / 2.0, ylo, yhi, xlo, xhi
+    # -rh * 0.5 is -rh / 2 exactly (Triton's float32 / is approximate)
+    return ok, b, cy, cx, cos, sin, bh, bw, ghf, gwf, count, -rh * 0.5, -rw * 0.5, ylo, yhi, xlo, xhi
 
 
 @triton.jit
