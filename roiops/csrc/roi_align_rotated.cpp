@@ -102,30 +102,53 @@ void build_plan(const T* roi, double spatial_scale, int64_t ph, int64_t pw, int6
     }
     const double margin = 2.0 + 0x1p-20 * (std::abs(dcx) + std::abs(dcy) + std::abs(static_cast<double>(roi_w)) +
                                            std::abs(static_cast<double>(roi_h)) + static_cast<double>(H + W));
-    std::vector<int64_t> xf(static_cast<size_t>(pw)), xl(static_cast<size_t>(pw));
-    for (int64_t j = 0; j < pw; ++j) candidates(start_w, bin_w, j, gw, xlo - margin, xhi + margin, xf[j], xl[j]);
+    // Candidate positions along each box axis, once per box: bin i's rows yy[yo[i] ..
+    // yo[i + 1]), bin j's columns xx[xo[j] .. xo[j + 1]).
+    std::vector<T> yy, xx;
+    std::vector<int64_t> yo(static_cast<size_t>(ph + 1), 0), xo(static_cast<size_t>(pw + 1), 0);
     for (int64_t i = 0; i < ph; ++i) {
-      int64_t yf, yl;
-      candidates(start_h, bin_h, i, gh, ylo - margin, yhi + margin, yf, yl);
+      int64_t f, l;
+      candidates(start_h, bin_h, i, gh, ylo - margin, yhi + margin, f, l);
+      for (int64_t iy = f; iy <= l; ++iy) yy.push_back(sample_position(start_h, bin_h, i, iy, gh));
+      yo[i + 1] = static_cast<int64_t>(yy.size());
+    }
+    for (int64_t j = 0; j < pw; ++j) {
+      int64_t f, l;
+      candidates(start_w, bin_w, j, gw, xlo - margin, xhi + margin, f, l);
+      for (int64_t ix = f; ix <= l; ++ix) xx.push_back(sample_position(start_w, bin_w, j, ix, gw));
+      xo[j + 1] = static_cast<int64_t>(xx.size());
+    }
+    const size_t most = 4 * yy.size() * xx.size();  // every candidate of every bin
+    p.cell.resize(most);
+    p.w.resize(most);
+    int32_t* cell = p.cell.data();
+    T* wt = p.w.data();
+    int64_t n = 0, y0 = INT64_MAX, y1 = INT64_MIN, x0 = INT64_MAX, x1 = INT64_MIN;
+    for (int64_t i = 0; i < ph; ++i) {
       for (int64_t j = 0; j < pw; ++j) {
-        for (int64_t iy = yf; iy <= yl; ++iy) {
-          const T yy = sample_position(start_h, bin_h, i, iy, gh);
-          for (int64_t ix = xf[j]; ix <= xl[j]; ++ix) {
-            const T xx = sample_position(start_w, bin_w, j, ix, gw);
-            const T y = yy * cos_t - xx * sin_t + cy;
-            const T x = yy * sin_t + xx * cos_t + cx;
+        for (int64_t a = yo[i]; a < yo[i + 1]; ++a) {
+          const T yc = yy[a] * cos_t, ys = yy[a] * sin_t;
+          for (int64_t b = xo[j]; b < xo[j + 1]; ++b) {
+            const T y = yc - xx[b] * sin_t + cy;
+            const T x = ys + xx[b] * cos_t + cx;
             Tap<T> ty, tx;
             if (!make_tap(y, H, ty) || !make_tap(x, W, tx)) continue;  // value 0, no gradient
-            p.cell.insert(p.cell.end(), {static_cast<int32_t>(ty.lo), static_cast<int32_t>(ty.hi),
-                                         static_cast<int32_t>(tx.lo), static_cast<int32_t>(tx.hi)});
-            p.w.insert(p.w.end(), {ty.h * tx.h, ty.h * tx.l, ty.l * tx.h, ty.l * tx.l});
-            p.y0 = std::min(p.y0, ty.lo), p.y1 = std::max(p.y1, ty.hi + 1);
-            p.x0 = std::min(p.x0, tx.lo), p.x1 = std::max(p.x1, tx.hi + 1);
+            int32_t* c = cell + 4 * n;
+            c[0] = static_cast<int32_t>(ty.lo), c[1] = static_cast<int32_t>(ty.hi);
+            c[2] = static_cast<int32_t>(tx.lo), c[3] = static_cast<int32_t>(tx.hi);
+            T* w = wt + 4 * n;
+            w[0] = ty.h * tx.h, w[1] = ty.h * tx.l, w[2] = ty.l * tx.h, w[3] = ty.l * tx.l;
+            y0 = std::min(y0, ty.lo), y1 = std::max(y1, ty.hi + 1);
+            x0 = std::min(x0, tx.lo), x1 = std::max(x1, tx.hi + 1);
+            ++n;
           }
         }
-        p.bin[i * pw + j + 1] = p.samples();
+        p.bin[i * pw + j + 1] = n;
       }
     }
+    p.cell.resize(static_cast<size_t>(4 * n));
+    p.w.resize(static_cast<size_t>(4 * n));
+    p.y0 = y0, p.y1 = y1, p.x0 = x0, p.x1 = x1;
   }
   if (p.samples() == 0) p.y0 = p.y1 = p.x0 = p.x1 = 0;
 }
