@@ -15,11 +15,9 @@ from torch import Tensor
 from .. import _validation as v
 from .._validation import BoxesType, OutputSize
 from ._declare import Kernels, RoIModule, register
+from .roi_align import _ARGS, _BACKWARD
 
-_ARGS = (("float", "spatial_scale"), ("int", "pooled_height"), ("int", "pooled_width"), ("int", "sampling_ratio"),
-         ("bool", "aligned"))
-_BACKWARD = ("spatial_scale", "pooled_height", "pooled_width", "batch_size", "channels", "height", "width",
-             "sampling_ratio", "aligned", "channels_last")
+# RoIAlign's arguments, in the same order.
 register(Kernels("roi_align_rotated", _ARGS, _BACKWARD, title="roi_align_rotated"))
 
 

@@ -6,35 +6,13 @@ import torch
 from torch import Tensor
 
 from .._geometry import bilinear_taps, is_channels_last, sample_position
-from ._common import attach, check_grad, check_pooled, check_sampling_ratio, layout, opmath_type, require_finite
+from ._common import (attach, check_grad, check_pooled, check_sampling_ratio, layout, opmath_type, prepare_rois,
+                      require_finite)
 
 __all__ = ["roi_align_rotated_backward", "roi_align_rotated_forward"]
 
 # Adaptive grid per axis: a box side is at most 2^24 cells, so ceil(bin) stays far below this.
 _MAX_ADAPTIVE_GRID = 2**26
-
-
-def _prepare(rois: Tensor, batch_size: int, opmath: torch.dtype, device) -> tuple[Tensor, list[int]]:
-    """``rois[K, 6]`` checked (semantics.md "Inputs") and converted to opmath, with the batch indices."""
-    if rois.dim() != 2 or rois.size(1) != 6:
-        raise ValueError(f"roiops: rois must have shape [K, 6] (batch_index, cx, cy, w, h, theta), "
-                         f"got {tuple(rois.shape)}")
-    if not rois.is_floating_point():
-        raise ValueError(f"roiops: rois must be floating point, got {rois.dtype}")
-    rois = rois.detach().to(device=device, dtype=opmath)
-    if rois.size(0) == 0:
-        return rois, []
-    idx = rois[:, 0]
-    idx_ok = torch.isfinite(idx) & (idx == torch.floor(idx)) & (idx >= 0) & (idx < batch_size)
-    bad = ~(idx_ok & torch.isfinite(rois[:, 1:]).all(dim=1))
-    if bool(bad.any()):
-        row = int(bad.nonzero()[0, 0])
-        values = rois[row].tolist()
-        if not bool(idx_ok[row]):
-            raise ValueError(f"roiops: rois row {row}: batch index {values[0]!r} is not an integer "
-                             f"in [0, {batch_size}) (row = {values})")
-        raise ValueError(f"roiops: rois row {row}: coordinates and angle must be finite (row = {values})")
-    return rois, [int(b) for b in idx.tolist()]
 
 
 class _RotatedBox:
@@ -155,7 +133,7 @@ def roi_align_rotated_forward(input: Tensor, rois: Tensor, spatial_scale: float,
     ph, pw = _check(pooled_height, pooled_width)
     n, c, height, width = input.shape
     opmath = opmath_type(input.dtype)
-    rois, batch = _prepare(rois, n, opmath, input.device)
+    rois, batch = prepare_rois(rois, n, opmath, input.device, rotated=True)
     boxes = _rotated_boxes(rois, spatial_scale, ph, pw, int(sampling_ratio), bool(aligned), height, width)
     x = input.to(opmath)
     outs = []
@@ -181,7 +159,7 @@ def roi_align_rotated_backward(grad: Tensor, rois: Tensor, spatial_scale: float,
     each of its four neighbours."""
     ph, pw = _check(pooled_height, pooled_width)
     opmath = opmath_type(grad.dtype)
-    rois, batch = _prepare(rois, batch_size, opmath, grad.device)
+    rois, batch = prepare_rois(rois, batch_size, opmath, grad.device, rotated=True)
     check_grad(grad, rois.size(0), channels, ph, pw)
     boxes = _rotated_boxes(rois, spatial_scale, ph, pw, int(sampling_ratio), bool(aligned), height, width)
     g_all = grad.to(opmath)

@@ -103,6 +103,17 @@ def _taps(yy, xx, cy, cx, cos, sin, H, W):
     return ylo, yhi, xlo, xhi, hy * hx, hy * lx, ly * hx, ly * lx, iny & inx
 
 
+@triton.jit
+def _spans(live, i, j, sh, sw, bh, bw, ghf, gwf, ylo, yhi, xlo, xhi):
+    """Bin (i, j)'s start along each box axis and its samples near the map (sample_span of
+    the map's extent along the axes): (ybase, fy, ny, xbase, fx, nx), counts 0 unless live."""
+    ybase = sh + i.to(sh.dtype) * bh
+    xbase = sw + j.to(sw.dtype) * bw
+    fy, ey = sample_span(ybase, bh, ghf, ylo, yhi)
+    fx, ex = sample_span(xbase, bw, gwf, xlo, xhi)
+    return ybase, fy, tl.where(live, ey - fy, 0), xbase, fx, tl.where(live, ex - fx, 0)
+
+
 @kernel
 def _rotated_fwd_kernel(
     x_ptr, rois_ptr, cs_ptr, out_ptr, scale_bits,
@@ -119,13 +130,7 @@ def _rotated_fwd_kernel(
     p, pm, i, j, c, cm = bin_tile(pid - k * n_pblocks, tl.program_id(1), ph, pw, C, BLOCK_P, BLOCK_C)
     tile_m = with_flag(_p(pm, CF) & _c(cm, CF), ok)
     x_base = x_ptr + b * sxN + _c(c.to(tl.int64) * sxC, CF)
-    ybase = sh + i.to(T) * bh
-    xbase = sw + j.to(T) * bw
-    fy, ey = sample_span(ybase, bh, ghf, ylo, yhi)
-    fx, ex = sample_span(xbase, bw, gwf, xlo, xhi)
-    live = with_flag(pm, ok)
-    ny = tl.where(live, ey - fy, 0)
-    nx = tl.where(live, ex - fx, 0)
+    ybase, fy, ny, xbase, fx, nx = _spans(with_flag(pm, ok), i, j, sh, sw, bh, bw, ghf, gwf, ylo, yhi, xlo, xhi)
     acc = _p(tl.zeros([BLOCK_P], dtype=T), CF) + _c(tl.zeros([BLOCK_C], dtype=T), CF)
     for dy in range(0, tl.max(ny, axis=0)):
         yy = sample_pos(ybase, fy + dy, bh, ghf)
@@ -168,13 +173,7 @@ def _rotated_bwd_atomic_kernel(
                                                                       CF), mask=tile_m, other=0.0).to(T)
     q = div_rn(g, count)
     gi_base = gi_ptr + b * siN + _c(c.to(tl.int64) * siC, CF)
-    ybase = sh + i.to(T) * bh
-    xbase = sw + j.to(T) * bw
-    fy, ey = sample_span(ybase, bh, ghf, ylo, yhi)
-    fx, ex = sample_span(xbase, bw, gwf, xlo, xhi)
-    live = with_flag(pm, ok)
-    ny = tl.where(live, ey - fy, 0)
-    nx = tl.where(live, ex - fx, 0)
+    ybase, fy, ny, xbase, fx, nx = _spans(with_flag(pm, ok), i, j, sh, sw, bh, bw, ghf, gwf, ylo, yhi, xlo, xhi)
     for dy in range(0, tl.max(ny, axis=0)):
         yy = sample_pos(ybase, fy + dy, bh, ghf)
         for dx in range(0, tl.max(nx, axis=0)):
@@ -218,12 +217,7 @@ def _rotated_bwd_ordered_kernel(
             g = tl.load(grad_ptr + k64 * sgK + c64 * sgC + i.to(tl.int64) * sgH + j.to(tl.int64) * sgW,
                         mask=cm, other=0.0).to(T)
             q = div_rn(g, count)
-            ybase = sh + i.to(T) * bh
-            xbase = sw + j.to(T) * bw
-            fy, ey = sample_span(ybase, bh, ghf, ylo, yhi)
-            fx, ex = sample_span(xbase, bw, gwf, xlo, xhi)
-            ny = tl.where(ok, ey - fy, 0)
-            nx = tl.where(ok, ex - fx, 0)
+            ybase, fy, ny, xbase, fx, nx = _spans(ok, i, j, sh, sw, bh, bw, ghf, gwf, ylo, yhi, xlo, xhi)
             for dy in range(0, ny):
                 yy = sample_pos(ybase, fy + dy, bh, ghf)
                 for dx in range(0, nx):
