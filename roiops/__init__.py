@@ -2,6 +2,7 @@
 
 Public API: :func:`roi_align`, :func:`roi_pool`, :func:`multi_scale_roi_align`, :class:`RoIAlign`, :class:`RoIPool`,
 :func:`ps_roi_align`, :func:`ps_roi_pool`, :class:`PSRoIAlign`, :class:`PSRoIPool`,
+:func:`roi_align_rotated`, :class:`RoIAlignRotated`,
 :func:`use_backend`, :mod:`roiops.config`, :mod:`roiops.compat` (peers' signatures) and
 :mod:`roiops.reference` (the pure-PyTorch oracle). Semantics: docs/semantics.md.
 """
@@ -13,10 +14,12 @@ from . import _onnx_hook, config
 from ._backend import use_backend
 from .ops import RoIAlign, RoIPool, fpn_levels, multi_scale_roi_align, roi_align, roi_pool
 from .ops import PSRoIAlign, PSRoIPool, ps_roi_align, ps_roi_pool
+from .ops import RoIAlignRotated, roi_align_rotated
 
 __all__ = ["RoIAlign", "RoIPool", "config", "fpn_levels", "multi_scale_roi_align", "roi_align", "roi_pool",
            "use_backend"]
 __all__ += ["PSRoIAlign", "PSRoIPool", "ps_roi_align", "ps_roi_pool"]
+__all__ += ["RoIAlignRotated", "roi_align_rotated"]
 __version__ = "0.1.0"
 
 _onnx_hook.install()

@@ -140,11 +140,14 @@ def rois(input: Tensor, boxes: BoxesType, scale: float,
     return out
 
 
-def _box_tensor(b: object, input: Tensor, width: int, name: str) -> None:
+_AXIS_ALIGNED_HINTS = {5: " (rows (batch_index, x1, y1, x2, y2))", 4: " (rows (x1, y1, x2, y2))"}
+
+
+def _box_tensor(b: object, input: Tensor, width: int, name: str, hints: dict[int, str] = _AXIS_ALIGNED_HINTS) -> None:
     if not isinstance(b, Tensor):
         raise TypeError(f"{name} must be a Tensor, got {type(b).__name__}")
     if b.dim() != 2 or b.shape[1] != width:
-        hint = " (rows (batch_index, x1, y1, x2, y2))" if width == 5 else " (rows (x1, y1, x2, y2))"
+        hint = hints[width]
         raise ValueError(f"{name} must have shape [K, {width}]{hint}, got {tuple(b.shape)}")
     if b.layout != torch.strided:
         raise ValueError(f"{name} must be a dense (strided) tensor, got layout {b.layout}")
@@ -224,3 +227,43 @@ def position_sensitive(input: Tensor, h: int, w: int) -> None:
     if c % (h * w) != 0:
         raise ValueError(f"input has {c} channels, not a multiple of output_size's h * w = {h} * {w} = {h * w}: "
                          f"position-sensitive pooling reads h * w input channels per output channel")
+
+
+def rotated_rois(input: Tensor, boxes: BoxesType, scale: float, degrees: bool, clockwise: bool) -> Tensor:
+    """Rotated boxes as ``Tensor[K, 6]`` rows ``(batch_index, cx, cy, w, h, angle)`` or a list
+    of N ``Tensor[L_i, 5]`` rows ``(cx, cy, w, h, angle)`` -> contiguous ``[K, 6]`` in the
+    kernels' coordinate type with the angle in counter-clockwise radians. ``degrees``: the
+    angle is converted as ``angle * pi / 180`` in float64 (detectron2's arithmetic) and
+    rounded once; ``clockwise``: it is negated."""
+    coord_type = torch.float64 if input.dtype == torch.float64 else torch.float32
+    if isinstance(boxes, Tensor):
+        _box_tensor(boxes, input, 6, "boxes", _ROTATED_HINTS)
+        rows = boxes.to(torch.float64)
+    elif isinstance(boxes, (list, tuple)):
+        if len(boxes) != input.shape[0]:
+            raise ValueError(f"boxes is a list of {len(boxes)} tensors but the input has batch size {input.shape[0]}")
+        for i, b in enumerate(boxes):
+            _box_tensor(b, input, 5, f"boxes[{i}]", _ROTATED_HINTS)
+        if boxes:
+            rows = torch.cat([torch.cat([torch.full_like(b.narrow(1, 0, 1), i, dtype=torch.float64),
+                                         b.to(torch.float64)], dim=1) for i, b in enumerate(boxes)], dim=0)
+        else:
+            rows = input.new_zeros((0, 6), dtype=torch.float64)
+    else:
+        raise TypeError(f"boxes must be a Tensor[K, 6] or a list of Tensor[L, 5], got {type(boxes).__name__}")
+    if degrees or clockwise:
+        turn = rows.narrow(1, 5, 1)
+        turn = turn * math.pi / 180.0 if degrees else turn
+        rows = torch.cat([rows.narrow(1, 0, 5), -turn if clockwise else turn], dim=1)
+    out = rows.to(coord_type).contiguous()
+    check = config.check_box_values
+    if (out.device.type == "cpu" if check is None else check) and not torch.compiler.is_compiling():
+        _check_values(out.narrow(1, 0, 5), input.shape[0], scale)
+        bad = ~torch.isfinite(out[:, 5])
+        if bool(bad.any()):
+            k = int(bad.nonzero()[0, 0])
+            raise ValueError(f"boxes row {k} {out[k].tolist()}: the angle must be finite")
+    return out
+
+
+_ROTATED_HINTS = {6: " (rows (batch_index, cx, cy, w, h, angle))", 5: " (rows (cx, cy, w, h, angle))"}

@@ -95,6 +95,32 @@ AXIS_ALIGNED = BoxFormat(
     lambda rois: rois)  # rows are already (image, x1, y1, x2, y2)
 
 
+def rotated_boxes(w: Workload, g: torch.Generator) -> torch.Tensor:
+    """[count, 6] rotated boxes (image, cx, cy, w, h, angle in degrees): the log-uniform boxes
+    turned by angles uniform in [-180, 180)."""
+    b = log_uniform_boxes(w.boxes, w.n, w.width / w.scale, w.height / w.scale, g)
+    angle = torch.rand(w.boxes, 1, generator=g) * 360 - 180
+    return torch.cat([b[:, :1], (b[:, 1:3] + b[:, 3:5]) / 2, b[:, 3:5] - b[:, 1:3], angle], dim=1)
+
+
+def unrotated(rois: torch.Tensor) -> torch.Tensor:
+    """The axis-aligned [K, 5] box each rotated box is at angle 0."""
+    i, cx, cy, w, h = rois[:, :5].unbind(1)
+    return torch.stack([i, cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2], dim=1)
+
+
+def rotated_extent(rois: torch.Tensor) -> torch.Tensor:
+    """The axis-aligned bounding box of each rotated box."""
+    t = torch.deg2rad(rois[:, 5])
+    half_w = (rois[:, 3] * t.cos().abs() + rois[:, 4] * t.sin().abs()) / 2
+    half_h = (rois[:, 3] * t.sin().abs() + rois[:, 4] * t.cos().abs()) / 2
+    cx, cy = rois[:, 1], rois[:, 2]
+    return torch.stack([rois[:, 0], cx - half_w, cy - half_h, cx + half_w, cy + half_h], dim=1)
+
+
+ROTATED = BoxFormat(rotated_boxes, rotated_extent)
+
+
 @dataclass(frozen=True)
 class Peer:
     """What roiops is timed against: a module (imported once; its name labels the results)
@@ -141,6 +167,12 @@ OPS: dict[str, OpSpec] = {
         lambda w, x, b: roiops.roi_pool(x, b, w.size, w.scale),
         torchvision(lambda tv, w, x, b: tv.ops.roi_pool(x, b, w.size, w.scale)),
         argmax=True, sampled=False),
+    "rotated": OpSpec(
+        "RoIAlign rotated",
+        lambda w, x, b: roiops.roi_align_rotated(x, b, w.size, w.scale, w.sampling_ratio, w.aligned),
+        Peer("roiops", lambda r, w, x, b: r.roi_align(x, unrotated(b), w.size, w.scale, w.sampling_ratio, w.aligned),
+             same_result=False, note="its own axis-aligned roi_align on the same boxes unrotated"),
+        boxes=ROTATED),
 }
 OPS |= {
     "ps_align": OpSpec(
@@ -174,6 +206,12 @@ WORKLOADS += [
     Workload("R-FCN 256", "ps_align", 1, 256 * 49, 38, 50, 1 / 16, 1000, 7),
     Workload("R-FCN pool classes", "ps_pool", 1, 21 * 49, 38, 50, 1 / 16, 300, 7),
     Workload("R-FCN pool 256", "ps_pool", 1, 256 * 49, 38, 50, 1 / 16, 1000, 7),
+]
+# Rotated heads: a box head on the stride-4 map, and detectron2's rotated Faster R-CNN box
+# head (ROIAlignRotated, adaptive sampling) on a stride-8 map.
+WORKLOADS += [
+    Workload("rotated box head", "rotated", 2, 256, 200, 336, 1 / 4, 1000, 7, devices=("cpu",)),
+    Workload("rotated rpn adaptive", "rotated", 2, 256, 100, 168, 1 / 8, 512, 7, sampling_ratio=0, devices=("cpu",)),
 ]
 
 

@@ -39,6 +39,10 @@ What each op becomes (docs/ecosystem.md has the table and the reasons):
   so all-negative bins came out positive), turning an all ``-inf`` bin into -FLT_MAX, and
   it propagates NaN only when the NaN is the last element of the bin.
 
+- ``roi_align_rotated``: no translation; exporting it raises an error naming the op. ONNX
+  has no rotated RoIAlign operator, and a decomposition would gather every sample of every
+  box (the kernels visit only the samples near the map).
+
 Every decomposition reproduces the kernels' arithmetic (same float type, same operation
 order) and matches roiops bit for bit, NaN and infinities included, up to the sign of a
 zero maximum in mode "max" (ReduceMax may pick either of -0.0 and +0.0). Each op's second
@@ -98,6 +102,7 @@ def translation_table(
         torch.ops.roiops.roi_pool.default: _roi_pool,
         torch.ops.roiops.ps_roi_align.default: _ps_roi_align_refused,
         torch.ops.roiops.ps_roi_pool.default: _ps_roi_pool_refused,
+        torch.ops.roiops.roi_align_rotated.default: _roi_align_rotated_refused,
     }
 
 
@@ -458,19 +463,25 @@ def _roi_align_decomposed(
 # ---- position-sensitive ops -----------------------------------------------------------------
 
 
-def _no_position_sensitive(name: str) -> NotImplementedError:
-    return NotImplementedError(f"roiops.{name} cannot be exported to ONNX: ONNX has no position-sensitive RoI "
-                               "operator, and roiops exports no decomposition of it")
+def _refusal(name: str, what: str) -> NotImplementedError:
+    return NotImplementedError(f"roiops.{name} cannot be exported to ONNX: ONNX has no {what} operator and roiops "
+                               "exports no decomposition of it; keep it out of the exported graph (e.g. export the "
+                               "network up to the pooling)")
 
 
 # Refusals spell out the op's parameters: the exporter matches a translation to a node by them.
 def _ps_roi_align_refused(input: _In, rois: _In, spatial_scale: float, pooled_height: int, pooled_width: int,
                           sampling_ratio: int) -> Any:
-    raise _no_position_sensitive("ps_roi_align")
+    raise _refusal("ps_roi_align", "position-sensitive RoI")
 
 
 def _ps_roi_pool_refused(input: _In, rois: _In, spatial_scale: float, pooled_height: int, pooled_width: int) -> Any:
-    raise _no_position_sensitive("ps_roi_pool")
+    raise _refusal("ps_roi_pool", "position-sensitive RoI")
+
+
+def _roi_align_rotated_refused(input: _In, rois: _In, spatial_scale: float, pooled_height: int, pooled_width: int,
+                               sampling_ratio: int, aligned: bool) -> Any:
+    raise _refusal("roi_align_rotated", "rotated RoIAlign")
 
 
 # ---- roi_pool ----------------------------------------------------------------------------

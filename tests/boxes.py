@@ -53,3 +53,36 @@ def nasty_coordinates(dtype: torch.dtype = torch.float32) -> torch.Tensor:
     spread = torch.cat([(torch.rand(3000, generator=g, dtype=torch.float64) * 16 - 4),
                         torch.randint(-40, 80, (1000,), generator=g) / 4.0]).to(dtype)
     return torch.cat([values, near, -near, spread])
+
+
+def rotated_boxes(n_images: int, count: int, width: float, height: float, generator: torch.Generator,
+                  dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """[count, 6] rotated boxes (batch_index, cx, cy, w, h, angle in degrees): centres inside an
+    image of width x height pixels, sides up to half the image's, any angle in (-180, 180)."""
+    idx = torch.randint(0, n_images, (count, 1), generator=generator).to(torch.float64)
+    u = torch.rand(count, 5, generator=generator, dtype=torch.float64)
+    centre = u[:, :2] * torch.tensor([width, height], dtype=torch.float64)
+    size = (0.05 + u[:, 2:4]) * torch.tensor([width, height], dtype=torch.float64) / 2
+    angle = u[:, 4:] * 360 - 180
+    return torch.cat([idx, centre, size, angle], 1).to(dtype)
+
+
+def nasty_rotated_boxes(n_images: int, width: float, height: float, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Rotated boxes (angle in degrees) off the map, across its corners and border, of zero,
+    negative and sub-pixel size, larger than the map, at multiples of 90 degrees."""
+    w, h = width, height
+    rows = [
+        [0, 0.0, 0.0, 6.0, 4.0, 30.0],               # centred on the top-left corner
+        [0, w + 8, h + 8, 6.0, 6.0, 45.0],           # entirely outside
+        [0, w / 2, h / 2, 2 * w, 2 * h, 10.0],       # larger than the map
+        [0, w / 2, h / 2, 0.0, 0.0, 0.0],            # zero size
+        [0, 3.0, 4.0, -4.0, 3.0, 60.0],              # negative width
+        [0, 2.5, 2.5, 0.4, 0.3, -75.0],              # sub-pixel
+        [0, w - 1, h - 1, 5.0, 3.0, 90.0],           # over the last row and column
+        [0, w / 2, h / 3, w, 4.0, 180.0],            # half a turn
+        [0, w / 3, h / 2, 4.0, 4.0, -270.0],         # a quarter turn the other way
+        [0, w / 2, h / 2, w * 3, 2.0, 135.0],        # a long thin diagonal, beyond the map
+    ]
+    out = torch.tensor(rows, dtype=dtype)
+    out[:, 0] = torch.arange(len(rows)) % n_images
+    return out

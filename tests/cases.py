@@ -95,3 +95,12 @@ VARIANTS |= {
     "_ps_roi_align_backward": [dict(sampling_ratio=2, channels=12, out_channels=2, channels_last=True)],
     "_ps_roi_pool_backward": [dict(channels=12, out_channels=2, channels_last=False)],
 }
+
+# Rotated RoIAlign: registered ops whose rois are [K, 6] (batch_index, cx, cy, w, h, theta
+# in radians); the generic tests give them rotated boxes.
+ROTATED_OPS = ("roi_align_rotated", "_roi_align_rotated_backward")
+VARIANTS |= {
+    "roi_align_rotated": [dict(sampling_ratio=2, aligned=True), dict(sampling_ratio=0, aligned=False)],
+    "_roi_align_rotated_backward": [dict(sampling_ratio=2, aligned=True, channels_last=False),
+                                    dict(sampling_ratio=-1, aligned=False, channels_last=True)],
+}

@@ -31,12 +31,14 @@ def _check_results(out: Path, workloads: set[str], chart: bool = True) -> dict:
     rows = data["rows"]
     assert {r["workload"] for r in rows} == workloads
     assert {r["direction"] for r in rows} == {"forward", "backward"}
-    assert all(r["device"] == "cpu" and r["dtype"] == "float32" and r["peer"] == "torchvision" for r in rows)
+    assert all(r["device"] == "cpu" and r["dtype"] == "float32" and r["peer"] == bench.OPS[r["op"]].peer.module
+               for r in rows)
     assert all(r["roiops_ms"] > 0 and r["peer_ms"] > 0 and r["gbps"] > 0 for r in rows)
     assert all(r["ratio"] == pytest.approx(r["peer_ms"] / r["roiops_ms"]) for r in rows)
     # average RoIAlign and RoIPool match torchvision bit for bit, forward and backward; the
-    # max workloads' peer is torchvision's average, so there is nothing to compare (nor for
-    # PSRoIPool, whose torchvision forward leaves out the map's last row and column)
+    # max workloads' peer is torchvision's average and the rotated ones' roiops' unrotated
+    # RoIAlign, so there is nothing to compare (nor for PSRoIPool, whose torchvision forward
+    # leaves out the map's last row and column)
     assert all(r["max_diff"] == (0.0 if bench.OPS[r["op"]].peer.same_result else None) for r in rows)
     meta = data["meta"]
     assert meta["device"] == "cpu" and meta["cpu"] and meta["gpu"] is None
@@ -91,14 +93,15 @@ def test_recorded_shapes_are_the_ones_the_cpu_suite_runs():
     text = (ROOT / "BENCHMARKS.md").read_text()
     rows = re.findall(r"^\| ([A-Za-z0-9_ -]+) \| (\d+) \| (\d+) \| (\d+)x(\d+) \| 1/(\d+) \| (\d+) \| (\d+)x\d+ \| "
                       r"([^|]+) \| ([^|]+) \|$", text, re.MULTILINE)
-    modes = {"avg": "align", "max": "align_max", "RoIPool": "pool", "PSRoIAlign": "ps_align", "PSRoIPool": "ps_pool"}
+    modes = {"avg": "align", "max": "align_max", "RoIPool": "pool", "PSRoIAlign": "ps_align", "PSRoIPool": "ps_pool",
+             "rotated": "rotated"}
     recorded = {(name, modes[mode.split()[0]], int(n), int(c), int(h), int(w), 1 / int(s), int(k), int(p),
                  None if sampling == "-" else int(sampling.split()[0]))
                 for name, n, c, h, w, s, k, p, sampling, mode in rows}
     declared = {(w.name, w.op, w.n, w.channels, w.height, w.width, w.scale, w.boxes, w.size,
                  w.sampling_ratio if bench.OPS[w.op].sampled else None)
                 for w in bench.WORKLOADS if "cpu" in w.devices}
-    assert len(rows) == 10 and recorded == declared
+    assert len(rows) == len(declared) and recorded == declared
 
 
 def test_help_explains_every_option_and_lists_the_workloads(capsys):

@@ -1,11 +1,13 @@
 """The peers' published test vectors (../shared/conformance/peer_vectors.json: mmcv,
 detectron2, ONNX, onnxruntime), run through the registered ops on every kernel set.
 
-Entries whose semantics are not ours (rotated boxes, other ops, ONNX's max-mode rule,
-SUSPECT ones) are skipped with the reason; the whole file skips when ../shared is absent.
+Rotated boxes run through roi_align_rotated with each peer's angle unit and offset.
+Entries whose semantics are not ours (other ops, ONNX's max-mode rule, SUSPECT ones) are
+skipped with the reason; the whole file skips when ../shared is absent.
 """
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -39,6 +41,10 @@ def _peer_plan(e):
         return "empty_box", {}
     if op == "roi_align" and "test_empty_batch" in notes:
         return "empty_batch", {}
+    if op == "roi_align_rotated" and "test_empty_box" in notes:
+        return "rotated_empty_box", {}
+    if op == "roi_align_rotated_vs_roi_align_grad":
+        return "rotated_vs_align", {}
     if not numeric:
         return "skip", "no hard-coded input/expected output"
     if op == "roi_align" and p.get("pool_mode", "avg") == "avg":
@@ -47,11 +53,11 @@ def _peer_plan(e):
         # Notes: zero offsets, "this equals roi_align(aligned=True, sampling_ratio=2)".
         return "align", {"aligned": True, "sampling_ratio": p["sampling_ratio"]}
     if op == "roi_align_rotated":
-        if any(r[5] != 0 for r in e["rois"]):
-            return "skip", "rotated box with a nonzero angle: not an roiops op"
-        # At angle 0 a rotated box with the built-in 0.5 offset is aligned=True roi_align of
-        # (cx - w/2, cy - h/2, cx + w/2, cy + h/2).
-        return "align_rotated0", {"aligned": True, "sampling_ratio": p["sampling_ratio"]}
+        # mmcv: radians, its aligned and clockwise flags; detectron2: degrees, counter-clockwise,
+        # the 0.5 offset always ("aligned": "always ...").
+        return "rotated", {"degrees": "DEGREES" in p["roi_format"], "clockwise": bool(p.get("clockwise", False)),
+                           "aligned": p["aligned"] if isinstance(p["aligned"], bool) else True,
+                           "sampling_ratio": p["sampling_ratio"]}
     if op == "roi_pool":
         if "mmcv" in p.get("semantics", ""):
             # mmcv's convention is our continuous mode; on these integer boxes the Caffe
@@ -104,6 +110,29 @@ def test_peer_vectors(index, entry, backend):
         assert out.shape == (len(rois), x.shape[1], ph, pw) and not out.any()
         assert grad is None or not grad.any()
         return
+    if kind == "rotated_empty_box":  # a zero-size rotated box (detectron2, degrees) gives zeros
+        x = torch.rand(1, 1, 5, 5, generator=torch.Generator().manual_seed(7), dtype=F64).requires_grad_()
+        with roiops.use_backend(backend):
+            out = torch.ops.roiops.roi_align_rotated(x, t(entry["rois"]), p["spatial_scale"], ph, pw,
+                                                     p["sampling_ratio"], True)
+            grad = torch.autograd.grad(out.sum(), x)[0]
+        assert out.shape == (1, 1, ph, pw) and not out.any() and not grad.any()
+        return
+    if kind == "rotated_vs_align":
+        # detectron2: rotated boxes at angle 0 have roi_align(aligned=True)'s output and
+        # gradient on the axis-aligned boxes, at its test's scale/sampling and its gradcheck's.
+        x = torch.rand(1, 1, 10, 10, generator=torch.Generator().manual_seed(7), dtype=F64)
+        rotated, upright = t(entry["rois"]["rotated"]), t(entry["rois"]["axis_aligned"])
+        for scale, sr in ((p["spatial_scale"], p["sampling_ratio"]), (0.5, 1)):
+            with roiops.use_backend(backend):
+                xr, xa = x.clone().requires_grad_(), x.clone().requires_grad_()
+                out_r = torch.ops.roiops.roi_align_rotated(xr, rotated, scale, ph, pw, sr, True)
+                out_a = torch.ops.roiops.roi_align(xa, upright, scale, ph, pw, sr, True)
+                (out_r * out_r).sum().backward()
+                (out_a * out_a).sum().backward()
+            torch.testing.assert_close(out_r, out_a, rtol=1e-12, atol=1e-12)
+            torch.testing.assert_close(xr.grad, xa.grad, rtol=1e-12, atol=1e-12)
+        return
 
     tol = _peer_tolerance(entry)
     scale = p["spatial_scale"]
@@ -112,15 +141,16 @@ def test_peer_vectors(index, entry, backend):
         rois = t(entry["rois"], dtype)
         expected = t(entry["expected_output"], dtype)
         expected_grad = t(entry["expected_grad"], dtype) if isinstance(entry["expected_grad"], list) else None
-        if kind == "align_rotated0":
-            b, cx, cy, w, h = rois[:, :5].unbind(1)
-            rois = torch.stack([b, cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2], dim=1)
-            kind_now = "align"
-        else:
-            kind_now = kind
+        if kind == "rotated":  # the registered op takes counter-clockwise radians
+            angle = t(entry["rois"])[:, 5]
+            angle = angle * math.pi / 180.0 if settings["degrees"] else angle
+            rois[:, 5] = -angle if settings["clockwise"] else angle
         xg = x.clone().requires_grad_()
         with roiops.use_backend(backend):
-            if kind_now == "align":
+            if kind == "rotated":
+                outs = [torch.ops.roiops.roi_align_rotated(xg, rois, scale, ph, pw, settings["sampling_ratio"],
+                                                           settings["aligned"])]
+            elif kind == "align":
                 sr, aligned = settings["sampling_ratio"], settings["aligned"]
                 outs = [torch.ops.roiops.roi_align(xg, rois, scale, ph, pw, sr, aligned)]
             else:

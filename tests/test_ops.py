@@ -11,8 +11,8 @@ import torch
 import torchvision
 
 import roiops
-from boxes import nasty_boxes, random_boxes
-from cases import ALIGN, API, POOL, VARIANTS, contract_args, schema, tol
+from boxes import nasty_boxes, nasty_rotated_boxes, random_boxes, rotated_boxes
+from cases import ALIGN, API, POOL, ROTATED_OPS, VARIANTS, contract_args, schema, tol
 
 N, C, H, W = 2, 5, 11, 13
 SCALE = 0.5  # boxes are in image pixels of a 26 x 22 image
@@ -26,6 +26,15 @@ def boxes_for(dtype=torch.float32, seed=0):
 def feature(dtype=torch.float32, channels_last=False, seed=0, channels=C):
     x = torch.randn(N, channels, H, W, generator=torch.Generator().manual_seed(seed), dtype=torch.float64).to(dtype)
     return x.contiguous(memory_format=torch.channels_last) if channels_last else x
+
+
+def rotated_rois_for(dtype=torch.float32, seed=0):
+    """Rotated boxes as the registered op takes them: angles in radians."""
+    g = torch.Generator().manual_seed(seed)
+    b = torch.cat([rotated_boxes(N, 6, W / SCALE, H / SCALE, g, torch.float64),
+                   nasty_rotated_boxes(N, W / SCALE, H / SCALE, torch.float64)])
+    b[:, 5] = torch.deg2rad(b[:, 5])
+    return b.to(dtype)
 
 
 def run(op, x, boxes, size, sr=2, aligned=False, backend=None, seed=1):
@@ -171,7 +180,8 @@ def test_gradcheck(op):
 def _op_sample(op, variant):
     """The op's arguments: the variant over these defaults, and for a backward that takes
     an argmax, its forward's."""
-    x, rois = feature(channels=variant.get("channels", C)), boxes_for()
+    x = feature(channels=variant.get("channels", C))
+    rois = rotated_rois_for() if op in ROTATED_OPS else boxes_for()
     grad = torch.randn(len(rois), variant.get("out_channels", C), 2, 3)
     values = dict(input=x, rois=rois, grad=grad, spatial_scale=SCALE, pooled_height=2, pooled_width=3,
                   sampling_ratio=2, aligned=True, continuous=False, batch_size=N, channels=C, height=H, width=W,

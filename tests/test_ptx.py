@@ -41,6 +41,9 @@ EXPECTED_VARIANTS = {
     "_pool_bwd_gather_kernel": 8,
     "_align_tiles_kernel": 8,               # only rois: aligned x one/multi-level x float32/float64 rois
     "_pool_footprint_kernel": 4,            # only argmax and rois: layout x float32/float64 rois
+    "_rotated_fwd_kernel": 16,              # x aligned
+    "_rotated_bwd_atomic_kernel": 16,       # x aligned
+    "_rotated_bwd_ordered_kernel": 16,      # x aligned (layouts differ in unit strides)
 }
 EXPECTED_VARIANTS |= {"_ps_align_fwd_kernel": 8, "_ps_align_bwd_kernel": 8, "_ps_pool_fwd_kernel": 8,
                       "_ps_pool_bwd_kernel": 8}
@@ -254,6 +257,9 @@ def _calls(launchers: dict, torch) -> list:
     def maps(dt, cl):
         return [meta((N, C, h, w), dt, cl) for h, w in LEVEL_SIZES]
 
+    def rotated(dt):
+        return meta((K, 6), dt)
+
     levels = meta((K,), torch.int64)
     hs, ws = [h for h, _ in LEVEL_SIZES], [w for _, w in LEVEL_SIZES]
     recipes = {
@@ -271,6 +277,9 @@ def _calls(launchers: dict, torch) -> list:
         "multi_scale_roi_align_backward": lambda f, dt, cl, aligned, deterministic: f(
             g(dt, cl), rois(dt), levels, LEVEL_SCALES, P, P, N, C, hs, ws, 2, aligned, cl,
             deterministic=deterministic),
+        "roi_align_rotated_forward": lambda f, dt, cl, aligned: f(x(dt, cl), rotated(dt), 0.25, P, P, 2, aligned),
+        "roi_align_rotated_backward": lambda f, dt, cl, aligned, deterministic: f(
+            g(dt, cl), rotated(dt), 0.25, P, P, N, C, H, W, 2, aligned, cl, deterministic=deterministic),
     }
     ps_x, ps_g = (lambda dt, cl: meta((N, C_PS, H, W), dt, cl)), (lambda dt, cl: meta((K, 2, P, P), dt, cl))
     recipes |= {

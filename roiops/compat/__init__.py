@@ -16,10 +16,11 @@ defaults, box format) and reproduces its numbers on top of roiops:
   ``MultiScaleRoIAlign`` (and ``LevelMapper``), ``ps_roi_align``, ``ps_roi_pool``,
   ``PSRoIAlign``, ``PSRoIPool`` of ``torchvision.ops``, bit for bit (docs/semantics.md
   has the two position-sensitive exceptions).
-- ``roiops.compat.detectron2``: ``ROIAlign`` (``aligned=True`` default) and ``roi_align``
-  of ``detectron2.layers``.
+- ``roiops.compat.detectron2``: ``ROIAlign`` (``aligned=True`` default), ``ROIAlignRotated``
+  and ``roi_align`` of ``detectron2.layers``.
 - ``roiops.compat.mmcv``: ``RoIAlign``, ``RoIPool``, ``roi_align``, ``roi_pool`` of
-  ``mmcv.ops`` (RoIPool in mmcv's continuous convention).
+  ``mmcv.ops`` (RoIPool in mmcv's continuous convention); ``RoIAlignRotated`` and
+  ``roi_align_rotated``.
 
 The modules are imported on first use (``roiops.compat.mmdet``, or
 ``from roiops.compat import mmdet``) so that importing roiops does not pay for them. ``docs/porting.md`` lists, per system,

@@ -14,17 +14,24 @@ boxes to the input's dtype before pooling (under float16 the coordinates are rou
 float16), so results match detectron2's exactly; pass boxes through
 :func:`roiops.roi_align` directly to keep them in float32. Empty boxes (``aligned=True``,
 adaptive sampling) give 0, as detectron2's tests require.
+
+``ROIAlignRotated(output_size, spatial_scale, sampling_ratio)`` with ``forward(input,
+rois)`` on ``rois[K, 6]`` rows ``(batch_index, cx, cy, w, h, angle)``, the angle in degrees,
+counter-clockwise: :func:`roiops.roi_align_rotated` with the 0.5 offset always applied and
+no minimum box size (detectron2's kernels have no ``aligned`` switch for rotated boxes).
 """
 
 from __future__ import annotations
 
-from torch import Tensor
+from torch import Tensor, nn
+
+from .. import _validation as v
 
 from .. import ops as F
 from . import torchvision as tv
 from .torchvision import roi_align
 
-__all__ = ["ROIAlign", "roi_align"]
+__all__ = ["ROIAlign", "ROIAlignRotated", "roi_align"]
 
 
 class ROIAlign(tv.RoIAlign):
@@ -48,3 +55,31 @@ class ROIAlign(tv.RoIAlign):
         if isinstance(input, Tensor):
             rois = rois.to(dtype=input.dtype)
         return F.roi_align(input, rois, self.output_size, self.spatial_scale, self.sampling_ratio, self.aligned)
+
+
+class ROIAlignRotated(nn.Module):
+    """detectron2 ``ROIAlignRotated``: rotated RoIAlign on ``rois[K, 6]`` (angles in degrees,
+    counter-clockwise), the half-cell offset always applied.
+
+    Example::
+
+        >>> pooler = ROIAlignRotated((7, 7), spatial_scale=1 / 16, sampling_ratio=0)
+        >>> pooler(features, rois).shape  # rois [K, 6] -> [K, C, 7, 7]
+    """
+
+    def __init__(self, output_size: tv.OutputSize, spatial_scale: float, sampling_ratio: int) -> None:
+        super().__init__()
+        self.output_size = v.output_size(output_size)
+        self.spatial_scale = v.spatial_scale(spatial_scale)
+        self.sampling_ratio = v.sampling_ratio(sampling_ratio)
+
+    def forward(self, input: Tensor, rois: Tensor) -> Tensor:
+        if not isinstance(rois, Tensor) or rois.dim() != 2 or rois.shape[1] != 6:
+            shape = tuple(rois.shape) if isinstance(rois, Tensor) else type(rois).__name__
+            raise ValueError(f"rois must be a Tensor[K, 6] (batch_index, cx, cy, w, h, angle), got {shape}")
+        return F.roi_align_rotated(input, rois, self.output_size, self.spatial_scale, self.sampling_ratio,
+                                   aligned=True, clockwise=False, angle="degrees")
+
+    def __repr__(self) -> str:
+        return (f"{type(self).__name__}(output_size={self.output_size}, spatial_scale={self.spatial_scale}, "
+                f"sampling_ratio={self.sampling_ratio})")

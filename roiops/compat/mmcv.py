@@ -19,6 +19,10 @@ boxes and reprs. Semantics:
   ``roiops.roi_pool(..., convention="mmdet")``. mmcv's running maximum starts at
   -FLT_MAX and skips NaN; roiops gives ``-inf`` for an all ``-inf`` bin and NaN for a bin
   holding one.
+- ``roi_align_rotated``/``RoIAlignRotated``: ``rois[K, 6]`` rows ``(batch_index, cx, cy, w,
+  h, angle)`` with the angle in radians, counter-clockwise unless ``clockwise=True``;
+  ``aligned=False`` means no half-cell offset and sides of at least one cell. It is
+  :func:`roiops.roi_align_rotated` with ``angle="radians"``.
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ from torch import Tensor, nn
 from .. import _validation as v
 from .. import ops as F
 
-__all__ = ["RoIAlign", "RoIPool", "roi_align", "roi_pool"]
+__all__ = ["RoIAlign", "RoIAlignRotated", "RoIPool", "roi_align", "roi_align_rotated", "roi_pool"]
 
 OutputSize = Union[int, tuple[int, int], list[int]]
 
@@ -103,3 +107,39 @@ class RoIPool(nn.Module):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(output_size={self.output_size}, spatial_scale={self.spatial_scale})"
+
+
+def roi_align_rotated(input: Tensor, rois: Tensor, output_size: OutputSize, spatial_scale: float = 1.0,
+                      sampling_ratio: int = 0, aligned: bool = True, clockwise: bool = False) -> Tensor:
+    """``mmcv.ops.roi_align_rotated``: ``rois[K, 6]`` (angle in radians) on ``input[N, C, H, W]``
+    -> ``Tensor[K, C, h, w]``."""
+    return F.roi_align_rotated(input, rois, output_size, spatial_scale, _sampling_ratio(sampling_ratio), aligned,
+                               clockwise, "radians")
+
+
+class RoIAlignRotated(nn.Module):
+    """``mmcv.ops.RoIAlignRotated(output_size, spatial_scale, sampling_ratio=0, aligned=True,
+    clockwise=False)`` (``spatial_scale`` defaults to 1.0 here).
+
+    Example::
+
+        >>> layer = RoIAlignRotated(7, spatial_scale=1 / 16, sampling_ratio=2, clockwise=True)
+        >>> layer(features, rois).shape                      # rois [K, 6] -> [K, C, 7, 7]
+    """
+
+    def __init__(self, output_size: OutputSize, spatial_scale: float = 1.0, sampling_ratio: int = 0,
+                 aligned: bool = True, clockwise: bool = False) -> None:
+        super().__init__()
+        self.output_size = _pair(output_size)
+        self.spatial_scale = v.spatial_scale(float(spatial_scale))
+        self.sampling_ratio = _sampling_ratio(sampling_ratio)
+        self.aligned = v.flag("aligned", aligned)
+        self.clockwise = v.flag("clockwise", clockwise)
+
+    def forward(self, input: Tensor, rois: Tensor) -> Tensor:
+        return roi_align_rotated(input, rois, self.output_size, self.spatial_scale, self.sampling_ratio, self.aligned,
+                                 self.clockwise)
+
+    def __repr__(self) -> str:
+        return (f"{type(self).__name__}(output_size={self.output_size}, spatial_scale={self.spatial_scale}, "
+                f"sampling_ratio={self.sampling_ratio}, aligned={self.aligned}, clockwise={self.clockwise})")

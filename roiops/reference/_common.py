@@ -34,13 +34,16 @@ def check_sampling_ratio(sampling_ratio: int) -> None:
                          f"got {sampling_ratio}")
 
 
-def prepare_rois(rois: Tensor, batch_size: int, opmath: torch.dtype, device) -> tuple[Tensor, list[int]]:
-    """Validate ``rois`` (semantics.md "Inputs") and return them in opmath with the batch indices.
+def prepare_rois(rois: Tensor, batch_size: int, opmath: torch.dtype, device,
+                 rotated: bool = False) -> tuple[Tensor, list[int]]:
+    """Validate ``rois`` (semantics.md "Inputs") and return them in opmath with the batch indices;
+    ``rotated``: rows ``(batch_index, cx, cy, w, h, theta)``, theta finite too.
 
     Runs before any indexing, so a bad row can never cause an out-of-bounds access.
     """
-    if rois.dim() != 2 or rois.size(1) != 5:
-        raise ValueError(f"roiops: rois must have shape [K, 5], got {tuple(rois.shape)}")
+    width = 6 if rotated else 5
+    if rois.dim() != 2 or rois.size(1) != width:
+        raise ValueError(f"roiops: rois must have shape [K, {width}], got {tuple(rois.shape)}")
     if not rois.is_floating_point():
         raise ValueError(f"roiops: rois must be floating point, got {rois.dtype}")
     rois = rois.detach().to(device=device, dtype=opmath)

@@ -167,10 +167,11 @@ def _same_device(name: str, t: torch.Tensor, ref_name: str, ref: torch.Tensor) -
         raise ValueError(f"roiops: {name} is on {t.device} but {ref_name} is on {ref.device}")
 
 
-def _rois_shape(rois: object) -> torch.Tensor:
+def _rois_shape(rois: object, rotated: bool = False) -> torch.Tensor:
     rois = _tensor("rois", rois)
-    if rois.dim() != 2 or rois.shape[1] != 5:  # the kernels read rows 5 wide
-        raise ValueError(f"roiops: rois must be [K, 5] (rows (batch_index, x1, y1, x2, y2)), got {list(rois.shape)}")
+    width, rows = (6, "batch_index, cx, cy, w, h, theta") if rotated else (5, "batch_index, x1, y1, x2, y2")
+    if rois.dim() != 2 or rois.shape[1] != width:  # the kernels read rows this wide
+        raise ValueError(f"roiops: rois must be [K, {width}] (rows ({rows})), got {list(rois.shape)}")
     return rois
 
 
@@ -208,14 +209,14 @@ def _sampling_ratio(sampling_ratio: object) -> None:
 
 
 def _check_forward(input: object, rois: object, spatial_scale: object, pooled_height: object,
-                   pooled_width: object) -> torch.Tensor:
+                   pooled_width: object, rotated: bool = False) -> torch.Tensor:
     ph, pw = _int("pooled_height", pooled_height), _int("pooled_width", pooled_width)
     input = _tensor("input", input)
     if input.dim() != 4:
         raise ValueError(f"roiops: input must be 4-D [N, C, H, W], got {input.dim()}-D")
     _floating("input", input)
     _map_size(input.shape[2], input.shape[3])
-    _rois_type(_rois_shape(rois), "input", input)
+    _rois_type(_rois_shape(rois, rotated), "input", input)
     _pooled(ph, pw)
     _scale(spatial_scale)
     return input
@@ -338,3 +339,30 @@ def _ps_channels(channels: int, ph: int, pw: int) -> None:
     if channels % (ph * pw) != 0:
         raise ValueError(f"roiops: input channels ({channels}) must be a multiple of pooled_height * pooled_width "
                          f"({ph} * {pw})")
+
+
+def check_rotated_forward(input: object, rois: object, spatial_scale: object, pooled_height: object,
+                          pooled_width: object, sampling_ratio: object, aligned: object) -> None:
+    """What the C++ rotated RoIAlign forward refuses, from shapes, dtypes and devices only."""
+    _sampling_ratio(sampling_ratio)
+    _flag("aligned", aligned)
+    _check_forward(input, rois, spatial_scale, pooled_height, pooled_width, rotated=True)
+
+
+def check_rotated_backward(grad: object, rois: object, spatial_scale: object, pooled_height: object,
+                           pooled_width: object, batch_size: object, channels: object, height: object, width: object,
+                           sampling_ratio: object, aligned: object, channels_last: object) -> None:
+    """What the C++ rotated RoIAlign backward refuses, from shapes, dtypes and devices only."""
+    ph, pw = _int("pooled_height", pooled_height), _int("pooled_width", pooled_width)
+    N, C, H, W = _backward_sizes(batch_size, channels, height, width, channels_last)
+    _sampling_ratio(sampling_ratio)
+    _flag("aligned", aligned)
+    grad = _tensor("grad", grad)
+    rois = _rois_shape(rois, rotated=True)
+    want = [rois.shape[0], C, ph, pw]
+    if list(grad.shape) != want:
+        raise ValueError(f"roiops: grad must be [K, C, pooled_height, pooled_width] = {want} (K from rois, "
+                         f"C = channels), got {list(grad.shape)}")
+    _backward_common(grad, rois, N, C, H, W)
+    _pooled(ph, pw)
+    _scale(spatial_scale)

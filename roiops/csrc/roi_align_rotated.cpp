@@ -1,0 +1,474 @@
+// Rotated RoIAlign on the CPU (docs/semantics.md, "roi_align_rotated").
+//
+// A rotated box's samples do not separate into rows and columns, so each box gets a plan
+// of its samples that lie on the map: per sample the offsets of its four bilinear
+// neighbours and their weights (geometry.h's sample_position and make_tap), grouped by
+// bin in row-major sample order. Only candidates are visited: per bin, the sample rows and
+// columns whose box coordinate falls within the map's extent seen along the box's axes
+// (widened to cover rounding), so the cost follows the covered map, not the box size.
+//
+// Plans are built once per call, in chunks of boxes whose samples stay within a budget,
+// and shared by all channels. Forward tasks are (image, block of channels): channels_last
+// input is read in place, channels innermost so that the loops vectorise; NCHW input is
+// first copied into a channels-last tile of the rectangle the image's boxes touch (per
+// plane in place when that tile would be too large). Backward tasks own (image, band of
+// rows), all channels in place for channels_last, a 16-channel channels-last tile for
+// NCHW, and add the image's boxes in increasing index: the same sums for any thread
+// count, no atomics.
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <vector>
+
+#include "geometry.h"
+#include "registry.h"
+#include "sampling.h"
+
+namespace roiops {
+namespace {
+
+template <typename T>
+struct RotatedPlan {
+  std::vector<int32_t> cell;  // 4 per sample: the neighbours' rows y_lo, y_hi and columns x_lo, x_hi
+  std::vector<T> w;           // 4 per sample: w1..w4 (y_lo x_lo, y_lo x_hi, y_hi x_lo, y_hi x_hi)
+  std::vector<int64_t> bin;   // ph * pw + 1: bin b's samples are [bin[b], bin[b + 1])
+  T count = 1;                // samples per bin, the divisor
+  int64_t batch = 0;
+  // Rows and columns the samples touch, [y0, y1) x [x0, x1); empty when y0 >= y1.
+  int64_t y0 = 0, y1 = 0, x0 = 0, x1 = 0;
+
+  int64_t samples() const { return static_cast<int64_t>(w.size() / 4); }
+};
+
+// Candidate sample indices [first, last] of bin b along one box axis: those whose position
+// start + b*bin + (s + 0.5)*bin/grid may lie in [lo, hi] (two samples wider than exact).
+inline void candidates(double start, double bin, int64_t b, int64_t grid, double lo, double hi, int64_t& first,
+                       int64_t& last) {
+  const double step = bin / static_cast<double>(grid);
+  if (step == 0) {  // every sample of the bin at one place; grid is a fixed sampling ratio
+    first = 0;
+    last = grid - 1;
+    return;
+  }
+  const double base = start + static_cast<double>(b) * bin;
+  const double e0 = (lo - base) / step - 0.5, e1 = (hi - base) / step - 0.5;
+  const double g = static_cast<double>(grid);
+  first = static_cast<int64_t>(std::floor(std::clamp(std::min(e0, e1), -2.0, g))) - 2;
+  last = static_cast<int64_t>(std::ceil(std::clamp(std::max(e0, e1), -1.0, g + 1))) + 2;
+  first = std::max<int64_t>(first, 0);
+  last = std::min(last, grid - 1);
+}
+
+// The plan of one row (batch, cx, cy, w, h, theta) of rois (semantics.md "roi_align_rotated").
+template <typename T>
+void build_plan(const T* roi, double spatial_scale, int64_t ph, int64_t pw, int64_t sampling_ratio, bool aligned,
+                int64_t H, int64_t W, RotatedPlan<T>& p) {
+  const T scale = static_cast<T>(spatial_scale);
+  const T offset = aligned ? T(0.5) : T(0);
+  // Scale first, then shift by the offset.
+  const T cx = roi[1] * scale - offset, cy = roi[2] * scale - offset;
+  T roi_w = roi[3] * scale, roi_h = roi[4] * scale;
+  if (!aligned) {
+    roi_w = std::max(roi_w, T(1));
+    roi_h = std::max(roi_h, T(1));
+  }
+  // cos and sin computed in double and rounded once.
+  const T cos_t = static_cast<T>(std::cos(static_cast<double>(roi[5])));
+  const T sin_t = static_cast<T>(std::sin(static_cast<double>(roi[5])));
+  const T bin_h = roi_h / static_cast<T>(ph), bin_w = roi_w / static_cast<T>(pw);
+  const int64_t gh = sampling_ratio > 0 ? sampling_ratio : static_cast<int64_t>(std::ceil(roi_h / static_cast<T>(ph)));
+  const int64_t gw = sampling_ratio > 0 ? sampling_ratio : static_cast<int64_t>(std::ceil(roi_w / static_cast<T>(pw)));
+  p.batch = static_cast<int64_t>(roi[0]);
+  p.count = static_cast<T>(std::max<int64_t>(gh * gw, 1));
+  p.cell.clear();
+  p.w.clear();
+  p.bin.assign(static_cast<size_t>(ph * pw + 1), 0);
+  p.y0 = p.x0 = INT64_MAX;
+  p.y1 = p.x1 = INT64_MIN;
+  if (gh > 0 && gw > 0) {
+    const T start_h = -roi_h / T(2), start_w = -roi_w / T(2);
+    // The map [-1, H] x [-1, W] seen from the centre along the box's axes, plus a margin
+    // above the rounding of the coordinate type (2^-20 of the magnitudes involved).
+    const double c = cos_t, s = sin_t, dcx = cx, dcy = cy;
+    double ylo = INFINITY, yhi = -INFINITY, xlo = INFINITY, xhi = -INFINITY;
+    for (const double a : {-1.0 - dcy, static_cast<double>(H) - dcy}) {
+      for (const double b : {-1.0 - dcx, static_cast<double>(W) - dcx}) {
+        const double along_y = a * c + b * s, along_x = -a * s + b * c;
+        ylo = std::min(ylo, along_y), yhi = std::max(yhi, along_y);
+        xlo = std::min(xlo, along_x), xhi = std::max(xhi, along_x);
+      }
+    }
+    const double margin = 2.0 + 0x1p-20 * (std::abs(dcx) + std::abs(dcy) + std::abs(static_cast<double>(roi_w)) +
+                                           std::abs(static_cast<double>(roi_h)) + static_cast<double>(H + W));
+    // Candidate positions along each box axis, once per box: bin i's rows yy[yo[i] ..
+    // yo[i + 1]), bin j's columns xx[xo[j] .. xo[j + 1]).
+    std::vector<T> yy, xx;
+    std::vector<int64_t> yo(static_cast<size_t>(ph + 1), 0), xo(static_cast<size_t>(pw + 1), 0);
+    for (int64_t i = 0; i < ph; ++i) {
+      int64_t f, l;
+      candidates(start_h, bin_h, i, gh, ylo - margin, yhi + margin, f, l);
+      for (int64_t iy = f; iy <= l; ++iy) yy.push_back(sample_position(start_h, bin_h, i, iy, gh));
+      yo[i + 1] = static_cast<int64_t>(yy.size());
+    }
+    for (int64_t j = 0; j < pw; ++j) {
+      int64_t f, l;
+      candidates(start_w, bin_w, j, gw, xlo - margin, xhi + margin, f, l);
+      for (int64_t ix = f; ix <= l; ++ix) xx.push_back(sample_position(start_w, bin_w, j, ix, gw));
+      xo[j + 1] = static_cast<int64_t>(xx.size());
+    }
+    const size_t most = 4 * yy.size() * xx.size();  // every candidate of every bin
+    p.cell.resize(most);
+    p.w.resize(most);
+    int32_t* cell = p.cell.data();
+    T* wt = p.w.data();
+    int64_t n = 0, y0 = INT64_MAX, y1 = INT64_MIN, x0 = INT64_MAX, x1 = INT64_MIN;
+    for (int64_t i = 0; i < ph; ++i) {
+      for (int64_t j = 0; j < pw; ++j) {
+        for (int64_t a = yo[i]; a < yo[i + 1]; ++a) {
+          const T yc = yy[a] * cos_t, ys = yy[a] * sin_t;
+          for (int64_t b = xo[j]; b < xo[j + 1]; ++b) {
+            const T y = yc - xx[b] * sin_t + cy;
+            const T x = ys + xx[b] * cos_t + cx;
+            Tap<T> ty, tx;
+            if (!make_tap(y, H, ty) || !make_tap(x, W, tx)) continue;  // value 0, no gradient
+            int32_t* c = cell + 4 * n;
+            c[0] = static_cast<int32_t>(ty.lo), c[1] = static_cast<int32_t>(ty.hi);
+            c[2] = static_cast<int32_t>(tx.lo), c[3] = static_cast<int32_t>(tx.hi);
+            T* w = wt + 4 * n;
+            w[0] = ty.h * tx.h, w[1] = ty.h * tx.l, w[2] = ty.l * tx.h, w[3] = ty.l * tx.l;
+            y0 = std::min(y0, ty.lo), y1 = std::max(y1, ty.hi + 1);
+            x0 = std::min(x0, tx.lo), x1 = std::max(x1, tx.hi + 1);
+            ++n;
+          }
+        }
+        p.bin[i * pw + j + 1] = n;
+      }
+    }
+    p.cell.resize(static_cast<size_t>(4 * n));
+    p.w.resize(static_cast<size_t>(4 * n));
+    p.y0 = y0, p.y1 = y1, p.x0 = x0, p.x1 = x1;
+  }
+  if (p.samples() == 0) p.y0 = p.y1 = p.x0 = p.x1 = 0;
+}
+
+// Where a kernel finds cell (y, x): base + (y - y0) * rs + (x - x0) * cs, its channels at
+// unit stride (channels_last input, or a tile) or at stride sC (NCHW planes, read in place).
+template <typename S>
+struct Cells {
+  S* base;
+  int64_t rs, cs, y0, x0;
+  // The four neighbours of sample s of p.
+  template <typename T>
+  inline void taps(const RotatedPlan<T>& p, int64_t s, int64_t (&o)[4]) const {
+    const int32_t* c = &p.cell[4 * s];
+    const int64_t r0 = (c[0] - y0) * rs, r1 = (c[1] - y0) * rs, c0 = (c[2] - x0) * cs, c1 = (c[3] - x0) * cs;
+    o[0] = r0 + c0, o[1] = r0 + c1, o[2] = r1 + c0, o[3] = r1 + c1;
+  }
+};
+
+// One box, n channels; output channel c at out + c * oC, bin (i, j) at i * oH + j * oW. Per
+// sample w1*v1 + w2*v2 + w3*v3 + w4*v4, summed in sample order, divided by the count.
+// Channels at unit stride: one vector pass per sample.
+template <typename scalar_t, typename S, typename T>
+ROIOPS_SIMD void forward_cells(const RotatedPlan<T>& p, const Cells<const S>& m, int64_t n, int64_t ph, int64_t pw,
+                               T* __restrict__ acc, scalar_t* out, int64_t oC, int64_t oH, int64_t oW) {
+  for (int64_t b = 0; b < ph * pw; ++b) {
+    for (int64_t c = 0; c < n; ++c) acc[c] = 0;
+    for (int64_t s = p.bin[b]; s < p.bin[b + 1]; ++s) {
+      int64_t o[4];
+      m.taps(p, s, o);
+      const T* w = &p.w[4 * s];
+      const S *__restrict__ v1 = m.base + o[0], *__restrict__ v2 = m.base + o[1], *__restrict__ v3 = m.base + o[2],
+                            *__restrict__ v4 = m.base + o[3];
+      const T w1 = w[0], w2 = w[1], w3 = w[2], w4 = w[3];
+      for (int64_t c = 0; c < n; ++c) {
+        acc[c] += w1 * static_cast<T>(v1[c]) + w2 * static_cast<T>(v2[c]) + w3 * static_cast<T>(v3[c]) +
+                  w4 * static_cast<T>(v4[c]);
+      }
+    }
+    scalar_t* o = out + (b / pw) * oH + (b % pw) * oW;
+    for (int64_t c = 0; c < n; ++c) o[c * oC] = static_cast<scalar_t>(acc[c] / p.count);
+  }
+}
+
+// The same on NCHW planes read in place, channel c at m.base + c * sC (the boxes cover too
+// much of a large map for a tile).
+template <typename scalar_t, typename T>
+void forward_planes(const RotatedPlan<T>& p, const Cells<const scalar_t>& m, int64_t sC, int64_t n, int64_t ph,
+                    int64_t pw, scalar_t* out, int64_t oC, int64_t oH, int64_t oW) {
+  for (int64_t c = 0; c < n; ++c) {
+    const scalar_t* plane = m.base + c * sC;
+    for (int64_t b = 0; b < ph * pw; ++b) {
+      T sum = 0;
+      for (int64_t s = p.bin[b]; s < p.bin[b + 1]; ++s) {
+        int64_t o[4];
+        m.taps(p, s, o);
+        const T* w = &p.w[4 * s];
+        sum += w[0] * static_cast<T>(plane[o[0]]) + w[1] * static_cast<T>(plane[o[1]]) +
+               w[2] * static_cast<T>(plane[o[2]]) + w[3] * static_cast<T>(plane[o[3]]);
+      }
+      out[c * oC + (b / pw) * oH + (b % pw) * oW] = static_cast<scalar_t>(sum / p.count);
+    }
+  }
+}
+
+// Adds box p's gradient for n channels to rows [r0, r1) (a band; m's origin is row r0),
+// channel c of bin (i, j) at g + c * gC + i * gH + j * gW: each sample adds
+// (grad / count) * w to those of its four neighbours in the band. Channel c at stride mC
+// in m (1 for channels_last and tiles: one vector pass per tap).
+template <typename scalar_t, typename T>
+ROIOPS_SIMD void backward_band(const RotatedPlan<T>& p, const scalar_t* g, int64_t gC, int64_t gH, int64_t gW,
+                               int64_t n, int64_t ph, int64_t pw, T* __restrict__ q, const Cells<T>& m, int64_t mC,
+                               int64_t r0, int64_t r1) {
+  for (int64_t b = 0; b < ph * pw; ++b) {
+    if (p.bin[b] == p.bin[b + 1]) continue;
+    const scalar_t* gb = g + (b / pw) * gH + (b % pw) * gW;
+    for (int64_t c = 0; c < n; ++c) q[c] = static_cast<T>(gb[c * gC]) / p.count;
+    for (int64_t s = p.bin[b]; s < p.bin[b + 1]; ++s) {
+      const int32_t* cell = &p.cell[4 * s];
+      const bool lo_in = cell[0] >= r0 && cell[0] < r1, hi_in = cell[1] >= r0 && cell[1] < r1;
+      if (!lo_in && !hi_in) continue;
+      int64_t o[4];
+      m.taps(p, s, o);
+      const T* w = &p.w[4 * s];
+      for (int k = lo_in ? 0 : 2; k < (hi_in ? 4 : 2); ++k) {
+        T* __restrict__ dst = m.base + o[k];
+        const T wk = w[k];
+        if (mC == 1) {
+          for (int64_t c = 0; c < n; ++c) dst[c] += q[c] * wk;
+        } else {
+          for (int64_t c = 0; c < n; ++c) dst[c * mC] += q[c] * wk;
+        }
+      }
+    }
+  }
+}
+
+// Rectangle [y0, y1) x [x0, x1) of cb channels of NCHW planes (src at channel c0, rows of
+// stride sH) <-> a channels-last tile, cell (y, x) at ((y - y0) * (x1 - x0) + x - x0) * cb.
+template <typename S, typename T>
+void planes_to_rect(const S* src, int64_t sC, int64_t sH, int64_t cb, int64_t y0, int64_t y1, int64_t x0, int64_t x1,
+                    T* __restrict__ tile) {
+  const int64_t tw = x1 - x0;
+  for (int64_t y = y0; y < y1; ++y) {
+    for (int64_t c = 0; c < cb; ++c) {
+      const S* __restrict__ row = src + c * sC + y * sH;
+      T* __restrict__ dst = tile + (y - y0) * tw * cb + c;
+      for (int64_t x = x0; x < x1; ++x) dst[(x - x0) * cb] = static_cast<T>(row[x]);
+    }
+  }
+}
+
+template <typename T>
+void rect_to_planes(const T* __restrict__ tile, int64_t cb, int64_t y0, int64_t y1, int64_t x0, int64_t x1, T* dst,
+                    int64_t sC, int64_t sH) {
+  const int64_t tw = x1 - x0;
+  for (int64_t y = y0; y < y1; ++y) {
+    for (int64_t c = 0; c < cb; ++c) {
+      T* __restrict__ row = dst + c * sC + y * sH;
+      const T* __restrict__ src = tile + (y - y0) * tw * cb + c;
+      for (int64_t x = x0; x < x1; ++x) row[x] = src[(x - x0) * cb];
+    }
+  }
+}
+
+inline void check_rotated(const at::Tensor& rois, at::ScalarType input_type, int64_t N, int64_t H, int64_t W,
+                          double spatial_scale, int64_t ph, int64_t pw, int64_t sampling_ratio) {
+  TORCH_CHECK_VALUE(rois.dim() == 2 && rois.size(1) == 6,
+                    "roiops: rois must be [K, 6] (batch_index, cx, cy, w, h, theta), got ", rois.sizes());
+  // The [K, 5] checks on the first five columns; the angle must be finite.
+  const at::Tensor first5 = rois.narrow(1, 0, 5).contiguous();
+  check_args(first5, input_type, H, W, spatial_scale, ph, pw);
+  check_sampling_ratio(sampling_ratio);
+  check_rois(first5, N, spatial_scale);
+  const at::Tensor bad = rois.select(1, 5).isfinite().logical_not();
+  if (bad.any().item<bool>()) {
+    const int64_t k = bad.nonzero()[0][0].item<int64_t>();
+    TORCH_CHECK_VALUE(false, "roiops: rois row ", k, " has angle ", rois[k][5].item<double>(), ", which is not finite");
+  }
+}
+
+// Plans of one call are built in chunks of boxes, in order, until their samples reach this
+// budget (about 32 bytes each), so that plan memory is bounded for any number of boxes.
+constexpr int64_t kSampleBudget = int64_t(1) << 20;
+// Largest channels-last tile of an NCHW channel block a task allocates (bytes).
+constexpr int64_t kTileBudget = int64_t(16) << 20;
+
+// Runs f(k0, k1, plans, boxes_of_image) for consecutive chunks of the K boxes: plans[k - k0]
+// of box k, and per image the chunk's boxes in increasing index.
+template <typename T, typename F>
+void for_chunks(const at::Tensor& rois, int64_t N, double spatial_scale, int64_t ph, int64_t pw,
+                int64_t sampling_ratio, bool aligned, int64_t H, int64_t W, const F& f) {
+  const int64_t K = rois.size(0);
+  const T* r = rois.const_data_ptr<T>();
+  std::vector<RotatedPlan<T>> plans;
+  std::vector<std::vector<int64_t>> boxes(static_cast<size_t>(N));
+  constexpr int64_t kBatch = 256;
+  for (int64_t k0 = 0; k0 < K;) {
+    int64_t k1 = k0, samples = 0;
+    while (k1 < K && (k1 == k0 || samples < kSampleBudget)) {
+      const int64_t n = std::min(K - k1, kBatch);
+      plans.resize(static_cast<size_t>(k1 - k0 + n));
+      at::parallel_for(0, n, 1, [&](int64_t b0, int64_t b1) {
+        for (int64_t b = b0; b < b1; ++b) {
+          build_plan(r + 6 * (k1 + b), spatial_scale, ph, pw, sampling_ratio, aligned, H, W, plans[k1 - k0 + b]);
+        }
+      });
+      for (int64_t b = 0; b < n; ++b) samples += plans[k1 - k0 + b].samples();
+      k1 += n;
+    }
+    for (auto& list : boxes) list.clear();
+    for (int64_t k = k0; k < k1; ++k) boxes[plans[k - k0].batch].push_back(k);
+    f(k0, k1, plans, boxes);
+    k0 = k1;
+  }
+}
+
+// The rectangle the given boxes' samples touch, {y0, y1, x0, x1} (all 0 when none).
+template <typename T>
+std::array<int64_t, 4> touched(const std::vector<RotatedPlan<T>>& plans, const std::vector<int64_t>& boxes,
+                               int64_t k0) {
+  std::array<int64_t, 4> r = {INT64_MAX, INT64_MIN, INT64_MAX, INT64_MIN};
+  for (const int64_t k : boxes) {
+    const RotatedPlan<T>& p = plans[k - k0];
+    if (p.y0 >= p.y1) continue;
+    r = {std::min(r[0], p.y0), std::max(r[1], p.y1), std::min(r[2], p.x0), std::max(r[3], p.x1)};
+  }
+  if (r[0] >= r[1]) r = {0, 0, 0, 0};
+  return r;
+}
+
+}  // namespace
+
+at::Tensor roi_align_rotated_forward(const at::Tensor& input_, const at::Tensor& rois_, double spatial_scale,
+                                     int64_t ph, int64_t pw, int64_t sampling_ratio, bool aligned) {
+  check_input(input_);
+  check_rotated(rois_, input_.scalar_type(), input_.size(0), input_.size(2), input_.size(3), spatial_scale, ph, pw,
+                sampling_ratio);
+  const bool channels_last = is_channels_last(input_);
+  const at::Tensor input = input_.contiguous(format_of(channels_last));
+  const at::Tensor rois = rois_.contiguous();
+  const int64_t N = input.size(0), C = input.size(1), H = input.size(2), W = input.size(3);
+  at::Tensor out = empty_output({rois.size(0), C, ph, pw}, input.options().memory_format(format_of(channels_last)));
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, input.scalar_type(), "roiops_roi_align_rotated_forward",
+                                  [&] {
+    using T = at::opmath_type<scalar_t>;
+    const scalar_t* in = input.const_data_ptr<scalar_t>();
+    scalar_t* o = out.mutable_data_ptr<scalar_t>();
+    const int64_t sN = input.stride(0), sC = input.stride(1), sH = input.stride(2), sW = input.stride(3);
+    const int64_t oK = out.stride(0), oC = out.stride(1), oH = out.stride(2), oW = out.stride(3);
+    // Tasks: (image, block of channels), each running the image's boxes of the chunk.
+    const int64_t block = channels_last ? 64 : 16, blocks = (C + block - 1) / block;
+    for_chunks<T>(rois, N, spatial_scale, ph, pw, sampling_ratio, aligned, H, W,
+                  [&](int64_t k0, int64_t, const std::vector<RotatedPlan<T>>& plans,
+                      const std::vector<std::vector<int64_t>>& boxes) {
+      parallel_tasks(N * blocks, [&](int64_t t) {
+        const int64_t n = t / blocks, c0 = (t % blocks) * block, cb = std::min(C, c0 + block) - c0;
+        if (boxes[n].empty()) return;
+        std::vector<T> acc(static_cast<size_t>(cb));
+        const scalar_t* img = in + n * sN + c0 * sC;
+        if (channels_last) {
+          const Cells<const scalar_t> m{img, sH, sW, 0, 0};
+          for (const int64_t k : boxes[n])
+            forward_cells(plans[k - k0], m, cb, ph, pw, acc.data(), o + k * oK + c0 * oC, oC, oH, oW);
+          return;
+        }
+        const auto [y0, y1, x0, x1] = touched(plans, boxes[n], k0);
+        const int64_t cells = (y1 - y0) * (x1 - x0);
+        if (cells * cb * static_cast<int64_t>(sizeof(T)) > kTileBudget) {
+          const Cells<const scalar_t> m{img, sH, sW, 0, 0};
+          for (const int64_t k : boxes[n])
+            forward_planes(plans[k - k0], m, sC, cb, ph, pw, o + k * oK + c0 * oC, oC, oH, oW);
+          return;
+        }
+        // NCHW: the channel block of the rectangle the boxes touch, as a channels-last tile.
+        std::vector<T> tile(static_cast<size_t>(cells * cb));
+        planes_to_rect(img, sC, sH, cb, y0, y1, x0, x1, tile.data());
+        const Cells<const T> m{tile.data(), (x1 - x0) * cb, cb, y0, x0};
+        for (const int64_t k : boxes[n])
+          forward_cells(plans[k - k0], m, cb, ph, pw, acc.data(), o + k * oK + c0 * oC, oC, oH, oW);
+      });
+    });
+  });
+  return out;
+}
+
+at::Tensor roi_align_rotated_backward(const at::Tensor& grad_, const at::Tensor& rois_, double spatial_scale,
+                                      int64_t ph, int64_t pw, int64_t N, int64_t C, int64_t H, int64_t W,
+                                      int64_t sampling_ratio, bool aligned, bool channels_last) {
+  check_input(grad_);
+  TORCH_CHECK_VALUE(N >= 0 && C >= 0, "roiops: batch size and channels must be non-negative");
+  check_rotated(rois_, grad_.scalar_type(), N, H, W, spatial_scale, ph, pw, sampling_ratio);
+  TORCH_CHECK_VALUE(grad_.size(0) == rois_.size(0) && grad_.size(1) == C && grad_.size(2) == ph && grad_.size(3) == pw,
+                    "roiops: grad must be [K, C, pooled_height, pooled_width], got ", grad_.sizes());
+  const at::Tensor rois = rois_.contiguous();
+  const at::Tensor grad = grad_.contiguous(format_of(channels_last));
+  const auto opts = grad.options().memory_format(format_of(channels_last));
+  at::Tensor gi = empty_output({N, C, H, W}, opts);
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, grad.scalar_type(), "roiops_roi_align_rotated_backward",
+                                  [&] {
+    using T = at::opmath_type<scalar_t>;
+    // Sums in T: float16/bfloat16 gradients are rounded once at the end.
+    at::Tensor acc = std::is_same_v<T, scalar_t> ? gi : at::empty_like(gi, opts.dtype(c10::CppTypeToScalarType<T>::value));
+    T* a = acc.mutable_data_ptr<T>();
+    const scalar_t* g = grad.const_data_ptr<scalar_t>();
+    const int64_t sN = acc.stride(0), sC = acc.stride(1), sH = acc.stride(2), sW = acc.stride(3);
+    const int64_t gK = grad.stride(0), gC = grad.stride(1), gH = grad.stride(2), gW = grad.stride(3);
+    // Tasks: (image, band of rows) for channels_last, all channels, summed in place;
+    // (image, band, block of 16 channels) for NCHW, summed in a channels-last tile of the
+    // band and written to the planes after. A band stays in cache while the image's boxes
+    // add to it in increasing index: the same sums for any thread count, no atomics.
+    const int64_t cb_max = channels_last ? C : std::min<int64_t>(C, 16);
+    const int64_t blocks = cb_max > 0 ? (C + cb_max - 1) / cb_max : 0;
+    const int64_t row_bytes = std::max<int64_t>(W * cb_max * static_cast<int64_t>(sizeof(T)), 1);
+    const int64_t rows = std::max<int64_t>((channels_last ? kClBandBytes : kBandBytes) / row_bytes, 1);
+    const int64_t bands = (H + rows - 1) / rows;
+    if (rois.size(0) == 0 || blocks == 0) acc.zero_();
+    for_chunks<T>(rois, N, spatial_scale, ph, pw, sampling_ratio, aligned, H, W,
+                  [&](int64_t k0, int64_t, const std::vector<RotatedPlan<T>>& plans,
+                      const std::vector<std::vector<int64_t>>& boxes) {
+      parallel_tasks(N * bands * blocks, [&](int64_t t) {
+        const int64_t n = t / (bands * blocks), r0 = (t / blocks % bands) * rows, r1 = std::min(H, r0 + rows);
+        const int64_t c0 = (t % blocks) * cb_max, cb = std::min(C, c0 + cb_max) - c0;
+        std::vector<T> q(static_cast<size_t>(cb));
+        T* img = a + n * sN + c0 * sC;
+        std::vector<T> tile;
+        Cells<T> m{img + r0 * sH, sH, sW, r0, 0};
+        // In place: channels_last, and NCHW rows too long for a tile (then channel stride sC).
+        const bool in_place = channels_last || W * cb * static_cast<int64_t>(sizeof(T)) > kTileBudget;
+        if (in_place) {
+          if (k0 == 0) {
+            for (int64_t c = 0; c < (channels_last ? 1 : cb); ++c)
+              for (int64_t y = r0; y < r1; ++y) std::fill_n(img + c * sC + y * sH, channels_last ? W * sW : W, T(0));
+          }
+        } else {
+          tile.assign(static_cast<size_t>((r1 - r0) * W * cb), T(0));
+          if (k0 > 0) planes_to_rect(img, sC, sH, cb, r0, r1, 0, W, tile.data());
+          m = Cells<T>{tile.data(), W * cb, cb, r0, 0};
+        }
+        for (const int64_t k : boxes[n]) {
+          const RotatedPlan<T>& p = plans[k - k0];
+          if (p.y1 <= r0 || p.y0 >= r1) continue;
+          backward_band(p, g + k * gK + c0 * gC, gC, gH, gW, cb, ph, pw, q.data(), m, in_place ? sC : 1, r0, r1);
+        }
+        if (!in_place) rect_to_planes(tile.data(), cb, r0, r1, 0, W, img, sC, sH);
+      });
+    });
+    if (!std::is_same_v<T, scalar_t>) gi.copy_(acc);
+  });
+  return gi;
+}
+
+namespace {
+
+// The Python entry points, in roiops._C (registry.h).
+const Registrar registrar([](pybind11::module_& m) {
+  m.def("roi_align_rotated_forward", &roi_align_rotated_forward);
+  m.def("roi_align_rotated_backward", &roi_align_rotated_backward);
+});
+
+}  // namespace
+
+}  // namespace roiops

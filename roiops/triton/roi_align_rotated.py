@@ -1,0 +1,303 @@
+"""Rotated RoIAlign in Triton (docs/semantics.md, "roi_align_rotated"), forward and backward.
+
+Forward and the atomic backward run one program per (box, block of bins, block of
+channels), as roi_align.py does. A rotated box's samples are not separable, but each bin
+still visits only the samples near the map: per bin row (column), `sample_span` bounds the
+sample indices whose box coordinate falls within the map's extent seen along the box's
+axes, widened by a margin above the rounding of the rotation. cos and sin of each angle
+are computed by the launcher on the device (float64, rounded once, as the C++ kernels do),
+without a host sync.
+
+The deterministic backward (``deterministic=True``, ``roiops.config.deterministic_backward``
+or torch's deterministic flag) runs one program per block of channels, which adds every
+box's bins in increasing order: bit-identical from run to run, with parallelism only over
+channels, so it is much slower than the atomic path.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .._geometry import is_channels_last, memory_format
+from ._common import (GPU_TILE, LAUNCH_OPTS, cdiv, check_device, check_rotated_backward, check_rotated_forward,
+                      f64_bits, kernel, opmath, tile_blocks, use_deterministic)
+from ._jit import MAX_COORD, MAX_GRID, axis_taps, bin_tile, div_rn, sample_pos, sample_span, scale_of, with_flag
+from ._jit import along_c as _c
+from ._jit import along_p as _p
+
+__all__ = ["roi_align_rotated_backward", "roi_align_rotated_forward"]
+
+
+@triton.jit
+def _rotated_box(rois_ptr, cs_ptr, k, N, H, W, scale, ph, pw, sampling_ratio, ALIGNED: tl.constexpr):
+    """Box k's row check and geometry: (ok, batch, centre cy, cx, cos, sin, bin sizes bh, bw,
+    grid ghf, gwf, count, and the map's extent along the box's axes, ylo, yhi, xlo, xhi). A bad
+    row (batch index, a coordinate beyond MAX_COORD cells after scaling, a non-finite angle)
+    comes back with ok False and harmless values."""
+    base = rois_ptr + k * 6
+    bf = tl.load(base)
+    cx = tl.load(base + 1)
+    cy = tl.load(base + 2)
+    w = tl.load(base + 3)
+    h = tl.load(base + 4)
+    cos = tl.load(cs_ptr + k * 2)
+    sin = tl.load(cs_ptr + k * 2 + 1)
+    ok = (bf >= 0) & (bf < N) & (bf == tl.floor(bf))
+    ok = ok & (tl.abs(cx * scale) <= MAX_COORD) & (tl.abs(cy * scale) <= MAX_COORD)
+    ok = ok & (tl.abs(w * scale) <= MAX_COORD) & (tl.abs(h * scale) <= MAX_COORD)
+    ok = ok & (tl.abs(cos) <= 1.0) & (tl.abs(sin) <= 1.0)
+    b = tl.where(ok, bf, 0.0).to(tl.int64)
+    cx = tl.where(ok, cx, 0.0)
+    cy = tl.where(ok, cy, 0.0)
+    w = tl.where(ok, w, 0.0)
+    h = tl.where(ok, h, 0.0)
+    cos = tl.where(ok, cos, 1.0)
+    sin = tl.where(ok, sin, 0.0)
+    if ALIGNED:
+        off = 0.5
+    else:
+        off = 0.0
+    # Scale first, then shift by the offset.
+    cx = cx * scale - off
+    cy = cy * scale - off
+    rw = w * scale
+    rh = h * scale
+    if not ALIGNED:
+        rw = tl.maximum(rw, 1.0)
+        rh = tl.maximum(rh, 1.0)
+    bw = div_rn(rw, pw.to(rw.dtype))
+    bh = div_rn(rh, ph.to(rh.dtype))
+    sr = sampling_ratio.to(bw.dtype)
+    gwf = tl.minimum(tl.maximum(tl.where(sampling_ratio > 0, sr, tl.ceil(bw)), 0.0), MAX_GRID)
+    ghf = tl.minimum(tl.maximum(tl.where(sampling_ratio > 0, sr, tl.ceil(bh)), 0.0), MAX_GRID)
+    count = tl.maximum(ghf * gwf, 1.0)
+    # The map [-1, H] x [-1, W] seen from the centre along the box's axes (float64), widened
+    # by more than the rounding of the rotation.
+    c = cos.to(tl.float64)
+    s = sin.to(tl.float64)
+    a0 = -1.0 - cy.to(tl.float64)
+    a1 = H.to(tl.float64) - cy.to(tl.float64)
+    b0 = -1.0 - cx.to(tl.float64)
+    b1 = W.to(tl.float64) - cx.to(tl.float64)
+    y00, y01, y10, y11 = a0 * c + b0 * s, a0 * c + b1 * s, a1 * c + b0 * s, a1 * c + b1 * s
+    x00, x01, x10, x11 = b0 * c - a0 * s, b1 * c - a0 * s, b0 * c - a1 * s, b1 * c - a1 * s
+    margin = 2.0 + (tl.abs(cx.to(tl.float64)) + tl.abs(cy.to(tl.float64)) + tl.abs(rw.to(tl.float64))
+                    + tl.abs(rh.to(tl.float64)) + H + W) * 9.5367431640625e-07
+    ylo = tl.minimum(tl.minimum(y00, y01), tl.minimum(y10, y11)) - margin
+    yhi = tl.maximum(tl.maximum(y00, y01), tl.maximum(y10, y11)) + margin
+    xlo = tl.minimum(tl.minimum(x00, x01), tl.minimum(x10, x11)) - margin
+    xhi = tl.maximum(tl.maximum(x00, x01), tl.maximum(x10, x11)) + margin
+    # -rh * 0.5 is -rh / 2 exactly (Triton's float32 / is approximate)
+    return ok, b, cy, cx, cos, sin, bh, bw, ghf, gwf, count, -rh * 0.5, -rw * 0.5, ylo, yhi, xlo, xhi
+
+
+@triton.jit
+def _taps(yy, xx, cy, cx, cos, sin, H, W):
+    """The rotated sample's bilinear taps: (ylo, yhi, xlo, xhi, w1, w2, w3, w4, inside)."""
+    y = yy * cos - xx * sin + cy
+    x = yy * sin + xx * cos + cx
+    ylo, yhi, ly, hy, iny = axis_taps(y, H)
+    xlo, xhi, lx, hx, inx = axis_taps(x, W)
+    return ylo, yhi, xlo, xhi, hy * hx, hy * lx, ly * hx, ly * lx, iny & inx
+
+
+@triton.jit
+def _spans(live, i, j, sh, sw, bh, bw, ghf, gwf, ylo, yhi, xlo, xhi):
+    """Bin (i, j)'s start along each box axis and its samples near the map (sample_span of
+    the map's extent along the axes): (ybase, fy, ny, xbase, fx, nx), counts 0 unless live."""
+    ybase = sh + i.to(sh.dtype) * bh
+    xbase = sw + j.to(sw.dtype) * bw
+    fy, ey = sample_span(ybase, bh, ghf, ylo, yhi)
+    fx, ex = sample_span(xbase, bw, gwf, xlo, xhi)
+    return ybase, fy, tl.where(live, ey - fy, 0), xbase, fx, tl.where(live, ex - fx, 0)
+
+
+@kernel
+def _rotated_fwd_kernel(
+    x_ptr, rois_ptr, cs_ptr, out_ptr, scale_bits,
+    N, C, H, W, ph, pw, sampling_ratio, n_pblocks,
+    sxN, sxC, sxH, sxW, soK, soC, soH, soW,
+    ALIGNED: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr, CF: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    k = (pid // n_pblocks).to(tl.int64)
+    T = rois_ptr.dtype.element_ty
+    scale = scale_of(scale_bits, T)
+    ok, b, cy, cx, cos, sin, bh, bw, ghf, gwf, count, sh, sw, ylo, yhi, xlo, xhi = _rotated_box(
+        rois_ptr, cs_ptr, k, N, H, W, scale, ph, pw, sampling_ratio, ALIGNED)
+    p, pm, i, j, c, cm = bin_tile(pid - k * n_pblocks, tl.program_id(1), ph, pw, C, BLOCK_P, BLOCK_C)
+    tile_m = with_flag(_p(pm, CF) & _c(cm, CF), ok)
+    x_base = x_ptr + b * sxN + _c(c.to(tl.int64) * sxC, CF)
+    ybase, fy, ny, xbase, fx, nx = _spans(with_flag(pm, ok), i, j, sh, sw, bh, bw, ghf, gwf, ylo, yhi, xlo, xhi)
+    acc = _p(tl.zeros([BLOCK_P], dtype=T), CF) + _c(tl.zeros([BLOCK_C], dtype=T), CF)
+    for dy in range(0, tl.max(ny, axis=0)):
+        yy = sample_pos(ybase, fy + dy, bh, ghf)
+        for dx in range(0, tl.max(nx, axis=0)):
+            xx = sample_pos(xbase, fx + dx, bw, gwf)
+            ylo_, yhi_, xlo_, xhi_, w1, w2, w3, w4, inside = _taps(yy, xx, cy, cx, cos, sin, H, W)
+            m = tile_m & _p(inside & (dy < ny) & (dx < nx), CF)
+            oy0 = ylo_.to(tl.int64) * sxH
+            oy1 = yhi_.to(tl.int64) * sxH
+            ox0 = xlo_.to(tl.int64) * sxW
+            ox1 = xhi_.to(tl.int64) * sxW
+            v1 = tl.load(x_base + _p(oy0 + ox0, CF), mask=m, other=0.0).to(T)
+            v2 = tl.load(x_base + _p(oy0 + ox1, CF), mask=m, other=0.0).to(T)
+            v3 = tl.load(x_base + _p(oy1 + ox0, CF), mask=m, other=0.0).to(T)
+            v4 = tl.load(x_base + _p(oy1 + ox1, CF), mask=m, other=0.0).to(T)
+            acc += _p(w1, CF) * v1 + _p(w2, CF) * v2 + _p(w3, CF) * v3 + _p(w4, CF) * v4
+    o = k * soK + _c(c.to(tl.int64) * soC, CF) + _p(i.to(tl.int64) * soH + j.to(tl.int64) * soW, CF)
+    res = tl.where(tile_m, div_rn(acc, count), 0.0)
+    tl.store(out_ptr + o, res.to(out_ptr.dtype.element_ty), mask=_p(pm, CF) & _c(cm, CF))
+
+
+@kernel
+def _rotated_bwd_atomic_kernel(
+    grad_ptr, rois_ptr, cs_ptr, gi_ptr, scale_bits,
+    N, C, H, W, ph, pw, sampling_ratio, n_pblocks,
+    sgK, sgC, sgH, sgW, siN, siC, siH, siW,
+    ALIGNED: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr, CF: tl.constexpr,
+):
+    """Scatters (grad / count) * w of every sample of a tile's bins to its four taps."""
+    pid = tl.program_id(0)
+    k = (pid // n_pblocks).to(tl.int64)
+    T = rois_ptr.dtype.element_ty
+    G = gi_ptr.dtype.element_ty
+    scale = scale_of(scale_bits, T)
+    ok, b, cy, cx, cos, sin, bh, bw, ghf, gwf, count, sh, sw, ylo, yhi, xlo, xhi = _rotated_box(
+        rois_ptr, cs_ptr, k, N, H, W, scale, ph, pw, sampling_ratio, ALIGNED)
+    p, pm, i, j, c, cm = bin_tile(pid - k * n_pblocks, tl.program_id(1), ph, pw, C, BLOCK_P, BLOCK_C)
+    tile_m = with_flag(_p(pm, CF) & _c(cm, CF), ok)
+    g = tl.load(grad_ptr + k * sgK + _c(c.to(tl.int64) * sgC, CF) + _p(i.to(tl.int64) * sgH + j.to(tl.int64) * sgW,
+                                                                      CF), mask=tile_m, other=0.0).to(T)
+    q = div_rn(g, count)
+    gi_base = gi_ptr + b * siN + _c(c.to(tl.int64) * siC, CF)
+    ybase, fy, ny, xbase, fx, nx = _spans(with_flag(pm, ok), i, j, sh, sw, bh, bw, ghf, gwf, ylo, yhi, xlo, xhi)
+    for dy in range(0, tl.max(ny, axis=0)):
+        yy = sample_pos(ybase, fy + dy, bh, ghf)
+        for dx in range(0, tl.max(nx, axis=0)):
+            xx = sample_pos(xbase, fx + dx, bw, gwf)
+            ylo_, yhi_, xlo_, xhi_, w1, w2, w3, w4, inside = _taps(yy, xx, cy, cx, cos, sin, H, W)
+            m = tile_m & _p(inside & (dy < ny) & (dx < nx), CF)
+            oy0 = ylo_.to(tl.int64) * siH
+            oy1 = yhi_.to(tl.int64) * siH
+            ox0 = xlo_.to(tl.int64) * siW
+            ox1 = xhi_.to(tl.int64) * siW
+            tl.atomic_add(gi_base + _p(oy0 + ox0, CF), (q * _p(w1, CF)).to(G), mask=m, sem="relaxed")
+            tl.atomic_add(gi_base + _p(oy0 + ox1, CF), (q * _p(w2, CF)).to(G), mask=m, sem="relaxed")
+            tl.atomic_add(gi_base + _p(oy1 + ox0, CF), (q * _p(w3, CF)).to(G), mask=m, sem="relaxed")
+            tl.atomic_add(gi_base + _p(oy1 + ox1, CF), (q * _p(w4, CF)).to(G), mask=m, sem="relaxed")
+
+
+@kernel
+def _rotated_bwd_ordered_kernel(
+    grad_ptr, rois_ptr, cs_ptr, gi_ptr, scale_bits,
+    K, N, C, H, W, ph, pw, sampling_ratio,
+    sgK, sgC, sgH, sgW, siN, siC, siH, siW,
+    ALIGNED: tl.constexpr, BLOCK_C: tl.constexpr,
+):
+    """Deterministic backward: one program per block of channels adds box after box, bin
+    after bin, sample after sample; its lanes are distinct channels, so no two updates of
+    one address ever race."""
+    T = rois_ptr.dtype.element_ty
+    G = gi_ptr.dtype.element_ty
+    scale = scale_of(scale_bits, T)
+    c = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
+    cm = c < C
+    c64 = c.to(tl.int64)
+    for k in range(0, K):
+        k64 = k + tl.zeros([], dtype=tl.int64)
+        ok, b, cy, cx, cos, sin, bh, bw, ghf, gwf, count, sh, sw, ylo, yhi, xlo, xhi = _rotated_box(
+            rois_ptr, cs_ptr, k64, N, H, W, scale, ph, pw, sampling_ratio, ALIGNED)
+        gi_base = gi_ptr + b * siN + c64 * siC
+        for p in range(0, ph * pw):
+            i = p // pw
+            j = p - i * pw
+            g = tl.load(grad_ptr + k64 * sgK + c64 * sgC + i.to(tl.int64) * sgH + j.to(tl.int64) * sgW,
+                        mask=cm, other=0.0).to(T)
+            q = div_rn(g, count)
+            ybase, fy, ny, xbase, fx, nx = _spans(ok, i, j, sh, sw, bh, bw, ghf, gwf, ylo, yhi, xlo, xhi)
+            for dy in range(0, ny):
+                yy = sample_pos(ybase, fy + dy, bh, ghf)
+                for dx in range(0, nx):
+                    xx = sample_pos(xbase, fx + dx, bw, gwf)
+                    ylo_, yhi_, xlo_, xhi_, w1, w2, w3, w4, inside = _taps(yy, xx, cy, cx, cos, sin, H, W)
+                    m = with_flag(cm, inside)
+                    oy0 = ylo_.to(tl.int64) * siH
+                    oy1 = yhi_.to(tl.int64) * siH
+                    ox0 = xlo_.to(tl.int64) * siW
+                    ox1 = xhi_.to(tl.int64) * siW
+                    tl.atomic_add(gi_base + oy0 + ox0, (q * w1).to(G), mask=m, sem="relaxed")
+                    tl.atomic_add(gi_base + oy0 + ox1, (q * w2).to(G), mask=m, sem="relaxed")
+                    tl.atomic_add(gi_base + oy1 + ox0, (q * w3).to(G), mask=m, sem="relaxed")
+                    tl.atomic_add(gi_base + oy1 + ox1, (q * w4).to(G), mask=m, sem="relaxed")
+
+
+def _cos_sin(rois: torch.Tensor) -> torch.Tensor:
+    """[K, 2] cos and sin of the angles, computed in float64 and rounded to the rois' type
+    (non-finite angles give NaN, which the kernels mask as a bad row)."""
+    theta = rois[:, 5].double()
+    return torch.stack([theta.cos(), theta.sin()], dim=1).to(rois.dtype).contiguous()
+
+
+def roi_align_rotated_forward(input: torch.Tensor, rois: torch.Tensor, spatial_scale: float, pooled_height: int,
+                              pooled_width: int, sampling_ratio: int, aligned: bool) -> torch.Tensor:
+    """Rotated RoIAlign forward: [K, C, ph, pw] in the input's dtype and memory format."""
+    check_rotated_forward(input, rois, spatial_scale, pooled_height, pooled_width, sampling_ratio, aligned)
+    check_device(input, _rotated_fwd_kernel)
+    N, C, H, W = input.shape
+    K = rois.shape[0]
+    ph, pw = int(pooled_height), int(pooled_width)
+    rois = rois.to(opmath(input.dtype)).contiguous()
+    out = torch.empty((K, C, ph, pw), dtype=input.dtype, device=input.device,
+                      memory_format=memory_format(is_channels_last(input)))
+    if out.numel() == 0:
+        return out
+    lanes_c = input.stride(1) < input.stride(3)
+    budget = GPU_TILE // 2 if input.dtype == torch.float64 else GPU_TILE
+    block_p, block_c = tile_blocks(ph * pw, C, lanes_c, input.device.type == "cpu", budget)
+    n_pb = triton.cdiv(ph * pw, block_p)
+    _rotated_fwd_kernel[(K * n_pb, cdiv(C, block_c))](
+        input, rois, _cos_sin(rois), out, f64_bits(spatial_scale),
+        N, C, H, W, ph, pw, int(sampling_ratio), n_pb, *input.stride(), *out.stride(),
+        ALIGNED=bool(aligned), BLOCK_P=block_p, BLOCK_C=block_c, CF=lanes_c, **LAUNCH_OPTS)
+    return out
+
+
+def roi_align_rotated_backward(grad: torch.Tensor, rois: torch.Tensor, spatial_scale: float, pooled_height: int,
+                               pooled_width: int, batch_size: int, channels: int, height: int, width: int,
+                               sampling_ratio: int, aligned: bool, channels_last: bool, *,
+                               deterministic: bool | None = None) -> torch.Tensor:
+    """Gradient of roi_align_rotated_forward w.r.t. its input, [N, C, H, W] in grad's dtype.
+
+    deterministic: None follows roiops.config.deterministic_backward, then torch's deterministic flag.
+    """
+    check_rotated_backward(grad, rois, spatial_scale, pooled_height, pooled_width, batch_size, channels, height,
+                           width, sampling_ratio, aligned, channels_last)
+    check_device(grad, _rotated_bwd_atomic_kernel)
+    N, C, H, W = int(batch_size), int(channels), int(height), int(width)
+    K = rois.shape[0]
+    ph, pw = int(pooled_height), int(pooled_width)
+    rois = rois.to(opmath(grad.dtype)).contiguous()
+    fmt = memory_format(bool(channels_last))
+    # Half types accumulate in a float32 scratch (one extra cast pass), as the CPU kernels do.
+    acc_dtype = grad.dtype if grad.dtype in (torch.float32, torch.float64) else torch.float32
+    gi = torch.zeros((N, C, H, W), dtype=acc_dtype, device=grad.device).contiguous(memory_format=fmt)
+    if K == 0 or gi.numel() == 0:
+        return gi.to(grad.dtype)
+    common = (grad, rois, _cos_sin(rois), gi, f64_bits(spatial_scale))
+    if use_deterministic(deterministic):
+        block_c = min(triton.next_power_of_2(C), 64)
+        _rotated_bwd_ordered_kernel[(cdiv(C, block_c),)](
+            *common, K, N, C, H, W, ph, pw, int(sampling_ratio), *grad.stride(), *gi.stride(),
+            ALIGNED=bool(aligned), BLOCK_C=block_c, **LAUNCH_OPTS)
+    else:
+        lanes_c = bool(channels_last)
+        budget = GPU_TILE // 2 if grad.dtype == torch.float64 else GPU_TILE
+        block_p, block_c = tile_blocks(ph * pw, C, lanes_c, grad.device.type == "cpu", budget)
+        n_pb = triton.cdiv(ph * pw, block_p)
+        _rotated_bwd_atomic_kernel[(K * n_pb, cdiv(C, block_c))](
+            *common, N, C, H, W, ph, pw, int(sampling_ratio), n_pb, *grad.stride(), *gi.stride(),
+            ALIGNED=bool(aligned), BLOCK_P=block_p, BLOCK_C=block_c, CF=lanes_c, **LAUNCH_OPTS)
+    return gi if acc_dtype == grad.dtype else gi.to(grad.dtype)

@@ -1,0 +1,353 @@
+"""Rotated RoIAlign: every kernel set against the float64 reference, the reference against
+roi_align (angles 0, 90, 180), gradcheck, opcheck-style compile, validation and the
+drop-ins. The peers' published vectors run in test_conformance.py."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+
+import pytest
+import torch
+
+import roiops
+from boxes import nasty_rotated_boxes, rotated_boxes
+from cases import tol
+
+N, C, H, W = 2, 3, 9, 11
+SCALE = 0.5  # boxes in pixels of a 22 x 18 image
+BACKENDS = ["reference", "cpu", "triton"]
+F16, BF16, F32, F64 = torch.float16, torch.bfloat16, torch.float32, torch.float64
+
+
+def feature(dtype=F64, channels_last=False, seed=0, c=C):
+    x = torch.randn(N, c, H, W, generator=torch.Generator().manual_seed(seed), dtype=F64).to(dtype)
+    return x.contiguous(memory_format=torch.channels_last) if channels_last else x
+
+
+def boxes(dtype=F64, seed=0, count=6):
+    g = torch.Generator().manual_seed(seed)
+    return torch.cat([rotated_boxes(N, count, W / SCALE, H / SCALE, g, dtype),
+                      nasty_rotated_boxes(N, W / SCALE, H / SCALE, dtype)])
+
+
+def run(x, b, size=(2, 3), sr=2, aligned=True, backend=None, seed=1, **kw):
+    """Output and input gradient for a fixed random upstream gradient."""
+    x = x.detach().clone().requires_grad_()
+    with roiops.use_backend(backend) if backend else contextlib.nullcontext():
+        out = roiops.roi_align_rotated(x, b, size, SCALE, sr, aligned, **kw)
+        g = torch.randn(out.shape, generator=torch.Generator().manual_seed(seed), dtype=F64).to(out.dtype)
+        out.backward(g)
+    return out.detach(), x.grad
+
+
+def axis_aligned(b):
+    """[K, 5] (batch, x1, y1, x2, y2) of rotated boxes at angle 0."""
+    i, cx, cy, w, h = b[:, :5].unbind(1)
+    return torch.stack([i, cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2], 1)
+
+
+def upright(dtype=F64):
+    """Boxes with sides of at least one cell, so that aligned=False's widening never acts."""
+    b = boxes(dtype)
+    keep = (b[:, 3] * SCALE >= 1) & (b[:, 4] * SCALE >= 1)
+    return b[keep]
+
+
+# ----------------------------------------------------------------------------- the definition
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("sr", [0, 1, 2])
+@pytest.mark.parametrize("aligned", [True, False])
+def test_angle_0_is_roi_align(backend, sr, aligned):
+    """At angle 0 a box is roi_align's (cx - w/2, cy - h/2, cx + w/2, cy + h/2), forward and backward."""
+    x = feature()
+    b = upright() if not aligned else boxes()
+    b[:, 5] = 0
+    out, grad = run(x, b, (3, 4), sr, aligned, backend)
+    xr = x.clone().requires_grad_()
+    with roiops.use_backend(backend):
+        ref = roiops.roi_align(xr, axis_aligned(b), (3, 4), SCALE, sr, aligned)
+    ref.backward(torch.randn(ref.shape, generator=torch.Generator().manual_seed(1), dtype=F64))
+    torch.testing.assert_close(out, ref.detach(), **tol(F64))
+    torch.testing.assert_close(grad, xr.grad, **tol(F64))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_quarter_and_half_turns(backend):
+    """A half turn flips the output in both axes; a quarter turn (counter-clockwise) of a
+    square box is roi_align's output transposed with its columns reversed."""
+    x = feature()
+    b = boxes()
+    b[:, 5] = 0
+    square = b.clone()
+    square[:, 4] = square[:, 3]
+    with roiops.use_backend(backend):
+        at0 = roiops.roi_align_rotated(x, b, (3, 4), SCALE, 2)
+        sq0 = roiops.roi_align(x, axis_aligned(square), (3, 3), SCALE, 2, aligned=True)
+        b[:, 5], square[:, 5] = 180, 90
+        at180 = roiops.roi_align_rotated(x, b, (3, 4), SCALE, 2)
+        sq90 = roiops.roi_align_rotated(x, square, (3, 3), SCALE, 2)
+        square[:, 5] = -270
+        sq_270 = roiops.roi_align_rotated(x, square, (3, 3), SCALE, 2)
+    # cos and sin of 90 degrees are not exactly 0 and 1 in float64: within rounding.
+    torch.testing.assert_close(at180, at0.flip(-2, -1), rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(sq90, sq0.transpose(-2, -1).flip(-1), rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(sq_270, sq90, rtol=1e-12, atol=1e-12)
+
+
+def test_hand_computed():
+    """One bin, one sample at the centre of a box turned by 90 degrees: the bilinear value there."""
+    x = torch.arange(20.0, dtype=F64).reshape(1, 1, 4, 5)  # value 5y + x
+    box = torch.tensor([[0, 2.25, 1.75, 3.0, 1.0, 90.0]], dtype=F64)
+    out = roiops.roi_align_rotated(x, box, 1, 1.0, 1, aligned=False)
+    assert out.item() == pytest.approx(5 * 1.75 + 2.25)
+    # 2 x 1 bins along the box's height, which a quarter turn lays along the map's x axis
+    # (y = cy - xx, x = cx + yy): bin 0 (the top edge before rotation) samples x = cx - 0.5.
+    box = torch.tensor([[0, 2.0, 2.0, 1.0, 2.0, 90.0]], dtype=F64)
+    out = roiops.roi_align_rotated(x, box, (2, 1), 1.0, 1, aligned=False)
+    assert out.flatten().tolist() == pytest.approx([5 * 2 + 1.5, 5 * 2 + 2.5])
+
+
+def test_units_and_direction():
+    x, b = feature(), boxes()
+    radians = b.clone()
+    radians[:, 5] = b[:, 5] * math.pi / 180
+    mirrored = b.clone()
+    mirrored[:, 5] = -b[:, 5]
+    deg = roiops.roi_align_rotated(x, b, 3, SCALE, 2)
+    assert torch.equal(deg, roiops.roi_align_rotated(x, radians, 3, SCALE, 2, angle="radians"))
+    assert torch.equal(deg, roiops.roi_align_rotated(x, mirrored, 3, SCALE, 2, clockwise=True))
+
+
+def test_list_of_boxes_equals_tensor():
+    x, b = feature(), boxes()
+    per_image = [b[b[:, 0] == i, 1:] for i in range(N)]
+    ordered = torch.cat([b[b[:, 0] == i] for i in range(N)])
+    assert torch.equal(roiops.roi_align_rotated(x, per_image, 3, SCALE), roiops.roi_align_rotated(x, ordered, 3, SCALE))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_empty_and_degenerate(backend):
+    x = feature().requires_grad_()
+    with roiops.use_backend(backend):
+        out = roiops.roi_align_rotated(x, torch.zeros(0, 6, dtype=F64), (3, 4), SCALE)
+        assert out.shape == (0, C, 3, 4)
+        out.sum().backward()
+        assert torch.equal(x.grad, torch.zeros_like(x))
+        # Zero and negative sizes with adaptive sampling: no samples, zeros and no gradient.
+        b = torch.tensor([[0, 8.0, 6.0, 0.0, 0.0, 30.0], [1, 8.0, 6.0, -4.0, 6.0, 0.0]], dtype=F64)
+        out = roiops.roi_align_rotated(x, b, 3, SCALE, 0)
+        assert torch.equal(out, torch.zeros_like(out))
+
+
+def test_huge_boxes_cost_what_they_cover():
+    """A box 2^23 cells long with adaptive sampling: only samples near the map are visited
+    (millions of samples per bin otherwise)."""
+    x = feature()
+    b = torch.tensor([[0, 10.0, 9.0, 2.0**24, 2.0**24, 33.0], [1, 2.0**23, 9.0, 2.0**24, 6.0, 0.5]], dtype=F64)
+    for backend in ("reference", "cpu"):
+        out, grad = run(x, b, 2, 0, True, backend)
+        assert out.abs().sum() > 0 and grad.abs().sum() > 0
+
+
+# ----------------------------------------------------------------------------- kernel sets
+
+
+@pytest.mark.parametrize("backend", ["cpu", "triton"])
+@pytest.mark.parametrize("dtype", [F64, F32, F16, BF16])
+@pytest.mark.parametrize("channels_last", [False, True])
+@pytest.mark.parametrize("sr, aligned, size", [(2, True, (2, 3)), (0, False, (3, 2)), (-1, True, 1)])
+def test_matches_reference(backend, dtype, channels_last, sr, aligned, size):
+    if backend == "triton" and dtype in (F16, BF16) and sr != 2:
+        pytest.skip("interpreter time: half types once per layout")
+    x, b = feature(dtype, channels_last, c=C if backend == "triton" else 19), boxes(F64)
+    out, grad = run(x, b, size, sr, aligned, backend)
+    ref_out, ref_grad = run(x, b, size, sr, aligned, "reference")
+    fmt = torch.channels_last if channels_last else torch.contiguous_format
+    assert out.dtype == grad.dtype == dtype
+    assert out.is_contiguous(memory_format=fmt) and grad.is_contiguous(memory_format=fmt)
+    torch.testing.assert_close(out, ref_out, **tol(dtype))
+    torch.testing.assert_close(grad, ref_grad, **tol(dtype))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_gradcheck(backend):
+    x = torch.randn(N, 1, 6, 7, dtype=F64, generator=torch.Generator().manual_seed(3))
+    b = boxes(F64, seed=4, count=3)[:8]
+    b[:, 1:5] *= 0.6  # the boxes were drawn for a 22 x 18 image; this map is 14 x 12 pixels
+
+    def fn(t):
+        with roiops.use_backend(backend):
+            return roiops.roi_align_rotated(t, b, (2, 3), SCALE, 2)
+
+    assert torch.autograd.gradcheck(fn, (x.clone().requires_grad_(),), atol=1e-8)
+    xcl = x.expand(N, 2, 6, 7).contiguous(memory_format=torch.channels_last)
+    assert torch.autograd.gradcheck(fn, (xcl.requires_grad_(),), atol=1e-8)
+
+
+def test_cpu_backward_deterministic_across_threads():
+    x, b = feature(F32, channels_last=True, c=40), boxes(F32, count=40)
+    prev = torch.get_num_threads()
+    try:
+        grads = []
+        for threads in (1, 2, 2):
+            torch.set_num_threads(threads)
+            grads.append(run(x, b, 3, 0, True)[1])
+            grads.append(run(x.contiguous(), b, 3, 2, True)[1].contiguous(memory_format=torch.channels_last))
+    finally:
+        torch.set_num_threads(prev)
+    assert all(torch.equal(grads[i], grads[i + 2]) for i in range(4))
+
+
+def test_compile_fullgraph():
+    x, b = feature(F32), boxes(F32)
+    fn = torch.compile(lambda x, b: roiops.roi_align_rotated(x, b, 3, SCALE, 2), fullgraph=True, backend="eager")
+    xc = x.clone().requires_grad_()
+    out = fn(xc, b)
+    out.sum().backward()
+    xe = x.clone().requires_grad_()
+    ref = roiops.roi_align_rotated(xe, b, 3, SCALE, 2)
+    ref.sum().backward()
+    assert torch.equal(out, ref) and torch.equal(xc.grad, xe.grad)
+
+
+def test_export():
+    class Head(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.pool = roiops.RoIAlignRotated(3, SCALE, 2)
+
+        def forward(self, x, b):
+            return self.pool(x, b)
+
+    x, b = feature(F32), boxes(F32)
+    k = torch.export.Dim("k", min=2)
+    program = torch.export.export(Head(), (x, b), dynamic_shapes={"x": None, "b": {0: k}})
+    assert "roiops.roi_align_rotated" in str(program.graph)
+    assert torch.equal(program.module()(x, b[:5]), Head()(x, b[:5]))
+
+
+# ----------------------------------------------------------------------------- API
+
+
+def test_module():
+    m = roiops.RoIAlignRotated((7, 5), 1 / 16, 2, aligned=False, clockwise=True, angle="radians")
+    assert repr(m) == ("RoIAlignRotated(output_size=(7, 5), spatial_scale=0.0625, sampling_ratio=2, aligned=False, "
+                       "clockwise=True, angle='radians')")
+    x, b = feature(), boxes()
+    assert torch.equal(m(x, b), roiops.roi_align_rotated(x, b, (7, 5), 1 / 16, 2, False, True, "radians"))
+    with pytest.raises(ValueError, match="angle"):
+        roiops.RoIAlignRotated(7, 1.0, angle="grad")
+
+
+@pytest.mark.parametrize("bad, match", [
+    (torch.zeros(2, 5), r"boxes must have shape \[K, 6\] \(rows \(batch_index, cx, cy, w, h, angle\)\)"),
+    ([torch.zeros(1, 4), torch.zeros(1, 5)], r"boxes\[0\] must have shape \[K, 5\] \(rows \(cx, cy, w, h, angle\)\)"),
+    ([torch.zeros(1, 5)], "list of 1 tensors but the input has batch size 2"),
+    (torch.tensor([[2.0, 1, 1, 2, 2, 0]]), r"row 0 .*batch index 2.0 is not an integer in \[0, 2\)"),
+    (torch.tensor([[0.5, 1, 1, 2, 2, 0]]), "batch index 0.5"),
+    (torch.tensor([[0.0, 1, float("nan"), 2, 2, 0]]), "row 0 .*finite"),
+    (torch.tensor([[0.0, 1, 1, 2, 2, 0], [0, 1, 1, 2, 2, float("inf")]]), "row 1 .*angle must be finite"),
+    (torch.tensor([[0.0, 1, 1, 2**26, 2, 0]]), "2\\^24"),
+    (torch.zeros(1, 6, dtype=torch.int64), "floating point"),
+    ("boxes", "Tensor\\[K, 6\\] or a list of Tensor\\[L, 5\\]"),
+])
+def test_bad_boxes(bad, match):
+    with pytest.raises((ValueError, TypeError), match=match):
+        roiops.roi_align_rotated(feature(), bad, 2)
+
+
+def test_bad_options():
+    x, b = feature(), boxes()
+    with pytest.raises(ValueError, match="angle must be one of 'degrees', 'radians'"):
+        roiops.roi_align_rotated(x, b, 2, angle="turns")
+    with pytest.raises(ValueError, match="clockwise must be a bool"):
+        roiops.roi_align_rotated(x, b, 2, clockwise=1)
+    with pytest.raises(ValueError, match="output_size"):
+        roiops.roi_align_rotated(x, b, 0)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_direct_op_call_rejects_bad_rows(backend):
+    x = feature(F32)
+    if backend == "triton":
+        pytest.skip("the Triton kernels mask bad rows instead (no host sync); test_triton covers that")
+    for bad in ([2.0, 0, 0, 4, 4, 0], [-1.0, 0, 0, 4, 4, 0], [0.0, float("nan"), 0, 4, 4, 0],
+                [0.0, 0, 0, 4, 4, float("inf")]):
+        rois = torch.tensor([bad])
+        with roiops.use_backend(backend):
+            with pytest.raises(ValueError, match="row 0"):
+                torch.ops.roiops.roi_align_rotated(x, rois, 1.0, 2, 2, 2, False)
+            with pytest.raises(ValueError, match="row 0"):
+                torch.ops.roiops._roi_align_rotated_backward(torch.ones(1, C, 2, 2), rois, 1.0, 2, 2, N, C, H, W, 2,
+                                                              False, False)
+    with roiops.use_backend(backend), pytest.raises(ValueError, match=r"\[K, 6\]"):
+        torch.ops.roiops.roi_align_rotated(x, torch.zeros(1, 5), 1.0, 2, 2, 2, False)
+
+
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_triton_deterministic_backward(channels_last):
+    """The ordered Triton backward gives the reference's gradient, the same bits on every run."""
+    from roiops._backend import triton_too_old
+
+    if triton_too_old():
+        pytest.skip(triton_too_old())
+    import roiops.triton as rt
+
+    x, b = feature(F32, channels_last), boxes(F32, count=3)
+    b[:, 5] = torch.deg2rad(b[:, 5])
+    g = torch.randn(len(b), C, 2, 2, generator=torch.Generator().manual_seed(2))
+    args = (b, SCALE, 2, 2, N, C, H, W, 0, True, channels_last)
+    runs = [rt.roi_align_rotated_backward(g, *args, deterministic=True) for _ in range(2)]
+    ref = roiops.reference.roi_align_rotated_backward(g, *args)
+    assert torch.equal(runs[0], runs[1])
+    torch.testing.assert_close(runs[0], ref, **tol(F32))
+
+
+# ----------------------------------------------------------------------------- drop-ins
+
+
+def test_detectron2_drop_in():
+    from roiops.compat.detectron2 import ROIAlignRotated
+
+    m = ROIAlignRotated((3, 4), SCALE, 0)
+    assert repr(m) == "ROIAlignRotated(output_size=(3, 4), spatial_scale=0.5, sampling_ratio=0)"
+    x, b = feature(F32), boxes(F32)
+    assert torch.equal(m(x, b), roiops.roi_align_rotated(x, b, (3, 4), SCALE, 0, aligned=True))
+    with pytest.raises(ValueError, match=r"Tensor\[K, 6\]"):
+        m(x, b[:, :5])
+
+
+def test_mmcv_drop_in():
+    from roiops.compat.mmcv import RoIAlignRotated, roi_align_rotated
+
+    m = RoIAlignRotated(3, SCALE, 2, aligned=False, clockwise=True)
+    assert repr(m) == "RoIAlignRotated(output_size=(3, 3), spatial_scale=0.5, sampling_ratio=2, aligned=False, " \
+                      "clockwise=True)"
+    x, b = feature(F32), boxes(F32)
+    b[:, 5] = torch.deg2rad(b[:, 5])
+    expected = roiops.roi_align_rotated(x, b, 3, SCALE, 2, False, True, "radians")
+    assert torch.equal(m(x, b), expected)
+    assert torch.equal(roi_align_rotated(x, b, 3, SCALE, 2, False, True), expected)
+    # Defaults: spatial_scale 1, adaptive sampling, aligned, counter-clockwise.
+    assert torch.equal(roi_align_rotated(x, b, 2), roiops.roi_align_rotated(x, b, 2, 1.0, 0, angle="radians"))
+
+
+def test_onnx_export_refuses_with_the_op_named():
+    pytest.importorskip("onnxscript")
+    import roiops.onnx
+
+    class Head(torch.nn.Module):
+        def forward(self, x, b):
+            return roiops.roi_align_rotated(x, b, 2, SCALE, 2)
+
+    x, b = feature(F32), boxes(F32)
+    with pytest.raises(Exception) as info:
+        roiops.onnx.export(Head(), (x, b))
+    chain, e = [], info.value
+    while e is not None:
+        chain.append(str(e))
+        e = e.__cause__ or e.__context__
+    assert any("roiops.roi_align_rotated" in m and "no ONNX translation" in m for m in chain)
