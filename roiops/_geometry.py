@@ -148,6 +148,22 @@ def sample_position(start: A, bin_size: A, grid: int | A, b: A, s: A, ops: Array
     return ops.add(ops.add(start, ops.mul(ops.cast(b, start), bin_size)), offset)
 
 
+def pool_bin_edges(start: Tensor, bin_size: Tensor, pooled: int, size: int, start_after: bool) -> tuple[Tensor, Tensor]:
+    """RoIPool bins along one axis: bin p of each box covers cells [lo, hi), ``[K, pooled]``
+    int64 each, clipped to [0, size]. ``start`` and ``bin_size`` are ``[K, 1]``. Rounded
+    corners (Caffe, torchvision, position-sensitive) add the integer start after
+    floor(p * bin) and ceil((p + 1) * bin) (``start_after``); mmdetection adds its real start
+    before. Values stay floating until clipped, so huge coordinates cannot overflow an
+    integer (a sum that overflows to +-inf clips to the map's edge)."""
+    p = torch.arange(pooled, dtype=bin_size.dtype, device=bin_size.device)
+    lo, hi = p * bin_size, (p + 1) * bin_size
+    if start_after:
+        lo, hi = torch.floor(lo) + start, torch.ceil(hi) + start
+    else:
+        lo, hi = torch.floor(lo + start), torch.ceil(hi + start)
+    return lo.clamp(0, size).long(), hi.clamp(0, size).long()
+
+
 def bilinear_taps(coord: A, size: int | A, ops: ArrayOps[A] = TORCH) -> tuple[A, A, A, A, A]:
     """Border rule of one axis: (low, high, l, h = 1 - l, inside). A point outside [-1, size]
     has value 0 (inside is False); otherwise it is clamped at 0 and, from the last cell on,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .._geometry import is_channels_last, round_half_away
+from .._geometry import is_channels_last, pool_bin_edges, round_half_away
 from ._common import attach, check_grad, check_pooled, layout, opmath_type, prepare_rois, require_finite
 from .ps_roi_align import check_channels
 
@@ -15,25 +15,16 @@ __all__ = ["ps_roi_pool_backward", "ps_roi_pool_forward"]
 def _ps_pool_bins(rois: Tensor, spatial_scale: float, ph: int, pw: int, height: int, width: int):
     """Bin limits [K, ph] rows and [K, pw] columns, clipped to [0, size], as int64.
 
-    Corners rounded (C's round) after scaling; the box is at least 1 cell; bin edges are
-    floor(i * bin) and ceil((i + 1) * bin) of the box's float bin size, plus the rounded
-    start. Values stay floating until clipped, so no integer can overflow.
+    Corners rounded (C's round) after scaling; the box is at least 1 cell (no + 1, unlike
+    roi_pool); bins as RoIPool's.
     """
     s = torch.tensor(spatial_scale, dtype=rois.dtype, device=rois.device)
     x1, y1, x2, y2 = (round_half_away(rois[:, c] * s)[:, None] for c in (1, 2, 3, 4))
     roi_w = (x2 - x1).clamp(min=1)
     roi_h = (y2 - y1).clamp(min=1)
     require_finite(rois, [x1[:, 0], y1[:, 0], roi_w[:, 0], roi_h[:, 0]], spatial_scale)
-
-    def edges(start, size, pooled, limit):
-        p = torch.arange(pooled, dtype=rois.dtype, device=rois.device)
-        bin_size = size / pooled
-        lo = torch.floor(p * bin_size) + start
-        hi = torch.ceil((p + 1) * bin_size) + start
-        return lo.clamp(0, limit).long(), hi.clamp(0, limit).long()
-
-    h0, h1 = edges(y1, roi_h, ph, height)
-    w0, w1 = edges(x1, roi_w, pw, width)
+    h0, h1 = pool_bin_edges(y1, roi_h / ph, ph, height, start_after=True)
+    w0, w1 = pool_bin_edges(x1, roi_w / pw, pw, width, start_after=True)
     return h0, h1, w0, w1
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .._geometry import is_channels_last, round_half_away
+from .._geometry import is_channels_last, pool_bin_edges, round_half_away
 from ._common import attach, check_grad, check_pooled, first_max, layout, opmath_type, prepare_rois, require_finite
 
 __all__ = ["roi_pool_backward", "roi_pool_forward"]
@@ -16,17 +16,10 @@ __all__ = ["roi_pool_backward", "roi_pool_forward"]
 
 
 def _pool_bins(rois, spatial_scale, ph, pw, continuous, height, width):
-    """Bin limits [K, ph] rows and [K, pw] columns, clipped to the map, as int64.
-
-    Computed in the opmath type in torchvision's order (floor/ceil of ``j * bin`` and
-    ``(j + 1) * bin``), so float32/float64 results are bit-identical to it; values stay
-    floating until clipped, so huge coordinates cannot overflow an integer (a sum that
-    overflows to +-inf just clips to the map edge).
-    """
-    opmath, device = rois.dtype, rois.device
-    s = torch.tensor(spatial_scale, dtype=opmath, device=device)
-    jh = torch.arange(ph, dtype=opmath, device=device)
-    jw = torch.arange(pw, dtype=opmath, device=device)
+    """Bin limits [K, ph] rows and [K, pw] columns, clipped to the map, as int64, computed
+    in the opmath type in torchvision's order, so float32/float64 results are bit-identical
+    to it."""
+    s = torch.tensor(spatial_scale, dtype=rois.dtype, device=rois.device)
     if not continuous:
         # Caffe / torchvision: round the scaled corners, force malformed boxes to 1x1.
         x1 = round_half_away(rois[:, 1] * s)[:, None]
@@ -36,36 +29,20 @@ def _pool_bins(rois, spatial_scale, ph, pw, continuous, height, width):
         roi_w = (x2 - x1 + 1).clamp(min=1)
         roi_h = (y2 - y1 + 1).clamp(min=1)
         require_finite(rois, [x1[:, 0], y1[:, 0], roi_w[:, 0], roi_h[:, 0]], spatial_scale)
-        bin_w = roi_w / pw
-        bin_h = roi_h / ph
-        w_start = torch.floor(jw * bin_w) + x1
-        w_end = torch.ceil((jw + 1) * bin_w) + x1
-        h_start = torch.floor(jh * bin_h) + y1
-        h_end = torch.ceil((jh + 1) * bin_h) + y1
-        box_empty = torch.zeros(rois.size(0), dtype=torch.bool, device=device)
-    else:
-        # mmdetection: no rounding, the box ends at (x2 + 1) * s.
-        x_start = (rois[:, 1] * s)[:, None]
-        y_start = (rois[:, 2] * s)[:, None]
-        roi_w = (rois[:, 3] + 1) * s - x_start[:, 0]
-        roi_h = (rois[:, 4] + 1) * s - y_start[:, 0]
-        require_finite(rois, [x_start[:, 0], y_start[:, 0], roi_w, roi_h], spatial_scale)
-        box_empty = (roi_w <= 0) | (roi_h <= 0)
-        bin_w = (roi_w / pw)[:, None]
-        bin_h = (roi_h / ph)[:, None]
-        w_start = torch.floor(jw * bin_w + x_start)
-        w_end = torch.ceil((jw + 1) * bin_w + x_start)
-        h_start = torch.floor(jh * bin_h + y_start)
-        h_end = torch.ceil((jh + 1) * bin_h + y_start)
-
-    def clip(t, size):
-        return t.clamp(0, size).long()
-
-    h_start, h_end = clip(h_start, height), clip(h_end, height)
-    w_start, w_end = clip(w_start, width), clip(w_end, width)
-    # An empty box (continuous mode) has every bin empty.
-    h_end = torch.where(box_empty[:, None], h_start, h_end)
-    return h_start, h_end, w_start, w_end
+        h_start, h_end = pool_bin_edges(y1, roi_h / ph, ph, height, start_after=True)
+        w_start, w_end = pool_bin_edges(x1, roi_w / pw, pw, width, start_after=True)
+        return h_start, h_end, w_start, w_end
+    # mmdetection: no rounding, the box ends at (x2 + 1) * s.
+    x_start = (rois[:, 1] * s)[:, None]
+    y_start = (rois[:, 2] * s)[:, None]
+    roi_w = (rois[:, 3] + 1) * s - x_start[:, 0]
+    roi_h = (rois[:, 4] + 1) * s - y_start[:, 0]
+    require_finite(rois, [x_start[:, 0], y_start[:, 0], roi_w, roi_h], spatial_scale)
+    h_start, h_end = pool_bin_edges(y_start, (roi_h / ph)[:, None], ph, height, start_after=False)
+    w_start, w_end = pool_bin_edges(x_start, (roi_w / pw)[:, None], pw, width, start_after=False)
+    # An empty box has every bin empty.
+    box_empty = (roi_w <= 0) | (roi_h <= 0)
+    return h_start, torch.where(box_empty[:, None], h_start, h_end), w_start, w_end
 
 
 def roi_pool_forward(input: Tensor, rois: Tensor, spatial_scale: float, pooled_height: int,
