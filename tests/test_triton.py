@@ -22,7 +22,7 @@ if triton_too_old():
     pytest.skip(triton_too_old(), allow_module_level=True)
 import roiops.triton as rt
 from boxes import nasty_boxes, random_boxes
-from cases import API, contract_args, contract_ops, kernel_name, tol
+from cases import API, ROTATED_OPS, contract_args, contract_ops, kernel_name, tol
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -518,7 +518,10 @@ def good_args(op, device):
     """Arguments, in kernel-contract order, of a call both backends accept."""
     c = C * 2 * 3 if "ps_roi" in op else C  # position-sensitive: 2 * 3 input channels per output channel
     x = torch.randn(N, c, H, W, generator=torch.Generator().manual_seed(16)).to(device)
-    rois = torch.tensor([[0, 1.0, 1.0, 5.0, 5.0], [1, 0.0, 0.0, 3.0, 4.0]], device=device)
+    if op in ROTATED_OPS:  # rows (batch_index, cx, cy, w, h, theta)
+        rois = torch.tensor([[0, 3.0, 3.0, 4.0, 4.0, 0.3], [1, 1.5, 2.0, 3.0, 4.0, -0.5]], device=device)
+    else:
+        rois = torch.tensor([[0, 1.0, 1.0, 5.0, 5.0], [1, 0.0, 0.0, 3.0, 4.0]], device=device)
     return contract_args(op, input=x, rois=rois, grad=torch.ones(2, C, 2, 3, device=device),
                          argmax=torch.zeros(2, C, 2, 3, dtype=torch.int32, device=device), spatial_scale=SCALE,
                          pooled_height=2, pooled_width=3, sampling_ratio=2, aligned=True, continuous=False,
@@ -546,8 +549,8 @@ BAD_ARGS = [
      r"input height and width must be positive", r"input height and width must be positive"),
     (("roi_pool",), "input_plane_2^32", lambda a, o: {"input": a["input"][:, :, :1, :1].expand(N, C, 2**16, 2**16)},
      ValueError, r"roi_pool needs H \* W < 2\^31", r"roi_pool needs H \* W < 2\^31"),
-    (FWD + BWD, "rois_4_wide", lambda a, o: {"rois": a["rois"][:, 1:]}, ValueError, r"rois must be \[K, 5\]",
-     r"rois must be \[K, 5\], got \[2, 4\]"),
+    (FWD + BWD, "rois_a_column_short", lambda a, o: {"rois": a["rois"][:, 1:]}, ValueError,
+     r"rois must be \[K, [56]\]", r"rois must be \[K, (5\], got \[2, 4|6\].*got \[2, 5)\]"),
     (FWD + BWD, "rois_int", lambda a, o: {"rois": a["rois"].long()}, ValueError,
      r"rois must be floating point, got torch.int64", r"rois must be float64 for float64 input, float32 otherwise"),
     (FWD + BWD, "rois_other_device", lambda a, o: {"rois": a["rois"].to(o)}, ValueError, r"rois is on (meta|cpu)",
