@@ -234,18 +234,28 @@ def pool_axis(c1, c2, scale, idx, pooled, size, CONTINUOUS: tl.constexpr):
     if CONTINUOUS:
         st = c1 * scale
         length = (c2 + 1.0) * scale - st
-        bin = div_rn(length, pooled.to(length.dtype))
-        lo = tl.floor(idx * bin + st)
-        hi = tl.ceil((idx + 1) * bin + st)
     else:
         st = c_round(c1 * scale)
         length = tl.maximum(c_round(c2 * scale) - st + 1.0, 1.0)
-        bin = div_rn(length, pooled.to(length.dtype))
+    lo, hi = bin_edges(st, length, idx, pooled, size, CONTINUOUS)
+    return lo, hi, length > 0
+
+
+@triton.jit
+def bin_edges(st, length, idx, pooled, size, CONTINUOUS: tl.constexpr):
+    """RoIPool's bins along one axis (docs/semantics.md), [lo, hi) as int32 clipped to
+    [0, size]: floor(idx * bin) and ceil((idx + 1) * bin), bin = length / pooled, plus the
+    box start: a rounded start after floor and ceil, a continuous one (CONTINUOUS) before."""
+    bin = div_rn(length, pooled.to(length.dtype))
+    if CONTINUOUS:
+        lo = tl.floor(idx * bin + st)
+        hi = tl.ceil((idx + 1) * bin + st)
+    else:
         lo = tl.floor(idx * bin) + st
         hi = tl.ceil((idx + 1) * bin) + st
     lo = tl.minimum(tl.maximum(lo, 0.0), size)
     hi = tl.minimum(tl.maximum(hi, 0.0), size)
-    return lo.to(tl.int32), hi.to(tl.int32), length > 0
+    return lo.to(tl.int32), hi.to(tl.int32)
 
 
 @triton.jit

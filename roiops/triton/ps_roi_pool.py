@@ -18,7 +18,7 @@ import triton
 import triton.language as tl
 
 from ._common import check_device, check_ps_backward, check_ps_forward, kernel
-from ._jit import bin_tile, c_round, div_rn, load_roi, scale_of, store_tile, with_flag
+from ._jit import bin_edges, bin_tile, c_round, div_rn, load_roi, scale_of, store_tile, with_flag
 from ._jit import along_c as _c  # per-channel vector -> tile axis
 from ._jit import along_p as _p  # per-bin / per-pixel vector -> tile axis
 from ._position_sensitive import gather_tile, launch_backward, launch_forward
@@ -29,16 +29,10 @@ __all__ = ["ps_roi_pool_backward", "ps_roi_pool_forward"]
 @triton.jit
 def _ps_axis(c1, c2, scale, idx, pooled, size):
     """Bin edges [lo, hi) along one axis, clipped to [0, size]: corners rounded (C's round),
-    the box at least one cell, edges floor(idx * bin) and ceil((idx + 1) * bin) plus the
-    rounded start."""
+    the box at least one cell (no + 1, unlike RoIPool), bins as RoIPool's."""
     st = c_round(c1 * scale)
     length = tl.maximum(c_round(c2 * scale) - st, 1.0)
-    bin = div_rn(length, pooled.to(length.dtype))
-    lo = tl.floor(idx.to(length.dtype) * bin) + st
-    hi = tl.ceil((idx + 1).to(length.dtype) * bin) + st
-    lo = tl.minimum(tl.maximum(lo, 0.0), size)
-    hi = tl.minimum(tl.maximum(hi, 0.0), size)
-    return lo.to(tl.int32), hi.to(tl.int32)
+    return bin_edges(st, length, idx.to(length.dtype), pooled, size, False)
 
 
 @kernel
@@ -76,7 +70,10 @@ def _ps_pool_fwd_kernel(
             m = _p((h < he) & (w < we), CF) & cmask
             acc += tl.load(x_base + _p(oh + w.to(tl.int64) * sxW, CF), mask=m, other=0.0).to(T)
     area = ((he - hs) * (we - ws)).to(T)
-    res = tl.where(_p(live, CF), div_rn(acc, _p(tl.maximum(area, 1.0), CF)), 0.0)
+    # A bin is live exactly when its area is positive. Testing the area rather than reusing
+    # `live` in 2-D keeps Triton 3.6 from giving `live` two layouts (it fails to compile
+    # some float64 variants then).
+    res = tl.where(_p(area > 0, CF), div_rn(acc, _p(tl.maximum(area, 1.0), CF)), 0.0)
     o = k.to(tl.int64) * soK + _c(c.to(tl.int64) * soC, CF) + _p(p.to(tl.int64) * soW, CF)
     tl.store(out_ptr + o, res.to(out_ptr.dtype.element_ty), mask=_p(pm, CF) & cmask)
 
