@@ -114,26 +114,8 @@ def rois(input: Tensor, boxes: BoxesType, scale: float,
 
     ``max_grid = (h, w, sampling_ratio, aligned)`` for RoIAlign mode "max": also check that
     each box's sampling grid fits its int32 argmax."""
-    coord_type = torch.float64 if input.dtype == torch.float64 else torch.float32
-    if isinstance(boxes, Tensor):
-        _box_tensor(boxes, input, 5, "boxes")
-        out = boxes.to(coord_type).contiguous()
-    elif isinstance(boxes, (list, tuple)):
-        if len(boxes) != input.shape[0]:
-            raise ValueError(f"boxes is a list of {len(boxes)} tensors but the input has batch size {input.shape[0]}")
-        for i, b in enumerate(boxes):
-            _box_tensor(b, input, 4, f"boxes[{i}]")
-        if boxes:
-            # narrow, not b[:, :1]: torch 2.6's export would guard the box count against 2^63 - 1
-            parts = [torch.cat([torch.full_like(b.narrow(1, 0, 1), i, dtype=coord_type), b.to(coord_type)], dim=1)
-                     for i, b in enumerate(boxes)]
-            out = torch.cat(parts, dim=0)
-        else:
-            out = input.new_zeros((0, 5), dtype=coord_type)
-    else:
-        raise TypeError(f"boxes must be a Tensor[K, 5] or a list of Tensor[L, 4], got {type(boxes).__name__}")
-    check = config.check_box_values
-    if (out.device.type == "cpu" if check is None else check) and not torch.compiler.is_compiling():
+    out = _box_rows(input, boxes, 5, _coord_type(input), _AXIS_ALIGNED_HINTS).contiguous()
+    if _checking_values(out):
         _check_values(out, input.shape[0], scale)
         if max_grid is not None and max_grid[2] <= 0:
             _check_max_grid(out, scale, *max_grid)
@@ -141,6 +123,38 @@ def rois(input: Tensor, boxes: BoxesType, scale: float,
 
 
 _AXIS_ALIGNED_HINTS = {5: " (rows (batch_index, x1, y1, x2, y2))", 4: " (rows (x1, y1, x2, y2))"}
+
+
+def _coord_type(input: Tensor) -> torch.dtype:
+    """The kernels' coordinate type: float64 for float64 input, float32 otherwise."""
+    return torch.float64 if input.dtype == torch.float64 else torch.float32
+
+
+def _box_rows(input: Tensor, boxes: BoxesType, width: int, dtype: torch.dtype, hints: dict[int, str]) -> Tensor:
+    """Boxes as ``Tensor[K, width]`` rows led by the batch index, or a list of N
+    ``Tensor[L_i, width - 1]`` (image i's rows, without it) -> ``[K, width]`` in ``dtype``."""
+    if isinstance(boxes, Tensor):
+        _box_tensor(boxes, input, width, "boxes", hints)
+        return boxes.to(dtype)
+    if isinstance(boxes, (list, tuple)):
+        if len(boxes) != input.shape[0]:
+            raise ValueError(f"boxes is a list of {len(boxes)} tensors but the input has batch size {input.shape[0]}")
+        for i, b in enumerate(boxes):
+            _box_tensor(b, input, width - 1, f"boxes[{i}]", hints)
+        if not boxes:
+            return input.new_zeros((0, width), dtype=dtype)
+        # narrow, not b[:, :1]: torch 2.6's export would guard the box count against 2^63 - 1
+        return torch.cat([torch.cat([torch.full_like(b.narrow(1, 0, 1), i, dtype=dtype), b.to(dtype)], dim=1)
+                          for i, b in enumerate(boxes)], dim=0)
+    raise TypeError(f"boxes must be a Tensor[K, {width}] or a list of Tensor[L, {width - 1}], "
+                    f"got {type(boxes).__name__}")
+
+
+def _checking_values(rois: Tensor) -> bool:
+    """Whether box values are checked now: by default on CPU tensors only (on GPU ones the
+    check syncs the device; see config.check_box_values), never while compiling."""
+    check = config.check_box_values
+    return (rois.device.type == "cpu" if check is None else check) and not torch.compiler.is_compiling()
 
 
 def _box_tensor(b: object, input: Tensor, width: int, name: str, hints: dict[int, str] = _AXIS_ALIGNED_HINTS) -> None:
@@ -235,29 +249,13 @@ def rotated_rois(input: Tensor, boxes: BoxesType, scale: float, degrees: bool, c
     kernels' coordinate type with the angle in counter-clockwise radians. ``degrees``: the
     angle is converted as ``angle * pi / 180`` in float64 (detectron2's arithmetic) and
     rounded once; ``clockwise``: it is negated."""
-    coord_type = torch.float64 if input.dtype == torch.float64 else torch.float32
-    if isinstance(boxes, Tensor):
-        _box_tensor(boxes, input, 6, "boxes", _ROTATED_HINTS)
-        rows = boxes.to(torch.float64)
-    elif isinstance(boxes, (list, tuple)):
-        if len(boxes) != input.shape[0]:
-            raise ValueError(f"boxes is a list of {len(boxes)} tensors but the input has batch size {input.shape[0]}")
-        for i, b in enumerate(boxes):
-            _box_tensor(b, input, 5, f"boxes[{i}]", _ROTATED_HINTS)
-        if boxes:
-            rows = torch.cat([torch.cat([torch.full_like(b.narrow(1, 0, 1), i, dtype=torch.float64),
-                                         b.to(torch.float64)], dim=1) for i, b in enumerate(boxes)], dim=0)
-        else:
-            rows = input.new_zeros((0, 6), dtype=torch.float64)
-    else:
-        raise TypeError(f"boxes must be a Tensor[K, 6] or a list of Tensor[L, 5], got {type(boxes).__name__}")
+    rows = _box_rows(input, boxes, 6, torch.float64, _ROTATED_HINTS)
     if degrees or clockwise:
         turn = rows.narrow(1, 5, 1)
         turn = turn * math.pi / 180.0 if degrees else turn
         rows = torch.cat([rows.narrow(1, 0, 5), -turn if clockwise else turn], dim=1)
-    out = rows.to(coord_type).contiguous()
-    check = config.check_box_values
-    if (out.device.type == "cpu" if check is None else check) and not torch.compiler.is_compiling():
+    out = rows.to(_coord_type(input)).contiguous()
+    if _checking_values(out):
         _check_values(out.narrow(1, 0, 5), input.shape[0], scale)
         bad = ~torch.isfinite(out[:, 5])
         if bool(bad.any()):
