@@ -6,7 +6,11 @@ The kernel contract (docs/architecture.md): op ``roiops::<name>`` calls
 ``<kernels>.<name>_forward(input, rois, *args)``; op ``roiops::_<name>_backward`` calls
 ``<kernels>.<name>_backward(grad, *saved, rois, *backward)``, where ``saved`` are the
 forward's extra outputs (an argmax) and ``backward`` names forward arguments or the
-input's ``batch_size, channels, height, width, channels_last``.
+input's ``batch_size, channels, height, width, channels_last``. An op declared with
+``rois_grad`` also has ``roiops::_<name>_rois_backward``, which calls
+``<kernels>.<name>_rois_backward(grad, input, rois, *args)`` (the forward's arguments) and
+returns the gradient with respect to ``rois`` (zero in the batch-index column); autograd
+uses it when ``rois`` requires grad.
 """
 
 from __future__ import annotations
@@ -35,7 +39,8 @@ class Kernels:
     arguments after grad, the saved outputs and rois, in the kernels' order; ``title``:
     how errors name the op; ``out_channels``: the output's channels from the input's and
     the pooled size (position-sensitive ops read ``ph * pw`` input channels per output
-    channel), the input's by default."""
+    channel), the input's by default; ``rois_grad``: whether the output is differentiable
+    with respect to the box coordinates (the kernels provide ``<name>_rois_backward``)."""
 
     name: str
     args: tuple[tuple[str, str], ...]
@@ -43,6 +48,7 @@ class Kernels:
     saved: tuple[str, ...] = ()
     title: str = ""
     out_channels: Callable[[Any, int, int], Any] | None = None
+    rois_grad: bool = False
 
 
 def empty_output(input: Tensor, rois: Tensor, ph: int, pw: int, dtype: torch.dtype | None = None,
@@ -100,6 +106,7 @@ def register(spec: Kernels) -> None:
 
     fwd.register_fake(forward_fake)
     bwd.register_fake(backward_fake)
+    rois_bwd = _register_rois_backward(spec) if spec.rois_grad else None
 
     # Where each backward argument comes from: a forward argument (its position), or the input.
     sources = [2 + arg_names.index(n) if n in arg_names else n for n in spec.backward]
@@ -112,20 +119,42 @@ def register(spec: Kernels) -> None:
         # Otherwise autograd hands backward zero tensors the size of the int outputs (51 MB
         # for a box head's argmax), costing more than a third of the backward itself.
         ctx.set_materialize_grads(False)
-        ctx.save_for_backward(rois, *(output[1:] if spec.saved else ()))
+        # The input is kept only for a box gradient, which reads it.
+        ctx.box_grad = rois_bwd is not None and ctx.needs_input_grad[1]
+        ctx.save_for_backward(rois, input if ctx.box_grad else None, *(output[1:] if spec.saved else ()))
         ctx.args = tuple(inputs[i] if isinstance(i, int) else from_input[i] for i in sources)
+        ctx.forward_args = inputs[2:] if ctx.box_grad else ()
         ctx.backend = _backend.current()
 
     def gradient(ctx: Any, grad: Tensor | None, *_int_outputs: Any) -> tuple[Tensor | None, ...]:
         if grad is None:  # the output took no part in the loss
             return (None,) * n_inputs
-        rois, *saved = ctx.saved_tensors
+        rois, input, *saved = ctx.saved_tensors
+        gi = gr = None
         with _backend.use_backend(ctx.backend) if ctx.backend else nullcontext():
-            gi = bwd(grad, *saved, rois, *ctx.args)
-        return (gi,) + (None,) * (n_inputs - 1)
+            if ctx.needs_input_grad[0]:
+                gi = bwd(grad, *saved, rois, *ctx.args)
+            if ctx.box_grad:
+                gr = rois_bwd(grad, input, rois, *ctx.forward_args)
+        return (gi, gr) + (None,) * (n_inputs - 2)
 
     fwd.register_autograd(gradient, setup_context=setup_context)
     refuse_double_backward(bwd, spec.title or spec.name)
+
+
+def _register_rois_backward(spec: Kernels) -> Any:
+    """``roiops::_<name>_rois_backward(grad, input, rois, *args) -> grad_rois``."""
+    kernel = f"{spec.name}_rois_backward"
+
+    def rois_backward(grad: Tensor, input: Tensor, rois: Tensor, *args: Any) -> Tensor:
+        return getattr(_backend.kernels(grad.device), kernel)(grad, input, rois, *args)
+
+    op = torch.library.custom_op(
+        f"roiops::_{spec.name}_rois_backward", rois_backward, mutates_args=(),
+        schema=_schema([("Tensor", "grad"), ("Tensor", "input"), ("Tensor", "rois"), *spec.args], 1))
+    op.register_fake(lambda grad, input, rois, *args: torch.empty_like(rois))
+    refuse_double_backward(op, spec.title or spec.name)
+    return op
 
 
 def refuse_double_backward(backward_op: Any, title: str) -> None:
