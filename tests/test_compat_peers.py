@@ -228,6 +228,21 @@ def test_mmcv_signatures_defaults_and_reprs():
         mmcv.roi_align(torch.zeros(1, 1, 4, 4), torch.zeros(1, 5), 2, pool_mode="sum")
 
 
+@pytest.mark.parametrize("layer", [mmcv.RoIAlign, mmcv.RoIAlignRotated])
+def test_mmcv_deprecated_keywords(layer):
+    with pytest.warns(DeprecationWarning) as caught:
+        old = layer(out_size=(3, 4), spatial_scale=0.5, sample_num=2)
+    assert [str(w.message) for w in caught] == [
+        f'"{old}" is deprecated in `{layer.__name__}`, please use "{new}" instead'
+        for old, new in (("out_size", "output_size"), ("sample_num", "sampling_ratio"))]
+    assert repr(old) == repr(layer(output_size=(3, 4), spatial_scale=0.5, sampling_ratio=2))
+    assert (old.output_size, old.sampling_ratio) == ((3, 4), 2)
+    with pytest.raises(TypeError, match="'sample_num' and 'sampling_ratio'"):
+        layer(7, sample_num=2, sampling_ratio=2)
+    with pytest.raises(ValueError, match="sampling_ratio"), pytest.warns(DeprecationWarning):
+        layer(7, sample_num=2.5)
+
+
 def test_mmcv_roi_align_modes():
     g = torch.Generator().manual_seed(6)
     x = torch.randn(2, 4, 12, 15, generator=g)

@@ -23,11 +23,18 @@ boxes and reprs. Semantics:
   h, angle)`` with the angle in radians, counter-clockwise unless ``clockwise=True``;
   ``aligned=False`` means no half-cell offset and sides of at least one cell. It is
   :func:`roiops.roi_align_rotated` with ``angle="radians"``.
+
+``RoIAlign`` and ``RoIAlignRotated`` also take mmcv's deprecated keywords ``out_size`` and
+``sample_num`` (for ``output_size`` and ``sampling_ratio``), with mmcv's
+``DeprecationWarning``; giving both names of one argument is a ``TypeError``.
 """
 
 from __future__ import annotations
 
-from typing import Union
+import functools
+import warnings
+from collections.abc import Callable
+from typing import Any, TypeVar, Union
 
 from torch import Tensor, nn
 
@@ -37,6 +44,28 @@ from .. import ops as F
 __all__ = ["RoIAlign", "RoIAlignRotated", "RoIPool", "roi_align", "roi_align_rotated", "roi_pool"]
 
 OutputSize = Union[int, tuple[int, int], list[int]]
+_Init = TypeVar("_Init", bound=Callable[..., None])
+
+# mmcv 1.x renamed these and kept the old keywords working, with a warning.
+_RENAMED = {"out_size": "output_size", "sample_num": "sampling_ratio"}
+
+
+def _old_keywords(init: _Init) -> _Init:
+    """Accepts mmcv's deprecated keyword names in a layer's ``__init__`` (whose signature,
+    seen through ``functools.wraps``, stays mmcv's current one)."""
+    @functools.wraps(init)
+    def wrapper(self: nn.Module, *args: Any, **kwargs: Any) -> None:
+        for old, new in _RENAMED.items():
+            if old in kwargs:
+                if new in kwargs:
+                    raise TypeError(f"{type(self).__name__}() got both {old!r} and {new!r}; {old!r} is mmcv's "
+                                    f"deprecated name of {new!r}")
+                warnings.warn(f'"{old}" is deprecated in `{type(self).__name__}`, please use "{new}" instead',
+                              DeprecationWarning, stacklevel=2)
+                kwargs[new] = kwargs.pop(old)
+        init(self, *args, **kwargs)
+
+    return wrapper  # type: ignore[return-value]
 
 
 def _pair(value: OutputSize) -> tuple[int, int]:
@@ -74,6 +103,7 @@ class RoIAlign(nn.Module):
         >>> layer(features, rois).shape                      # rois [K, 5] -> [K, C, 7, 7]
     """
 
+    @_old_keywords
     def __init__(self, output_size: OutputSize, spatial_scale: float = 1.0, sampling_ratio: int = 0,
                  pool_mode: str = "avg", aligned: bool = True, use_torchvision: bool = False) -> None:
         super().__init__()
@@ -127,6 +157,7 @@ class RoIAlignRotated(nn.Module):
         >>> layer(features, rois).shape                      # rois [K, 6] -> [K, C, 7, 7]
     """
 
+    @_old_keywords
     def __init__(self, output_size: OutputSize, spatial_scale: float = 1.0, sampling_ratio: int = 0,
                  aligned: bool = True, clockwise: bool = False) -> None:
         super().__init__()
