@@ -135,20 +135,29 @@ def align_geometry(x1, y1, x2, y2, scale, ph, pw, sampling_ratio, ALIGNED: tl.co
         off = 0.0
     sx = x1 * scale - off
     sy = y1 * scale - off
-    rw = x2 * scale - off - sx
-    rh = y2 * scale - off - sy
+    _, _, bw, bh, gwf, ghf, count = bin_grid(x2 * scale - off - sx, y2 * scale - off - sy, ph, pw,
+                                             sampling_ratio, ALIGNED)
+    return sx, sy, bw, bh, gwf, ghf, gwf.to(tl.int32), ghf.to(tl.int32), count
+
+
+@triton.jit
+def bin_grid(rw, rh, ph, pw, sampling_ratio, ALIGNED: tl.constexpr):
+    """Bin size and sampling grid of a box of rw x rh cells (docs/semantics.md, RoIAlign;
+    rotated RoIAlign): without ALIGNED the sides are at least 1 cell.
+
+    Returns (rw, rh, bw, bh, gwf, ghf, count): the sides after that rule, the bin sizes,
+    the grid sides in the coordinate type (<= 0 becoming 0: no samples) and
+    count = max(gh * gw, 1).
+    """
     if not ALIGNED:
         rw = tl.maximum(rw, 1.0)
         rh = tl.maximum(rh, 1.0)
     bw = div_rn(rw, pw.to(rw.dtype))
     bh = div_rn(rh, ph.to(rh.dtype))
     sr = sampling_ratio.to(bw.dtype)
-    gwf = tl.where(sampling_ratio > 0, sr, tl.ceil(bw))
-    ghf = tl.where(sampling_ratio > 0, sr, tl.ceil(bh))
-    gwf = tl.minimum(tl.maximum(gwf, 0.0), MAX_GRID)
-    ghf = tl.minimum(tl.maximum(ghf, 0.0), MAX_GRID)
-    count = tl.maximum(ghf * gwf, 1.0)
-    return sx, sy, bw, bh, gwf, ghf, gwf.to(tl.int32), ghf.to(tl.int32), count
+    gwf = tl.minimum(tl.maximum(tl.where(sampling_ratio > 0, sr, tl.ceil(bw)), 0.0), MAX_GRID)
+    ghf = tl.minimum(tl.maximum(tl.where(sampling_ratio > 0, sr, tl.ceil(bh)), 0.0), MAX_GRID)
+    return rw, rh, bw, bh, gwf, ghf, tl.maximum(ghf * gwf, 1.0)
 
 
 @triton.jit

@@ -23,7 +23,7 @@ import triton.language as tl
 from .._geometry import is_channels_last, memory_format
 from ._common import (GPU_TILE, LAUNCH_OPTS, cdiv, check_device, check_rotated_backward, check_rotated_forward,
                       f64_bits, kernel, opmath, tile_blocks, use_deterministic)
-from ._jit import MAX_COORD, MAX_GRID, axis_taps, bin_tile, div_rn, sample_pos, sample_span, scale_of, with_flag
+from ._jit import MAX_COORD, axis_taps, bin_grid, bin_tile, div_rn, sample_pos, sample_span, scale_of, with_flag
 from ._jit import along_c as _c
 from ._jit import along_p as _p
 
@@ -62,17 +62,7 @@ def _rotated_box(rois_ptr, cs_ptr, k, N, H, W, scale, ph, pw, sampling_ratio, AL
     # Scale first, then shift by the offset.
     cx = cx * scale - off
     cy = cy * scale - off
-    rw = w * scale
-    rh = h * scale
-    if not ALIGNED:
-        rw = tl.maximum(rw, 1.0)
-        rh = tl.maximum(rh, 1.0)
-    bw = div_rn(rw, pw.to(rw.dtype))
-    bh = div_rn(rh, ph.to(rh.dtype))
-    sr = sampling_ratio.to(bw.dtype)
-    gwf = tl.minimum(tl.maximum(tl.where(sampling_ratio > 0, sr, tl.ceil(bw)), 0.0), MAX_GRID)
-    ghf = tl.minimum(tl.maximum(tl.where(sampling_ratio > 0, sr, tl.ceil(bh)), 0.0), MAX_GRID)
-    count = tl.maximum(ghf * gwf, 1.0)
+    rw, rh, bw, bh, gwf, ghf, count = bin_grid(w * scale, h * scale, ph, pw, sampling_ratio, ALIGNED)
     # The map [-1, H] x [-1, W] seen from the centre along the box's axes (float64), widened
     # by more than the rounding of the rotation.
     c = cos.to(tl.float64)
