@@ -221,7 +221,7 @@ def test_no_double_backward():
 
 def fit_box(backend, steps=100):
     """Fits a box by gradient descent to a target crop of a smooth map (the example in
-    docs/semantics.md): returns the fitted box and the target box."""
+    docs/api.md): returns the fitted box and the target box."""
     yy, xx = torch.meshgrid(torch.arange(24.0, dtype=F64), torch.arange(24.0, dtype=F64), indexing="ij")
     blobs = sum(torch.exp(-((xx - cx) ** 2 + (yy - cy) ** 2) / (2 * s * s))
                 for cx, cy, s in [(6, 8, 3), (15, 12, 4), (10, 17, 2.5)])
