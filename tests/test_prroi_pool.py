@@ -27,8 +27,9 @@ def feature(dtype=F64, channels_last=False, seed=0, c=C):
 
 def boxes_for(dtype=F64, seed=0, count=6):
     g = torch.Generator().manual_seed(seed)
+    tiny = torch.tensor([[1, 3.1, 2.2, 3.13, 2.21]], dtype=dtype)  # 0.015 x 0.005 cells at (1.55, 1.1)
     return torch.cat([random_boxes(N, count, W / SCALE, H / SCALE, g, dtype), nasty_boxes(N, W / SCALE, H / SCALE, dtype),
-                      torch.tensor([[1, 3.1, 2.2, 3.13, 2.21]], dtype=dtype)])  # a window of 0.0075 x 0.00083 cells
+                      tiny])
 
 
 def use(backend):
@@ -82,8 +83,8 @@ def test_forward_is_the_integral_of_the_interpolated_map(backend, size):
     x, b = feature(), boxes_for()
     with use(backend):
         out = roiops.prroi_pool(x, b, size, SCALE)
-    # The midpoint rule's error is the hats' kinks': per kink at most (window / n)^2 / 4 of
-    # the window's mean, and of either sign. Measured: under 2e-7 (the box larger than the map).
+    # The midpoint rule errs only at the hats' kinks, by at most (window / n)^2 / 4 of the
+    # window's mean per kink, with either sign. Measured: under 2e-7 (the box larger than the map).
     torch.testing.assert_close(out, integral_oracle(x, b, size, SCALE), rtol=0, atol=1e-6)
     empty = (b[:, 3] <= b[:, 1]) | (b[:, 4] <= b[:, 2])
     assert empty.sum() == 2 and torch.equal(out[empty], torch.zeros_like(out[empty]))
@@ -142,6 +143,22 @@ def test_non_finite_values_reach_only_the_bins_that_weigh_them(backend):
     with use(backend):
         out = roiops.prroi_pool(x, box, (1, 4))
     assert out[0, 0, 0, :3].tolist() == [0.0, 0.0, 0.0] and out[0, 0, 0, 3].item() == float("inf")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_non_finite_gradient_reaches_only_its_bins_cells(backend):
+    """An infinite upstream gradient of one bin goes to that bin's cells only."""
+    x = torch.zeros(1, 1, 4, 12, dtype=F64, requires_grad=True)
+    box = torch.tensor([[0, 0.5, 0.5, 11.5, 2.5]], dtype=F64)
+    g = torch.ones(1, 1, 1, 4, dtype=F64)
+    g[0, 0, 0, 3] = float("inf")
+    with use(backend):
+        roiops.prroi_pool(x, box, (1, 4)).backward(g)
+    # Bin 3's window [8.75, 11.5] weighs columns 8 to 11, rows 0 to 3 (window [0.5, 2.5]).
+    assert not x.grad.isnan().any()
+    want = torch.zeros(1, 1, 4, 12, dtype=torch.bool)
+    want[..., 8:] = True
+    assert torch.equal(x.grad.isinf(), want)
 
 
 # ----------------------------------------------------------------------------- gradients
