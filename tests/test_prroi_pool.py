@@ -228,6 +228,25 @@ def test_list_boxes_get_their_gradient():
     assert torch.equal(ordered.grad[:, 0], torch.zeros(len(b), dtype=F64))
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_compiled_forward_and_box_gradient(backend):
+    """torch.compile (fullgraph, AOT autograd, dynamic box count) through the op and both of
+    its gradients: the eager results."""
+    torch._dynamo.reset()
+    fn = torch.compile(lambda t, c: roiops.prroi_pool(t, c, (2, 3), SCALE), fullgraph=True, backend="aot_eager",
+                       dynamic=True)
+    x, b = feature(), _no_empty(boxes_for())
+    for k in (5, 8):
+        got = run(x, b[:k], (2, 3), backend)
+        with use(backend):
+            xc, bc = x.clone().requires_grad_(), b[:k].clone().requires_grad_()
+            out = fn(xc, bc)
+            out.backward(torch.randn(out.shape, generator=torch.Generator().manual_seed(1), dtype=F64))
+        for a, want in zip((out.detach(), xc.grad, bc.grad), got):
+            torch.testing.assert_close(a, want, rtol=0, atol=0)
+    torch._dynamo.reset()
+
+
 def test_no_double_backward():
     x, b = feature().requires_grad_(), boxes_for().requires_grad_()
     with use("reference"):
