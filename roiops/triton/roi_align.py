@@ -42,6 +42,19 @@ bit-identical from run to run. A tile reads K / 32 mask words and computes the g
 only of the boxes that reach it; the mask costs N * H * W * K / 512 bytes (1 MB for
 K = 1024 on two 200x336 maps). It needs no zero-fill of the gradient and no float32
 scratch for half types. Max mode evaluates [pixels x channels] compare-selects per bin.
+
+Box gradient
+------------
+``roi_align_rois_backward`` and ``roi_align_max_rois_backward`` run on the forward's tiles.
+A tile walks its bins' samples as the forward does (max mode: through the same loop,
+``_pool_bins``, so it picks the forward's sample, then differentiates that one alone),
+and sums, over its bins and channels, grad times each sample's slope dv/dy (dv/dx) times
+how the sample moves with y1 and y2 (x1 and x2). Its four sums go to its own row of a
+[K, bin blocks, channel blocks, 4] buffer that torch then adds up in a fixed order: no
+float atomics, so the result is bit-identical from run to run. An adaptive grid
+(sampling_ratio <= 0) is held at the box's current size: its derivative ignores that the
+grid would grow with the box. The slopes jump where a sample crosses a cell edge or the
+border rule's limits, and where the 1-cell minimum size starts to hold.
 """
 
 from __future__ import annotations
