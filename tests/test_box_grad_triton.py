@@ -226,3 +226,17 @@ def test_gradcheck_through_the_api(mode, aligned):
         boxes = rois.clone().requires_grad_()
         roiops.roi_align(x, boxes, 2, SCALE, 2, aligned, mode, box_grad=True).sum().backward()
     assert torch.all(boxes.grad[:, 0] == 0) and boxes.grad[:, 1:].abs().sum() > 0
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="host-device synchronisation exists only with a GPU")
+@pytest.mark.parametrize("mode", ["avg", "max"])
+def test_no_host_sync_on_cuda(mode):
+    x = make_input(F32, True)
+    rois = make_rois(F32, nasty=(0, 9))
+    g = grad_for(rois, F32, 2, 2)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        KERNELS[mode][0](g, x, rois, SCALE, 2, 2, 2, True)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
