@@ -148,6 +148,13 @@ def sample_position(start: A, bin_size: A, grid: int | A, b: A, s: A, ops: Array
     return ops.add(ops.add(start, ops.mul(ops.cast(b, start), bin_size)), offset)
 
 
+def sample_position_slope(grid: int, b: A, s: A, like: A, ops: ArrayOps[A] = TORCH) -> A:
+    """Derivative of :func:`sample_position` with respect to ``bin_size`` (with respect to
+    ``start`` it is 1): ``b + (s + 0.5) / grid``; b and s are integers, converted to the
+    type of ``like``."""
+    return ops.add(ops.cast(b, like), ops.div(ops.add(ops.cast(s, like), 0.5), grid))
+
+
 def pool_bin_edges(start: Tensor, bin_size: Tensor, pooled: int, size: int, start_after: bool) -> tuple[Tensor, Tensor]:
     """RoIPool bins along one axis: bin p of each box covers cells [lo, hi), ``[K, pooled]``
     int64 each, clipped to [0, size]. ``start`` and ``bin_size`` are ``[K, 1]``. Rounded
@@ -182,6 +189,18 @@ def bilinear_taps(coord: A, size: int | A, ops: ArrayOps[A] = TORCH) -> tuple[A,
     high = ops.where(at_edge, low, ops.add(low, 1))
     l = ops.sub(c, low)
     return ops.to_index(low), ops.to_index(high), l, ops.sub(1, l), inside
+
+
+def bilinear_slope(coord: A, size: int | A, ops: ArrayOps[A] = TORCH) -> A:
+    """Derivative of :func:`bilinear_taps`' ``l`` with respect to ``coord`` (``h`` has the
+    opposite): 1 where ``l`` follows the point (inside the map, above 0, before the last
+    cell), 0 where the border rule holds it constant (clamped at 0, snapped to the last
+    cell, or outside, where the value is 0). The derivative jumps at every integer
+    coordinate (the taps change) and at the borders; there it is one of its one-sided
+    values."""
+    low, high, _, _, inside = bilinear_taps(coord, size, ops)
+    follows = ops.logical_and(ops.logical_and(inside, ops.greater(coord, 0)), ops.less(low, high))
+    return ops.where(follows, ops.full(1.0, coord), ops.full(0.0, coord))
 
 
 # ---- precise RoI pooling (docs/semantics.md, "prroi_pool")

@@ -33,6 +33,7 @@ EXPECTED_VARIANTS = {
     "_align_fwd_kernel": 32,                # x aligned x avg/max
     "_align_bwd_atomic_kernel": 32,         # x aligned x avg/max
     "_align_bwd_gather_kernel": 32,         # x aligned x avg/max (CF is fixed; layouts differ in unit strides)
+    "_align_rois_bwd_kernel": 32,           # x aligned x avg/max
     "_align_fwd_levels_kernel": 16,         # x aligned
     "_align_bwd_atomic_levels_kernel": 16,  # x aligned
     "_align_bwd_gather_levels_kernel": 16,  # x aligned
@@ -269,6 +270,9 @@ def _calls(launchers: dict, torch) -> list:
             g(dt, cl), rois(dt), 0.25, P, P, N, C, H, W, 2, aligned, cl, deterministic=deterministic),
         "roi_align_max_backward": lambda f, dt, cl, aligned, deterministic: f(
             g(dt, cl), am(cl), rois(dt), 0.25, P, P, N, C, H, W, 2, aligned, cl, deterministic=deterministic),
+        "roi_align_rois_backward": lambda f, dt, cl, aligned: f(g(dt, cl), x(dt, cl), rois(dt), 0.25, P, P, 2, aligned),
+        "roi_align_max_rois_backward": lambda f, dt, cl, aligned: f(
+            g(dt, cl), x(dt, cl), rois(dt), 0.25, P, P, 2, aligned),
         "roi_pool_forward": lambda f, dt, cl, continuous: f(x(dt, cl), rois(dt), 0.25, P, P, continuous),
         "roi_pool_backward": lambda f, dt, cl, deterministic: f(
             g(dt, cl), am(cl), rois(dt), N, C, H, W, cl, deterministic=deterministic),

@@ -16,8 +16,15 @@ _ARGS = (("float", "spatial_scale"), ("int", "pooled_height"), ("int", "pooled_w
          ("bool", "aligned"))
 _BACKWARD = ("spatial_scale", "pooled_height", "pooled_width", "batch_size", "channels", "height", "width",
              "sampling_ratio", "aligned", "channels_last")
-register(Kernels("roi_align", _ARGS, _BACKWARD, title="roi_align"))
-register(Kernels("roi_align_max", _ARGS, _BACKWARD, saved=("argmax",), title="roi_align(mode='max')"))
+register(Kernels("roi_align", _ARGS, _BACKWARD, title="roi_align", rois_grad=True))
+register(Kernels("roi_align_max", _ARGS, _BACKWARD, saved=("argmax",), title="roi_align(mode='max')", rois_grad=True))
+
+
+def _box_grad(box_grad: bool, sampling_ratio: int) -> bool:
+    if box_grad and sampling_ratio <= 0:
+        raise ValueError(f"box_grad=True needs a fixed sampling_ratio > 0 (an adaptive grid changes size with the "
+                         f"box), got sampling_ratio={sampling_ratio}")
+    return box_grad
 
 
 def roi_align(
@@ -28,6 +35,7 @@ def roi_align(
     sampling_ratio: int = -1,
     aligned: bool = False,
     mode: Literal["avg", "max"] = "avg",
+    box_grad: bool = False,
 ) -> Tensor:
     """RoIAlign (Mask R-CNN): bilinear samples averaged (or maxed) over each output bin.
 
@@ -44,6 +52,13 @@ def roi_align(
             ``False`` (torchvision's default) boxes are also widened to at least 1 cell.
         mode: ``"avg"`` (Mask R-CNN) or ``"max"`` (largest sample, as mmcv's
             ``pool_mode="max"``).
+        box_grad: also differentiate with respect to the box coordinates: the gradient
+            reaches ``boxes`` (a tensor or the list's tensors; the batch-index column gets
+            0). Needs a fixed ``sampling_ratio > 0``. With ``False`` (the default, as
+            torchvision) the boxes get no gradient. The gradient jumps where a sample
+            crosses a cell edge or the map border, where the 1-cell minimum size
+            (``aligned=False``) starts or stops holding, and, in mode ``"max"``, where
+            another sample becomes the largest (docs/semantics.md).
 
     Returns:
         ``Tensor[K, C, h, w]`` of the input's dtype and memory format.
@@ -61,7 +76,10 @@ def roi_align(
     ratio = v.sampling_ratio(sampling_ratio)
     aligned = v.flag("aligned", aligned)
     mode = v.choice("mode", mode, ("avg", "max"))  # type: ignore[assignment]
+    box_grad = _box_grad(v.flag("box_grad", box_grad), ratio)
     rois = v.rois(input, boxes, scale, (h, w, ratio, aligned) if mode == "max" else None)
+    if not box_grad:
+        rois = rois.detach()
     if mode == "avg":
         return torch.ops.roiops.roi_align(input, rois, scale, h, w, ratio, aligned)
     return torch.ops.roiops.roi_align_max(input, rois, scale, h, w, ratio, aligned)[0]
@@ -79,6 +97,7 @@ class RoIAlign(RoIModule):
     function = roi_align
 
     def __init__(self, output_size: OutputSize, spatial_scale: float, sampling_ratio: int = -1,
-                 aligned: bool = False, mode: Literal["avg", "max"] = "avg") -> None:
+                 aligned: bool = False, mode: Literal["avg", "max"] = "avg", box_grad: bool = False) -> None:
         super().__init__(output_size=output_size, spatial_scale=spatial_scale, sampling_ratio=sampling_ratio,
-                         aligned=aligned, mode=mode)
+                         aligned=aligned, mode=mode, box_grad=box_grad)
+        _box_grad(self.box_grad, self.sampling_ratio)

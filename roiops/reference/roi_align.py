@@ -6,11 +6,13 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .._geometry import MAX_ARGMAX_GRID, bilinear_taps, is_channels_last, sample_position
+from .._geometry import (MAX_ARGMAX_GRID, bilinear_slope, bilinear_taps, is_channels_last, sample_position,
+                         sample_position_slope)
 from ._common import (attach, check_grad, check_pooled, check_sampling_ratio, first_max, layout, opmath_type,
                       prepare_rois, require_finite)
 
-__all__ = ["roi_align_backward", "roi_align_forward", "roi_align_max_backward", "roi_align_max_forward"]
+__all__ = ["roi_align_backward", "roi_align_forward", "roi_align_max_backward", "roi_align_max_forward",
+           "roi_align_max_rois_backward", "roi_align_rois_backward"]
 
 # Adaptive grid per axis: the kernels' coordinate range (2^24 cells) gives at most 2^25 + 1;
 # the reference also takes larger boxes, but its sample indices must stay exact.
@@ -34,8 +36,11 @@ class _AlignBox:
     axis: ``w1 = hy*hx, w2 = hy*lx, w3 = ly*hx, w4 = ly*lx``.
     """
 
-    def __init__(self, y_start, x_start, bin_h, bin_w, grid_h, grid_w, ph, pw, height, width):
+    def __init__(self, y_start, x_start, bin_h, bin_w, grid_h, grid_w, ph, pw, height, width, clamped_h=False,
+                 clamped_w=False):
         self.grid_h, self.grid_w = grid_h, grid_w
+        # The box was widened to 1 cell along the axis: its size no longer follows the corners.
+        self.clamped_h, self.clamped_w = clamped_h, clamped_w
         self.y_start, self.x_start, self.bin_h, self.bin_w = y_start, x_start, bin_h, bin_w
         self.empty = grid_h <= 0 or grid_w <= 0  # no sample points (semantics.md "roi_align avg")
         self.count = max(grid_h * grid_w, 1)
@@ -71,12 +76,13 @@ class _AlignBox:
 
 
 class _Axis:
-    """Inside samples of one axis (see _AlignBox): per slot low, high, l, h, valid ([pooled
-    * m]); per bin s0 (first inside sample) and first_out (first outside sample, -1 if
-    none)."""
+    """Inside samples of one axis (see _AlignBox): per slot low, high, l, h, valid, and the
+    derivatives of l and of the position ``dl`` and ``dbin`` ([pooled * m]); per bin s0
+    (first inside sample) and first_out (first outside sample, -1 if none)."""
 
-    def __init__(self, low, high, l, h, valid, s0, first_out, m):
+    def __init__(self, low, high, l, h, valid, dl, dbin, s0, first_out, m):
         self.low, self.high, self.l, self.h, self.valid = low, high, l, h, valid
+        self.dl, self.dbin = dl, dbin
         self.s0, self.first_out, self.m = s0, first_out, m
 
 
@@ -116,8 +122,11 @@ def _axis_samples(start: Tensor, bin_size: Tensor, pooled: int, grid: int, size:
     slot = torch.arange(m, device=device)
     valid = slot[None, :] < n[:, None]  # [pooled, m]
     s = torch.minimum(s0[:, None] + slot[None, :], (s1[:, None] - 1).clamp(min=0))
-    low, high, l, h, _ = bilinear_taps(sample_position(start, bin_size, grid, b[:, None], s), size)
-    return _Axis(low.reshape(-1), high.reshape(-1), l.reshape(-1), h.reshape(-1), valid.reshape(-1), s0, first_out, m)
+    pos = sample_position(start, bin_size, grid, b[:, None], s)
+    low, high, l, h, _ = bilinear_taps(pos, size)
+    dl = bilinear_slope(pos, size)
+    dbin = sample_position_slope(grid, b[:, None], s, start).expand(pooled, m)
+    return _Axis(*(t.reshape(-1) for t in (low, high, l, h, valid, dl, dbin)), s0, first_out, m)
 
 
 def _align_boxes(rois, spatial_scale, ph, pw, sampling_ratio, aligned, height, width, max_mode=False):
@@ -131,6 +140,8 @@ def _align_boxes(rois, spatial_scale, ph, pw, sampling_ratio, aligned, height, w
     y_start = rois[:, 2] * s - o
     roi_w = (rois[:, 3] * s - o) - x_start
     roi_h = (rois[:, 4] * s - o) - y_start
+    clamped_w = ((roi_w < 1) & (not aligned)).tolist()
+    clamped_h = ((roi_h < 1) & (not aligned)).tolist()
     if not aligned:
         roi_w = roi_w.clamp(min=1)
         roi_h = roi_h.clamp(min=1)
@@ -156,9 +167,15 @@ def _align_boxes(rois, spatial_scale, ph, pw, sampling_ratio, aligned, height, w
 
     return [
         _AlignBox(y_start[k], x_start[k], bin_h[k], bin_w[k], grid_h[k], grid_w[k],
-                  ph, pw, height, width)
+                  ph, pw, height, width, clamped_h[k], clamped_w[k])
         for k in range(rois.size(0))
     ]
+
+
+def _corner_values(plane: Tensor, box: _AlignBox) -> list[Tensor]:
+    """``F`` at the four bilinear neighbours of every sample slot, in :meth:`_AlignBox.corners`'
+    order (low row low column, low high, high low, high high): four ``[C, P, Q]``."""
+    return [plane[:, rows[:, None], cols[None, :]] for _, rows, cols in box.corners()]
 
 
 def _sample_values(plane: Tensor, box: _AlignBox) -> Tensor:
@@ -171,8 +188,8 @@ def _sample_values(plane: Tensor, box: _AlignBox) -> Tensor:
     if height == 0 or width == 0:  # every point is outside an empty map
         return plane.new_zeros((c, box.y.valid.numel(), box.x.valid.numel()))
     value = None
-    for weight, rows, cols in box.corners():
-        term = weight * plane[:, rows[:, None], cols[None, :]]
+    for (weight, _, _), corner in zip(box.corners(), _corner_values(plane, box)):
+        term = weight * corner
         value = term if value is None else value + term
     assert value is not None  # corners() yields the four corners
     return torch.where(box.valid(), value, 0.0)
@@ -240,6 +257,31 @@ def roi_align_backward(grad: Tensor, rois: Tensor, spatial_scale: float, pooled_
 # --------------------------------------------------------------------------------------
 
 
+def _max_choice(plane: Tensor, box: _AlignBox, ph: int, pw: int) -> tuple[Tensor, Tensor]:
+    """Each bin's largest sample of one box on ``plane`` ``[C, H, W]`` (opmath): its value
+    and its row-major index ``iy * grid_w + ix`` (-1 for a bin with no sample points), both
+    ``[C, ph, pw]``; the first largest wins, outside samples counting as 0."""
+    c = plane.shape[0]
+    if box.empty:
+        return plane.new_zeros((c, ph, pw)), torch.full((c, ph, pw), -1, dtype=torch.int64, device=plane.device)
+    my, mx = box.my, box.mx
+    # [C, ph, pw, my*mx]: each bin's inside samples in row-major (iy, ix) order.
+    v = _sample_values(plane, box).view(c, ph, my, pw, mx).permute(0, 1, 3, 2, 4).reshape(c, ph, pw, my * mx)
+    member = (box.y.valid.view(ph, 1, my, 1) & box.x.valid.view(1, pw, 1, mx)).reshape(ph, pw, my * mx)
+    pos = first_max(v, member)  # my*mx: no inside sample
+    inside = pos < my * mx
+    # Gather rather than amax so autograd sends the gradient to the winner only.
+    best = v.gather(-1, pos.clamp(max=my * mx - 1).unsqueeze(-1)).squeeze(-1)
+    iy = box.y.s0.view(1, ph, 1) + pos // mx
+    ix = box.x.s0.view(1, 1, pw) + pos % mx
+    idx = torch.where(inside, iy * box.grid_w + ix, -1)
+    # Outside samples are 0: the first one competes with the inside winner, the
+    # earlier index winning a tie, and a NaN winner staying.
+    out_idx = box.first_outside().expand(c, ph, pw)
+    take = (out_idx >= 0) & (~inside | (~torch.isnan(best) & ((best < 0) | ((best == 0) & (out_idx < idx)))))
+    return torch.where(take, 0.0, best), torch.where(take, out_idx, idx)
+
+
 def roi_align_max_forward(input: Tensor, rois: Tensor, spatial_scale: float, pooled_height: int,
                           pooled_width: int, sampling_ratio: int, aligned: bool) -> tuple[Tensor, Tensor]:
     """RoIAlign max: the largest bilinear sample of the bin (outside points count as 0).
@@ -258,27 +300,9 @@ def roi_align_max_forward(input: Tensor, rois: Tensor, spatial_scale: float, poo
 
     outs, argmaxes = [], []
     for b, box in zip(batch, boxes):
-        if box.empty:
-            outs.append(x.new_zeros((c, ph, pw)))
-            argmaxes.append(torch.full((c, ph, pw), -1, dtype=torch.int64, device=x.device))
-            continue
-        my, mx = box.my, box.mx
-        # [C, ph, pw, my*mx]: each bin's inside samples in row-major (iy, ix) order.
-        v = _sample_values(x[b], box).view(c, ph, my, pw, mx).permute(0, 1, 3, 2, 4).reshape(c, ph, pw, my * mx)
-        member = (box.y.valid.view(ph, 1, my, 1) & box.x.valid.view(1, pw, 1, mx)).reshape(ph, pw, my * mx)
-        pos = first_max(v, member)  # my*mx: no inside sample
-        inside = pos < my * mx
-        # Gather rather than amax so autograd sends the gradient to the winner only.
-        best = v.gather(-1, pos.clamp(max=my * mx - 1).unsqueeze(-1)).squeeze(-1)
-        iy = box.y.s0.view(1, ph, 1) + pos // mx
-        ix = box.x.s0.view(1, 1, pw) + pos % mx
-        idx = torch.where(inside, iy * box.grid_w + ix, -1)
-        # Outside samples are 0: the first one competes with the inside winner, the
-        # earlier index winning a tie, and a NaN winner staying.
-        out_idx = box.first_outside().expand(c, ph, pw)
-        take = (out_idx >= 0) & (~inside | (~torch.isnan(best) & ((best < 0) | ((best == 0) & (out_idx < idx)))))
-        outs.append(torch.where(take, 0.0, best))
-        argmaxes.append(torch.where(take, out_idx, idx))
+        out, idx = _max_choice(x[b], box, ph, pw)
+        outs.append(out)
+        argmaxes.append(idx)
     if outs:
         out, argmax = torch.stack(outs), torch.stack(argmaxes)
     else:
@@ -334,3 +358,112 @@ def roi_align_max_backward(grad: Tensor, argmax: Tensor, rois: Tensor, spatial_s
             flat = chan + rows * width + cols
             plane.index_add_(0, flat.reshape(-1), contrib.reshape(-1))
     return layout(grad_input.to(grad.dtype), bool(channels_last))
+
+
+# --------------------------------------------------------------------------------------
+# roi_align gradient with respect to the boxes (semantics.md "roi_align box gradient")
+# --------------------------------------------------------------------------------------
+
+
+def _box_gradient(box: _AlignBox, scale: float, ph: int, pw: int, gy_start: Tensor, gy_bin: Tensor,
+                  gx_start: Tensor, gx_bin: Tensor) -> Tensor:
+    """``[0, d/dx1, d/dy1, d/dx2, d/dy2]`` from the sums over the samples of ``grad * dv/dy``
+    (``gy_start``) and of ``grad * dv/dy * dy/d bin_h`` (``gy_bin``), and likewise in x.
+
+    start = c1*s - o and bin = (c2*s - c1*s) / pooled, so d/dc1 = s*(G_start - G_bin/pooled)
+    and d/dc2 = s*G_bin/pooled; a box widened to 1 cell has a constant bin: d/dc1 = s*G_start,
+    d/dc2 = 0."""
+    zero = torch.zeros_like(gx_start)
+    d_x2 = zero if box.clamped_w else scale * gx_bin / pw
+    d_y2 = zero if box.clamped_h else scale * gy_bin / ph
+    return torch.stack([zero, scale * gx_start - d_x2, scale * gy_start - d_y2, d_x2, d_y2])
+
+
+def _prepare_rois_backward(grad, input, rois, spatial_scale, pooled_height, pooled_width, sampling_ratio, aligned,
+                           max_mode):
+    check_pooled(pooled_height, pooled_width)
+    ph, pw = int(pooled_height), int(pooled_width)
+    n, c, height, width = input.shape
+    opmath = opmath_type(input.dtype)
+    dtype = rois.dtype
+    rois, batch = prepare_rois(rois, n, opmath, input.device)
+    check_grad(grad, rois.size(0), c, ph, pw)
+    boxes = _align_boxes(rois, spatial_scale, ph, pw, int(sampling_ratio), bool(aligned), height, width,
+                         max_mode=max_mode)
+    return ph, pw, dtype, batch, boxes, input.detach().to(opmath), grad.to(opmath)
+
+
+def roi_align_rois_backward(grad: Tensor, input: Tensor, rois: Tensor, spatial_scale: float, pooled_height: int,
+                            pooled_width: int, sampling_ratio: int, aligned: bool) -> Tensor:
+    """Gradient of :func:`roi_align_forward` with respect to ``rois``: ``[K, 5]`` of the rois'
+    dtype, 0 in the batch-index column. Each sample's value v(y, x) changes with its
+    position at the rate ``dv/dy = dl_y * (h_x*(F[yh,xl] - F[yl,xl]) + l_x*(F[yh,xh] - F[yl,xh]))``
+    (``dl_y`` from the border rule), and likewise in x; the position with the box's start
+    (rate 1) and bin size (rate ``i + (iy + 0.5)/grid``). A grid that depends on the box
+    (``sampling_ratio <= 0``) is held at the box's current one."""
+    ph, pw, dtype, batch, boxes, x, g_all = _prepare_rois_backward(
+        grad, input, rois, spatial_scale, pooled_height, pooled_width, sampling_ratio, aligned, False)
+    c, height, width = x.shape[1:]
+    rows = []
+    for k, (b, box) in enumerate(zip(batch, boxes)):
+        if box.empty or height * width == 0:  # no sample point inside the map: no gradient
+            rows.append(x.new_zeros(5))
+            continue
+        my, mx = box.my, box.mx
+        f_ll, f_lh, f_hl, f_hh = _corner_values(x[b], box)
+        y, xa = box.y, box.x
+        dv_dy = y.dl[:, None] * (xa.h[None, :] * (f_hl - f_ll) + xa.l[None, :] * (f_hh - f_lh))
+        dv_dx = xa.dl[None, :] * (y.h[:, None] * (f_lh - f_ll) + y.l[:, None] * (f_hh - f_hl))
+        # Every inside sample of bin (i, j) carries that bin's gradient / count.
+        g = g_all[k][:, :, None, :, None].expand(c, ph, my, pw, mx).reshape(c, ph * my, pw * mx) / box.count
+        valid = box.valid()
+        gy = torch.where(valid, g * dv_dy, 0.0).sum(dim=(0, 2))  # [P]
+        gx = torch.where(valid, g * dv_dx, 0.0).sum(dim=(0, 1))  # [Q]
+        rows.append(_box_gradient(box, spatial_scale, ph, pw, gy.sum(), (gy * y.dbin).sum(), gx.sum(),
+                                  (gx * xa.dbin).sum()))
+    out = torch.stack(rows) if rows else x.new_zeros((0, 5))
+    return out.to(dtype)
+
+
+def roi_align_max_rois_backward(grad: Tensor, input: Tensor, rois: Tensor, spatial_scale: float,
+                                pooled_height: int, pooled_width: int, sampling_ratio: int, aligned: bool) -> Tensor:
+    """Gradient of :func:`roi_align_max_forward` with respect to ``rois``: each bin's chosen
+    sample (recomputed as the forward chooses it) moves with the box as in
+    :func:`roi_align_rois_backward`; a bin with no sample point, or whose chosen value is
+    NaN, adds nothing."""
+    ph, pw, dtype, batch, boxes, x, g_all = _prepare_rois_backward(
+        grad, input, rois, spatial_scale, pooled_height, pooled_width, sampling_ratio, aligned, True)
+    c, height, width = x.shape[1:]
+    i = torch.arange(ph, device=x.device)[:, None]
+    j = torch.arange(pw, device=x.device)[None, :]
+    rows = []
+    for k, (b, box) in enumerate(zip(batch, boxes)):
+        if box.empty or height * width == 0:
+            rows.append(x.new_zeros(5))
+            continue
+        best, idx = _max_choice(x[b], box, ph, pw)
+        a = idx.clamp(min=0)
+        iy, ix = a // box.grid_w, a % box.grid_w
+        # The chosen sample of bin (i, j), placed by the forward's formula.
+        y = sample_position(box.y_start, box.bin_h, box.grid_h, i, iy)
+        xs = sample_position(box.x_start, box.bin_w, box.grid_w, j, ix)
+        y_lo, y_hi, ly, hy, y_in = bilinear_taps(y, height)
+        x_lo, x_hi, lx, hx, x_in = bilinear_taps(xs, width)
+        plane = x[b].reshape(c, height * width)
+
+        def at(rows_, cols_):
+            return plane.gather(1, (rows_ * width + cols_).reshape(c, -1)).view(c, ph, pw)
+
+        f_ll, f_lh, f_hl, f_hh = at(y_lo, x_lo), at(y_lo, x_hi), at(y_hi, x_lo), at(y_hi, x_hi)
+        dv_dy = bilinear_slope(y, height) * (hx * (f_hl - f_ll) + lx * (f_hh - f_lh))
+        dv_dx = bilinear_slope(xs, width) * (hy * (f_lh - f_ll) + ly * (f_hh - f_hl))
+        # An outside winner has value 0 whatever its neighbours hold.
+        live = (idx >= 0) & y_in & x_in & ~torch.isnan(best)
+        gy = torch.where(live, g_all[k] * dv_dy, 0.0)
+        gx = torch.where(live, g_all[k] * dv_dx, 0.0)
+        dbin_y = sample_position_slope(box.grid_h, i, iy, y)
+        dbin_x = sample_position_slope(box.grid_w, j, ix, xs)
+        rows.append(_box_gradient(box, spatial_scale, ph, pw, gy.sum(), (gy * dbin_y).sum(), gx.sum(),
+                                  (gx * dbin_x).sum()))
+    out = torch.stack(rows) if rows else x.new_zeros((0, 5))
+    return out.to(dtype)

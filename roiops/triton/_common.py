@@ -230,6 +230,24 @@ def check_align_forward(input: object, rois: object, spatial_scale: object, pool
     _check_forward(input, rois, spatial_scale, pooled_height, pooled_width)
 
 
+def check_align_rois_backward(grad: object, input: object, rois: object, spatial_scale: object,
+                              pooled_height: object, pooled_width: object, sampling_ratio: object,
+                              aligned: object) -> None:
+    """What the C++ RoIAlign box gradient refuses, from shapes, dtypes and devices only:
+    the forward's arguments, and a grad of the forward output's shape."""
+    _sampling_ratio(sampling_ratio)
+    _flag("aligned", aligned)
+    x = _check_forward(input, rois, spatial_scale, pooled_height, pooled_width)
+    grad = _tensor("grad", grad)
+    want = [_rois_shape(rois).shape[0], x.shape[1], _int("pooled_height", pooled_height),
+            _int("pooled_width", pooled_width)]
+    if list(grad.shape) != want:
+        raise ValueError(f"roiops: grad must be [K, C, pooled_height, pooled_width] = {want} (K from rois, "
+                         f"C from input), got {list(grad.shape)}")
+    _floating("grad", grad)
+    _same_device("grad", grad, "input", x)
+
+
 def check_pool_forward(input: object, rois: object, spatial_scale: object, pooled_height: object,
                        pooled_width: object, continuous: object) -> None:
     """What the C++ RoIPool forward refuses, from shapes, dtypes and devices only."""

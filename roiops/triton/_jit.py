@@ -189,6 +189,42 @@ def axis_taps(v, size):
 
 
 @triton.jit
+def axis_slides(v, size):
+    """Whether the bilinear value moves with coordinate v along an axis of `size` cells
+    (axis_taps): v is in the map and clamped neither to the first cell (v <= 0) nor to the
+    last (v >= size - 1). Elsewhere its derivative along the axis is 0."""
+    return (v > 0.0) & (v < size - 1)
+
+
+@triton.jit
+def bilinear_slopes(v1, v2, v3, v4, ly, hy, lx, hx, slides_y, slides_x):
+    """(dv/dy, dv/dx) of the bilinear value hy*hx*v1 + hy*lx*v2 + ly*hx*v3 + ly*lx*v4 of the
+    taps v1 = (ylo, xlo), v2 = (ylo, xhi), v3 = (yhi, xlo), v4 = (yhi, xhi) with axis_taps'
+    weights; 0 along an axis whose coordinate does not slide (axis_slides)."""
+    dy = hx * (v3 - v1) + lx * (v4 - v2)
+    dx = hy * (v2 - v1) + ly * (v4 - v3)
+    return tl.where(slides_y, dy, 0.0), tl.where(slides_x, dx, 0.0)
+
+
+@triton.jit
+def corner_slopes(c1, c2, scale, bin, idx, gridf, pooled, ALIGNED: tl.constexpr):
+    """d/dc1 and d/dc2 of the coordinate of sample idx of bin `bin` (sample_pos, grid gridf)
+    along an axis of `pooled` bins whose box corners are c1 < c2 (align_geometry): the
+    sample sits at fraction f = (bin + (idx + 0.5) / grid) / pooled of the box, so
+    scale * (1 - f) and scale * f; scale and 0 where the box is widened to one cell (not
+    ALIGNED and a size under 1 cell), which moves only with its start."""
+    T = gridf.dtype
+    f = div_rn(bin.to(T) + div_rn(idx.to(T) + 0.5, gridf), pooled.to(T))
+    d1 = scale * (1.0 - f)
+    d2 = scale * f
+    if not ALIGNED:
+        widened = c2 * scale - c1 * scale < 1.0
+        d1 = tl.where(widened, scale, d1)
+        d2 = tl.where(widened, 0.0, d2)
+    return d1, d2
+
+
+@triton.jit
 def touched_cells(a, b, size):
     """(first, last, any) cells of an axis of `size` cells that samples between coordinates
     a and b (either order) can interpolate from: a sample at v reaches cells floor(v) and

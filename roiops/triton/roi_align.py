@@ -42,6 +42,19 @@ bit-identical from run to run. A tile reads K / 32 mask words and computes the g
 only of the boxes that reach it; the mask costs N * H * W * K / 512 bytes (1 MB for
 K = 1024 on two 200x336 maps). It needs no zero-fill of the gradient and no float32
 scratch for half types. Max mode evaluates [pixels x channels] compare-selects per bin.
+
+Box gradient
+------------
+``roi_align_rois_backward`` and ``roi_align_max_rois_backward`` run on the forward's tiles.
+A tile walks its bins' samples as the forward does (max mode: through the same loop,
+``_pool_bins``, so it picks the forward's sample, then differentiates that one alone),
+and sums, over its bins and channels, grad times each sample's slope dv/dy (dv/dx) times
+how the sample moves with y1 and y2 (x1 and x2). Its four sums go to its own row of a
+[K, bin blocks, channel blocks, 4] buffer that torch then adds up in a fixed order: no
+float atomics, so the result is bit-identical from run to run. An adaptive grid
+(sampling_ratio <= 0) is held at the box's current size: its derivative ignores that the
+grid would grow with the box. The slopes jump where a sample crosses a cell edge or the
+border rule's limits, and where the 1-cell minimum size starts to hold.
 """
 
 from __future__ import annotations
@@ -53,15 +66,15 @@ import triton.language as tl
 from .._geometry import is_channels_last, memory_format
 from ._common import (GPU_TILE, LAUNCH_OPTS, cdiv, check_device, f64_bits, gather_blocks, kernel, next_pow2, opmath,
                       tile_blocks, use_deterministic)
-from ._common import check_align_backward, check_align_forward
-from ._jit import (align_geometry, argmax_fits, axis_taps, beats, bin_tile, box_level, div_rn, first_skipped, level_map,
-                   load_roi, map_spans, mark_box, may_touch, pick, pixel_tile, sample_pos, sample_span, scale_of,
-                   store_tile, touched_cells, with_flag)
+from ._common import check_align_backward, check_align_forward, check_align_rois_backward
+from ._jit import (align_geometry, argmax_fits, axis_slides, axis_taps, beats, bilinear_slopes, bin_tile, box_level,
+                   corner_slopes, div_rn, first_skipped, level_map, load_roi, map_spans, mark_box, may_touch, pick,
+                   pixel_tile, sample_pos, sample_span, scale_of, store_tile, touched_cells, with_flag)
 from ._jit import along_c as _c  # per-channel vector -> tile axis
 from ._jit import along_p as _p  # per-bin / per-pixel vector -> tile axis
 
 __all__ = ["multi_scale_roi_align_backward", "multi_scale_roi_align_forward", "roi_align_backward", "roi_align_forward",
-           "roi_align_max_backward", "roi_align_max_forward"]
+           "roi_align_max_backward", "roi_align_max_forward", "roi_align_max_rois_backward", "roi_align_rois_backward"]
 
 MAX_LEVELS = 5  # of the multi-level kernels: pick() in _jit.py selects among five arguments
 
@@ -80,28 +93,15 @@ def _box(rois_ptr, k, valid, scale, N, ph, pw, sampling_ratio, ALIGNED: tl.const
 
 
 @triton.jit
-def _fwd_tile(
-    x_ptr, rois_ptr, out_ptr, arg_ptr, k, pb, cb, valid, scale,
-    N, C, H, W, ph, pw, sampling_ratio,
-    sxN, sxC, sxH, sxW, soK, soC, soH, soW,
-    ALIGNED: tl.constexpr, MAX_MODE: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr,
-    CF: tl.constexpr,
-):
-    """Bins [pb * BLOCK_P, +BLOCK_P) x channels [cb * BLOCK_C, +BLOCK_C) of box k; the box
-    is masked unless `valid` (the multi-level kernel's level check)."""
-    T = rois_ptr.dtype.element_ty
-    ok, b, sx, sy, bw, bh, gwf, ghf, gw, gh, count = _box(rois_ptr, k.to(tl.int64), valid, scale, N, ph, pw,
-                                                          sampling_ratio, ALIGNED, MAX_MODE)
-
-    p, pm, i, j, c, cm = bin_tile(pb, cb, ph, pw, C, BLOCK_P, BLOCK_C)
-    tile_m = with_flag(_p(pm, CF) & _c(cm, CF), ok)
-    x_base = x_ptr + b * sxN + _c(c.to(tl.int64) * sxC, CF)
-    ybase = sy + i.to(T) * bh
-    xbase = sx + j.to(T) * bw
-
+def _pool_bins(x_base, tile_m, live, ybase, xbase, bh, bw, ghf, gwf, gh, gw, H, W, sxH, sxW,
+               MAX_MODE: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr, CF: tl.constexpr):
+    """A tile's samples pooled per (bin, channel): their sum (avg), or (max) the largest and
+    its argmax, -1 for none (docs/semantics.md). x_base: the tile's channels of the box's
+    image; live: the bins of a valid box; ybase, xbase: each bin's start."""
+    T = ybase.dtype
     # Each bin visits only the samples that can touch the map, [fy, ey) x [fx, ex); the
     # others are 0 and add nothing (max mode merges them in below).
-    fy, ey, ny, fx, ex, nx = map_spans(with_flag(pm, ok), ybase, xbase, bh, bw, ghf, gwf, H, W)
+    fy, ey, ny, fx, ex, nx = map_spans(live, ybase, xbase, bh, bw, ghf, gwf, H, W)
 
     acc = _p(tl.zeros([BLOCK_P], dtype=T), CF) + _c(tl.zeros([BLOCK_C], dtype=T), CF)
     arg = _p(tl.full([BLOCK_P], -1, tl.int32), CF) + _c(tl.zeros([BLOCK_C], dtype=tl.int32), CF)
@@ -140,6 +140,31 @@ def _fwd_tile(
         out0 = (skip < 2147483647) & ((arg < 0) | ((acc == acc) & ((acc < 0.0) | ((acc == 0.0) & (skip < arg)))))
         acc = tl.where(out0, 0.0, acc)
         arg = tl.where(out0, skip, arg)
+    return acc, arg
+
+
+@triton.jit
+def _fwd_tile(
+    x_ptr, rois_ptr, out_ptr, arg_ptr, k, pb, cb, valid, scale,
+    N, C, H, W, ph, pw, sampling_ratio,
+    sxN, sxC, sxH, sxW, soK, soC, soH, soW,
+    ALIGNED: tl.constexpr, MAX_MODE: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr,
+    CF: tl.constexpr,
+):
+    """Bins [pb * BLOCK_P, +BLOCK_P) x channels [cb * BLOCK_C, +BLOCK_C) of box k; the box
+    is masked unless `valid` (the multi-level kernel's level check)."""
+    T = rois_ptr.dtype.element_ty
+    ok, b, sx, sy, bw, bh, gwf, ghf, gw, gh, count = _box(rois_ptr, k.to(tl.int64), valid, scale, N, ph, pw,
+                                                          sampling_ratio, ALIGNED, MAX_MODE)
+
+    p, pm, i, j, c, cm = bin_tile(pb, cb, ph, pw, C, BLOCK_P, BLOCK_C)
+    tile_m = with_flag(_p(pm, CF) & _c(cm, CF), ok)
+    x_base = x_ptr + b * sxN + _c(c.to(tl.int64) * sxC, CF)
+    ybase = sy + i.to(T) * bh
+    xbase = sx + j.to(T) * bw
+
+    acc, arg = _pool_bins(x_base, tile_m, with_flag(pm, ok), ybase, xbase, bh, bw, ghf, gwf, gh, gw, H, W, sxH, sxW,
+                          MAX_MODE, BLOCK_P, BLOCK_C, CF)
 
     # out is allocated with soH == pw * soW, so bin p sits at p * soW: with soW == 1 (NCHW)
     # the compiler sees the stores along the bins as contiguous.
@@ -463,6 +488,134 @@ def _align_bwd_gather_levels_kernel(
                      ALIGNED, False, TILE_H, TILE_W, BLOCK_C, True)
 
 
+@triton.jit
+def _rois_bwd_tile(
+    grad_ptr, x_ptr, rois_ptr, part_ptr, part_row, k, pb, cb, scale,
+    N, C, H, W, ph, pw, sampling_ratio,
+    sgK, sgC, sgH, sgW, sxN, sxC, sxH, sxW,
+    ALIGNED: tl.constexpr, MAX_MODE: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr,
+    CF: tl.constexpr,
+):
+    """What bins [pb * BLOCK_P, +BLOCK_P) x channels [cb * BLOCK_C, +BLOCK_C) of box k give
+    the gradient of its (x1, y1, x2, y2): four partial sums, stored in row `part_row` of the
+    [programs, 4] part_ptr. A bad box row gives 0."""
+    T = rois_ptr.dtype.element_ty
+    k64 = k.to(tl.int64)
+    ok, b, sx, sy, bw, bh, gwf, ghf, gw, gh, count = _box(rois_ptr, k64, k >= 0, scale, N, ph, pw, sampling_ratio,
+                                                          ALIGNED, MAX_MODE)
+    _, _, x1, y1, x2, y2 = load_roi(rois_ptr, k64, N, scale)  # the corners, for corner_slopes
+
+    p, pm, i, j, c, cm = bin_tile(pb, cb, ph, pw, C, BLOCK_P, BLOCK_C)
+    tile_m = with_flag(_p(pm, CF) & _c(cm, CF), ok)
+    c64 = c.to(tl.int64)
+    g = tl.load(grad_ptr + k64 * sgK + _c(c64 * sgC, CF) + _p(i.to(tl.int64) * sgH + j.to(tl.int64) * sgW, CF),
+                mask=tile_m, other=0.0).to(T)
+    x_base = x_ptr + b * sxN + _c(c64 * sxC, CF)
+    ybase = sy + i.to(T) * bh
+    xbase = sx + j.to(T) * bw
+
+    if MAX_MODE:
+        # The sample the forward chose, differentiated alone; none, or a NaN maximum: 0.
+        acc, arg = _pool_bins(x_base, tile_m, with_flag(pm, ok), ybase, xbase, bh, bw, ghf, gwf, gh, gw, H, W,
+                              sxH, sxW, True, BLOCK_P, BLOCK_C, CF)
+        has = tile_m & (arg >= 0) & (acc == acc)
+        gws = tl.maximum(gw, 1)
+        iy = tl.where(has, arg // gws, 0)
+        ix = tl.where(has, arg - (arg // gws) * gws, 0)
+        # max(., 1): a box without samples has no argmax; keep its lanes free of 0/0.
+        ghs = tl.maximum(ghf, 1.0)
+        gwss = tl.maximum(gwf, 1.0)
+        y = sample_pos(_p(ybase, CF), iy, bh, ghs)
+        x = sample_pos(_p(xbase, CF), ix, bw, gwss)
+        ylo, yhi, ly, hy, iny = axis_taps(y, H)
+        xlo, xhi, lx, hx, inx = axis_taps(x, W)
+        m = has & iny & inx
+        oylo = ylo.to(tl.int64) * sxH
+        oyhi = yhi.to(tl.int64) * sxH
+        oxlo = xlo.to(tl.int64) * sxW
+        oxhi = xhi.to(tl.int64) * sxW
+        v1 = tl.load(x_base + oylo + oxlo, mask=m, other=0.0).to(T)
+        v2 = tl.load(x_base + oylo + oxhi, mask=m, other=0.0).to(T)
+        v3 = tl.load(x_base + oyhi + oxlo, mask=m, other=0.0).to(T)
+        v4 = tl.load(x_base + oyhi + oxhi, mask=m, other=0.0).to(T)
+        dvdy, dvdx = bilinear_slopes(v1, v2, v3, v4, ly, hy, lx, hx, m & axis_slides(y, H), m & axis_slides(x, W))
+        dy1, dy2 = corner_slopes(y1, y2, scale, _p(i, CF), iy, ghs, ph, ALIGNED)
+        dx1, dx2 = corner_slopes(x1, x2, scale, _p(j, CF), ix, gwss, pw, ALIGNED)
+        gy = g * dvdy
+        gx = g * dvdx
+        sx1 = tl.sum(tl.sum(gx * dx1, axis=1), axis=0)
+        sy1 = tl.sum(tl.sum(gy * dy1, axis=1), axis=0)
+        sx2 = tl.sum(tl.sum(gx * dx2, axis=1), axis=0)
+        sy2 = tl.sum(tl.sum(gy * dy2, axis=1), axis=0)
+    else:
+        # Per (bin, channel), the samples' dv/dy and dv/dx weighted by how each sample moves
+        # with each corner. A row of samples shares its y weights: dv/dy is summed over
+        # the row first.
+        fy, ey, ny, fx, ex, nx = map_spans(with_flag(pm, ok), ybase, xbase, bh, bw, ghf, gwf, H, W)
+        ay1 = _p(tl.zeros([BLOCK_P], dtype=T), CF) + _c(tl.zeros([BLOCK_C], dtype=T), CF)
+        ay2 = tl.zeros_like(ay1)
+        ax1 = tl.zeros_like(ay1)
+        ax2 = tl.zeros_like(ay1)
+        for dy in range(0, tl.max(ny, axis=0)):
+            iy = fy + dy
+            y = sample_pos(ybase, iy, bh, ghf)
+            ylo, yhi, ly, hy, iny = axis_taps(y, H)
+            slides_y = _p(axis_slides(y, H), CF)
+            oylo = ylo.to(tl.int64) * sxH
+            oyhi = yhi.to(tl.int64) * sxH
+            on_y = iny & (dy < ny)
+            ry = tl.zeros_like(ay1)
+            for dx in range(0, tl.max(nx, axis=0)):
+                ix = fx + dx
+                x = sample_pos(xbase, ix, bw, gwf)
+                xlo, xhi, lx, hx, inx = axis_taps(x, W)
+                oxlo = xlo.to(tl.int64) * sxW
+                oxhi = xhi.to(tl.int64) * sxW
+                m = tile_m & _p(on_y & inx & (dx < nx), CF)
+                v1 = tl.load(x_base + _p(oylo + oxlo, CF), mask=m, other=0.0).to(T)
+                v2 = tl.load(x_base + _p(oylo + oxhi, CF), mask=m, other=0.0).to(T)
+                v3 = tl.load(x_base + _p(oyhi + oxlo, CF), mask=m, other=0.0).to(T)
+                v4 = tl.load(x_base + _p(oyhi + oxhi, CF), mask=m, other=0.0).to(T)
+                dvdy, dvdx = bilinear_slopes(v1, v2, v3, v4, _p(ly, CF), _p(hy, CF), _p(lx, CF), _p(hx, CF),
+                                             m & slides_y, m & _p(axis_slides(x, W), CF))
+                dx1, dx2 = corner_slopes(x1, x2, scale, j, ix, gwf, pw, ALIGNED)
+                ry += dvdy
+                ax1 += dvdx * _p(dx1, CF)
+                ax2 += dvdx * _p(dx2, CF)
+            dy1, dy2 = corner_slopes(y1, y2, scale, i, iy, ghf, ph, ALIGNED)
+            ay1 += ry * _p(dy1, CF)
+            ay2 += ry * _p(dy2, CF)
+        sx1 = div_rn(tl.sum(tl.sum(g * ax1, axis=1), axis=0), count)
+        sy1 = div_rn(tl.sum(tl.sum(g * ay1, axis=1), axis=0), count)
+        sx2 = div_rn(tl.sum(tl.sum(g * ax2, axis=1), axis=0), count)
+        sy2 = div_rn(tl.sum(tl.sum(g * ay2, axis=1), axis=0), count)
+
+    out = part_ptr + part_row * 4
+    tl.store(out, sx1)
+    tl.store(out + 1, sy1)
+    tl.store(out + 2, sx2)
+    tl.store(out + 3, sy2)
+
+
+@kernel
+def _align_rois_bwd_kernel(
+    grad_ptr, x_ptr, rois_ptr, part_ptr, scale_bits,
+    N, C, H, W, ph, pw, sampling_ratio, n_pblocks,
+    sgK, sgC, sgH, sgW, sxN, sxC, sxH, sxW,
+    ALIGNED: tl.constexpr, MAX_MODE: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr,
+    CF: tl.constexpr,
+):
+    """Gradient w.r.t. the boxes, one program per (box, block of bins, block of channels)
+    as the forward's: each writes its own row of partial sums (no float atomics)."""
+    pid = tl.program_id(0)
+    k = pid // n_pblocks
+    cb = tl.program_id(1)
+    scale = scale_of(scale_bits, rois_ptr.dtype.element_ty)
+    _rois_bwd_tile(grad_ptr, x_ptr, rois_ptr, part_ptr, pid.to(tl.int64) * tl.num_programs(1) + cb, k,
+                   pid - k * n_pblocks, cb, scale, N, C, H, W, ph, pw, sampling_ratio,
+                   sgK, sgC, sgH, sgW, sxN, sxC, sxH, sxW, ALIGNED, MAX_MODE, BLOCK_P, BLOCK_C, CF)
+
+
 # ----------------------------------------------------------------------------- launchers
 
 def _level_args(tensors, scales, heights, widths):
@@ -582,6 +735,34 @@ def _backward(grad, argmax, rois, spatial_scale, pooled_height, pooled_width, ba
     return gi if acc_dtype == grad.dtype else gi.to(grad.dtype)
 
 
+def _rois_backward(grad, input, rois, spatial_scale, pooled_height, pooled_width, sampling_ratio, aligned, max_mode):
+    check_align_rois_backward(grad, input, rois, spatial_scale, pooled_height, pooled_width, sampling_ratio, aligned)
+    check_device(input, _align_rois_bwd_kernel)
+    N, C, H, W = input.shape
+    K = rois.shape[0]
+    ph, pw = int(pooled_height), int(pooled_width)
+    acc = opmath(input.dtype)
+    out = torch.zeros((K, 5), dtype=acc, device=input.device)
+    if K == 0 or C == 0:
+        return out.to(rois.dtype)
+    r = rois.to(acc).contiguous()
+    lanes_c = input.stride(1) < input.stride(3)
+    # Four accumulators per tile element (max mode: per-element sample coordinates).
+    budget = GPU_TILE // (4 if input.dtype == torch.float64 else 2)
+    block_p, block_c = tile_blocks(ph * pw, C, lanes_c, input.device.type == "cpu", budget)
+    n_pb = triton.cdiv(ph * pw, block_p)
+    grid = (K * n_pb, cdiv(C, block_c))
+    # One row of partial sums per program, added up in a fixed order: bit-identical runs.
+    part = torch.empty((K, n_pb, grid[1], 4), dtype=acc, device=input.device)
+    _align_rois_bwd_kernel[grid](
+        grad, input, r, part, f64_bits(spatial_scale),
+        N, C, H, W, ph, pw, int(sampling_ratio), n_pb,
+        *grad.stride(), *input.stride(),
+        ALIGNED=bool(aligned), MAX_MODE=max_mode, BLOCK_P=block_p, BLOCK_C=block_c, CF=lanes_c, **LAUNCH_OPTS)
+    out[:, 1:] = part.sum(dim=(1, 2))
+    return out.to(rois.dtype)
+
+
 def roi_align_forward(input: torch.Tensor, rois: torch.Tensor, spatial_scale: float, pooled_height: int,
                       pooled_width: int, sampling_ratio: int, aligned: bool) -> torch.Tensor:
     """RoIAlign "avg" forward: [K, C, ph, pw] in the input's dtype and memory format."""
@@ -616,6 +797,24 @@ def roi_align_max_backward(grad: torch.Tensor, argmax: torch.Tensor, rois: torch
     argmax sample with their bilinear weights."""
     return _backward(grad, argmax, rois, spatial_scale, pooled_height, pooled_width, batch_size, channels, height,
                      width, sampling_ratio, aligned, channels_last, True, deterministic)
+
+
+def roi_align_rois_backward(grad: torch.Tensor, input: torch.Tensor, rois: torch.Tensor, spatial_scale: float,
+                            pooled_height: int, pooled_width: int, sampling_ratio: int,
+                            aligned: bool) -> torch.Tensor:
+    """Gradient of roi_align_forward w.r.t. the box coordinates: [K, 5] in rois' dtype, the
+    batch-index column 0 (see the module docstring)."""
+    return _rois_backward(grad, input, rois, spatial_scale, pooled_height, pooled_width, sampling_ratio, aligned,
+                          False)
+
+
+def roi_align_max_rois_backward(grad: torch.Tensor, input: torch.Tensor, rois: torch.Tensor, spatial_scale: float,
+                                pooled_height: int, pooled_width: int, sampling_ratio: int,
+                                aligned: bool) -> torch.Tensor:
+    """Gradient of roi_align_max_forward w.r.t. the box coordinates: that of each bin's
+    chosen sample, recomputed as the forward chooses it."""
+    return _rois_backward(grad, input, rois, spatial_scale, pooled_height, pooled_width, sampling_ratio, aligned,
+                          True)
 
 
 # ----------------------------------------------------------------------------- multi-level
