@@ -125,11 +125,13 @@ def test_matches_quadrature(channels_last):
 
 @pytest.mark.parametrize("channels_last", [False, True])
 def test_gradcheck(channels_last):
-    x = feature(torch.float64, channels_last, channels=3).requires_grad_()
+    x = torch.randn(N, 2, 6, 7, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+    x = x.contiguous(memory_format=torch.channels_last if channels_last else torch.contiguous_format)
+    x.requires_grad_()
     # Away from x2 == x1 (where a bin's average jumps from 0); partly outside the map too.
     # The batch indices are not differentiable: gradcheck perturbs the coordinates only.
     idx = torch.tensor([[0.0], [1.0], [0.0]], dtype=torch.float64)
-    coords = torch.tensor([[2.6, 1.4, 12.2, 10.4], [-3.3, -2.2, 5.1, 3.7], [17.3, 13.1, 24.9, 19.5]],
+    coords = torch.tensor([[2.6, 1.4, 10.2, 9.4], [-3.3, -2.2, 5.1, 3.7], [9.3, 7.1, 15.9, 13.5]],
                           dtype=torch.float64, requires_grad=True)
     with roiops.use_backend("cpu"):
         assert torch.autograd.gradcheck(

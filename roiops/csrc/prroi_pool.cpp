@@ -362,12 +362,13 @@ std::vector<T> edge_fractions(int64_t pooled) {
 
 // The four sums of one box, n channels at once: d[q * n + c] for q = x1, y1, x2, y2.
 // Channel c of cell (y, x) at img + y * sH + x * sW + c * sC, of bin (i, j) of grad at
-// g + i * gH + j * gW + c * gC. Loops run along channels (sC == 1, n > 1) or along map
-// rows (n == 1). buf: scratch of 3 * xs.span() * n + 5 * n.
-template <typename scalar_t, typename T>
-ROIOPS_SIMD void rois_backward_box(const PrPlan<T>& p, const scalar_t* img, int64_t sH, int64_t sW,
-                                   const scalar_t* g, int64_t gH, int64_t gW, int64_t n, int64_t ph, int64_t pw,
+// g + i * gH + j * gW + c * gC. Loops run along channels (channels_last), or, kPlane, along
+// the map rows of one NCHW plane (n == 1, sW == 1). buf: scratch of 3 * xs.span() * n + 5 * n.
+template <bool kPlane, typename scalar_t, typename T>
+ROIOPS_SIMD void rois_backward_box(const PrPlan<T>& p, const scalar_t* img, int64_t sH, int64_t sW_,
+                                   const scalar_t* g, int64_t gH, int64_t gW, int64_t n_, int64_t ph, int64_t pw,
                                    const T* fy, const T* fx, T* buf, T* __restrict__ d) {
+  const int64_t n = kPlane ? 1 : n_, sW = kPlane ? 1 : sW_;
   const int64_t x0 = p.xs.cell_lo, nx = p.xs.span();
   T* __restrict__ ri = buf;                // per column: rows weighted by iy
   T* __restrict__ rs = buf + nx * n;       // by hat(ys - h)
@@ -449,7 +450,11 @@ void rois_backward_impl(const at::Tensor& grad, const at::Tensor& input, const a
     T* d = sums.get(4 * n);
     T total[4] = {0, 0, 0, 0};
     for (int64_t c = 0; c < C; c += n) {
-      rois_backward_box(p, img + c * sC, sH, sW, g + c * gC, gH, gW, n, ph, pw, fy.data(), fx.data(), b, d);
+      if (channels_last) {
+        rois_backward_box<false>(p, img, sH, sW, g, gH, gW, n, ph, pw, fy.data(), fx.data(), b, d);
+      } else {
+        rois_backward_box<true>(p, img + c * sC, sH, sW, g + c * gC, gH, gW, n, ph, pw, fy.data(), fx.data(), b, d);
+      }
       for (int q = 0; q < 4; ++q) {
         for (int64_t e = 0; e < n; ++e) total[q] += d[q * n + e];
       }
