@@ -350,7 +350,9 @@ void backward_impl(const at::Tensor& grad, const at::Tensor& rois, double spatia
 // d xs / d x2 = s * j/pw, d xe with j + 1. The factor s / dw is common to every bin of the
 // box, so the kernels sum, over channels and bins, g * ((out - X_s) * (1 - j/pw) +
 // (X_e - out) * (1 - (j+1)/pw)) for x1 and g * ((out - X_s) * j/pw + (X_e - out) * (j+1)/pw)
-// for x2 (and the same for y), then scale.
+// for x2 (and the same for y), then scale. The interpolated map is continuous, so these are
+// the derivatives wherever the area is positive; a box of zero area (x2 <= x1 or y2 <= y1,
+// where a bin's average jumps from 0) gets 0, the derivative from the side of empty boxes.
 
 // Bin-edge factors of one axis: (1 - b/pooled, b/pooled) for b = 0 .. pooled.
 template <typename T>
