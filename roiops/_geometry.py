@@ -207,4 +207,3 @@ def hat_antiderivative(t: Tensor) -> Tensor:
     hat_antiderivative(b - w) - hat_antiderivative(a - w)."""
     u = t.clamp(-1, 1)
     return torch.where(u <= 0, (1 + u) * (1 + u) / 2, 1 - (1 - u) * (1 - u) / 2)
-

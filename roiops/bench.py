@@ -187,6 +187,14 @@ OPS |= {
                     note="its forward leaves out bins' cells on the map's last row and column (docs/semantics.md)"),
         sampled=False, channel_multiple=lambda w: w.size * w.size),
 }
+OPS |= {
+    "prroi": OpSpec(
+        "PrRoIPool",
+        lambda w, x, b: roiops.prroi_pool(x, b, w.size, w.scale),
+        Peer("roiops", lambda r, w, x, b: r.roi_align(x, b, w.size, w.scale, 2, False), same_result=False,
+             note="its own roi_align (sampling_ratio=2, no offset, as PrRoIPool) on the same boxes"),
+        sampled=False),
+}
 
 # Where these shapes occur: a Mask R-CNN/FPN box head on a stride-4 level of an 800x1344
 # image, its adaptive-sampling variant, a max-mode head, the mask head (14x14 on fewer
@@ -212,6 +220,10 @@ WORKLOADS += [
 WORKLOADS += [
     Workload("rotated box head", "rotated", 2, 256, 200, 336, 1 / 4, 1000, 7, devices=("cpu",)),
     Workload("rotated rpn adaptive", "rotated", 2, 256, 100, 168, 1 / 8, 512, 7, sampling_ratio=0, devices=("cpu",)),
+]
+# Precise RoI Pooling (IoU-Net's box refinement) on the stride-8 map of an 800x1344 image.
+WORKLOADS += [
+    Workload("prroi box head", "prroi", 2, 256, 100, 168, 1 / 8, 512, 7, devices=("cpu",)),
 ]
 
 

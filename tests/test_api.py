@@ -18,6 +18,7 @@ BOX = torch.tensor([[0, 1.0, 1.0, 6.0, 5.0]])
 @pytest.mark.parametrize("fn", [
     lambda x, b, **kw: roiops.roi_align(x, b, **{"output_size": 2, **kw}),
     lambda x, b, **kw: roiops.roi_pool(x, b, **{"output_size": 2, **kw}),
+    lambda x, b, **kw: roiops.prroi_pool(x, b, **{"output_size": 2, **kw}),
 ])
 @pytest.mark.parametrize("input, boxes, kwargs, error, match", [
     (X[0], BOX, {}, ValueError, r"4-D"),

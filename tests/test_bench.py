@@ -94,7 +94,7 @@ def test_recorded_shapes_are_the_ones_the_cpu_suite_runs():
     rows = re.findall(r"^\| ([A-Za-z0-9_ -]+) \| (\d+) \| (\d+) \| (\d+)x(\d+) \| 1/(\d+) \| (\d+) \| (\d+)x\d+ \| "
                       r"([^|]+) \| ([^|]+) \|$", text, re.MULTILINE)
     modes = {"avg": "align", "max": "align_max", "RoIPool": "pool", "PSRoIAlign": "ps_align", "PSRoIPool": "ps_pool",
-             "rotated": "rotated"}
+             "rotated": "rotated", "PrRoIPool": "prroi"}
     recorded = {(name, modes[mode.split()[0]], int(n), int(c), int(h), int(w), 1 / int(s), int(k), int(p),
                  None if sampling == "-" else int(sampling.split()[0]))
                 for name, n, c, h, w, s, k, p, sampling, mode in rows}
