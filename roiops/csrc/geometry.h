@@ -1,17 +1,19 @@
 // Geometry primitives of docs/semantics.md shared by the CPU kernels: the limits on
 // coordinates and sizes and the argument checks built on them, the memory-format rule,
 // one axis's bilinear tap with its border rule, sample positions, C's rounding of box
-// corners, the first-maximum rule, and Precise RoI Pooling's bins and hat integrals. Each is a rule about one sample, bin or argument,
-// independent of how a kernel plans its loops, so an op that does not separate into row
-// and column plans (rotated boxes, integrated pooling) reuses them as they are; the
-// separable plans live in sampling.h. Expressions keep torchvision's operations and
-// order, so float32 results agree with it bit for bit where the formulas are the same.
+// corners, the first-maximum rule, Precise RoI Pooling's bin windows and hat integrals.
+// Each is a rule about one sample, bin or argument, independent of how a kernel plans its
+// loops, so an op that does not separate into row and column plans (rotated boxes,
+// integrated pooling) reuses them as they are; the separable plans live in sampling.h.
+// Expressions keep torchvision's operations and order, so float32 results agree with it
+// bit for bit where the formulas are the same.
 #pragma once
 
 #include <ATen/ATen.h>
 
 #include <cmath>
 #include <cstdint>
+#include <utility>
 
 namespace roiops {
 
@@ -166,6 +168,15 @@ inline T prroi_bin_size(T p1, T p2, T scale, int64_t pooled) {
 template <typename T>
 inline T prroi_bin_start(T p1, T scale, T bin, int64_t b) {
   return p1 * scale + static_cast<T>(b) * bin;
+}
+
+// Cells [first, last] of a map side of `size` cells whose hat reaches into the window
+// [start, start + len] (floor(start) to ceil(start + len), clipped); first > last: none.
+template <typename T>
+inline std::pair<int64_t, int64_t> prroi_window_cells(T start, T len, int64_t size) {
+  const int64_t first = std::max<int64_t>(static_cast<int64_t>(std::floor(start)), 0);
+  const int64_t last = std::min<int64_t>(static_cast<int64_t>(std::ceil(start + len)), size - 1);
+  return {first, last};
 }
 
 // The hat max(0, 1 - |t|): the weight of a cell at distance t from its centre.

@@ -25,15 +25,6 @@
 namespace roiops {
 namespace {
 
-// Cells [first, last] of a map side of `size` cells that a window [start, start + len] of
-// the hat interpolation touches; first > last when none.
-template <typename T>
-inline std::pair<int64_t, int64_t> window_cells(T start, T len, int64_t size) {
-  const int64_t first = std::max<int64_t>(static_cast<int64_t>(std::floor(start)), 0);
-  const int64_t last = std::min<int64_t>(static_cast<int64_t>(std::ceil(start + len)), size - 1);
-  return {first, last};
-}
-
 // One box side's bins: the cells each bin touches and their weights.
 template <typename T>
 struct PrAxis {
@@ -52,7 +43,7 @@ struct PrAxis {
     cell_lo = size, cell_hi = -1;
     for (int64_t b = 0; b < pooled; ++b) {
       const T start = prroi_bin_start(p1, scale, bin, b);
-      const auto [c0, c1] = window_cells(start, bin, size);
+      const auto [c0, c1] = prroi_window_cells(start, bin, size);
       first[b] = c0;
       for (int64_t w = c0; w <= c1; ++w) {
         const T a = start - static_cast<T>(w);  // the window relative to the cell's centre
@@ -97,8 +88,8 @@ std::pair<int64_t, int64_t> row_span(const T* roi, T scale, int64_t ph, int64_t 
   const T dh = prroi_bin_size(roi[2], roi[4], scale, ph), dw = prroi_bin_size(roi[1], roi[3], scale, pw);
   if (!(dw * dh > T(0))) return {1, 0};
   // Bin starts grow with the bin index, so the first and last bins bound the span.
-  const int64_t first = window_cells(prroi_bin_start(roi[2], scale, dh, 0), dh, H).first;
-  const int64_t last = window_cells(prroi_bin_start(roi[2], scale, dh, ph - 1), dh, H).second;
+  const int64_t first = prroi_window_cells(prroi_bin_start(roi[2], scale, dh, 0), dh, H).first;
+  const int64_t last = prroi_window_cells(prroi_bin_start(roi[2], scale, dh, ph - 1), dh, H).second;
   return {first, last};
 }
 
