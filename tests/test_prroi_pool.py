@@ -351,3 +351,79 @@ def test_reference_kernels_reject_bad_rows(bad):
         ref.prroi_pool_rois_backward(g, x, rois, 1.0, 2, 2)
     with pytest.raises(ValueError, match="not finite after spatial_scale"):
         ref.prroi_pool_forward(x.float(), torch.tensor([[0, 1e38, 0, 3e38, 4]]), 1e10, 2, 2)
+
+
+# ----------------------------------------------------------------------------- C++ kernels
+# The C++ CPU kernels (roiops/csrc/prroi_pool.cpp) beyond the backend-parametrised tests
+# above: the box gradient against the reference at the dtype's own tolerance, results that
+# do not depend on the thread count, strided input, and the kernels' own argument checks
+# (a direct op call reaches them unvalidated).
+
+
+def cpu_and_reference(x, b, size):
+    """(output, input gradient, box gradient) from the C++ kernels and from the reference."""
+    return run(x, b, size, "cpu"), run(x, b, size, "reference")
+
+
+@pytest.mark.parametrize("dtype", [F64, F32])
+@pytest.mark.parametrize("channels_last", [False, True])
+@pytest.mark.parametrize("size", [(2, 3), 7])
+def test_cpp_box_gradient_matches_reference(dtype, channels_last, size):
+    x = feature(dtype, channels_last, c=5)
+    # Not the tiny box: the reference's window weights are differences of the hat's
+    # antiderivative, which lose digits in proportion to 1 / window width (the C++ kernels
+    # sum the hat's pieces instead); the tests above cover it at their tolerances.
+    b = boxes_for(dtype, count=10)[:-1]
+    (out, grad, grad_b), (ref_out, ref_grad, ref_b) = cpu_and_reference(x, b, size)
+    torch.testing.assert_close(out, ref_out, **tol(dtype))
+    torch.testing.assert_close(grad, ref_grad, **tol(dtype))
+    # A sum over channels and bins of differences of window averages: the tolerance
+    # scales with the size of its terms.
+    scale = float(ref_b.abs().max()) + 1
+    torch.testing.assert_close(grad_b, ref_b, rtol=tol(dtype)["rtol"], atol=tol(dtype)["atol"] * scale)
+    assert torch.all(grad_b[:, 0] == 0)
+
+
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_cpp_results_do_not_depend_on_threads(channels_last):
+    x, b = feature(F32, channels_last, c=40), boxes_for(F32, count=20)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = run(x, b, 4, "cpu")
+        torch.set_num_threads(3)
+        many = run(x, b, 4, "cpu")
+    finally:
+        torch.set_num_threads(threads)
+    for a, m in zip(one, many):
+        assert torch.equal(a, m)
+
+
+def test_cpp_strided_input():
+    x, b = feature(c=2 * C)[:, ::2], boxes_for()
+    assert torch.equal(roiops._C.prroi_pool_forward(x, b, SCALE, 3, 3),
+                       roiops._C.prroi_pool_forward(x.contiguous(), b, SCALE, 3, 3))
+
+
+@pytest.mark.parametrize("column,value,match", [(0, 2.0, "batch index"), (0, 0.5, "batch index"),
+                                                (1, float("nan"), "coordinate"), (4, float("inf"), "coordinate")])
+def test_cpp_kernels_reject_bad_rows(column, value, match):
+    x, b = feature(F32), boxes_for(F32)
+    b[3, column] = value
+    g = torch.ones(b.shape[0], C, 2, 2)
+    with pytest.raises(ValueError, match=match):
+        roiops._C.prroi_pool_forward(x, b, SCALE, 2, 2)
+    with pytest.raises(ValueError, match=match):
+        roiops._C.prroi_pool_backward(g, b, SCALE, 2, 2, N, C, H, W, False)
+    with pytest.raises(ValueError, match=match):
+        roiops._C.prroi_pool_rois_backward(g, x, b, SCALE, 2, 2)
+
+
+def test_cpp_kernels_check_shapes():
+    x, b = feature(F32), boxes_for(F32)
+    with pytest.raises(ValueError, match="grad must be"):
+        roiops._C.prroi_pool_backward(torch.ones(b.shape[0], C, 2, 3), b, SCALE, 2, 2, N, C, H, W, False)
+    with pytest.raises(ValueError, match="grad must be"):
+        roiops._C.prroi_pool_rois_backward(torch.ones(b.shape[0], C + 1, 2, 2), x, b, SCALE, 2, 2)
+    with pytest.raises(ValueError, match="rois must be float64"):
+        roiops._C.prroi_pool_forward(x.double(), b, SCALE, 2, 2)
