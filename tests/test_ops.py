@@ -190,7 +190,7 @@ def _op_sample(op, variant):
     if any(a.name == "argmax" for a in schema(op).arguments):
         forward = op[1:-len("_backward")]
         values["argmax"] = getattr(torch.ops.roiops, forward)(*contract_args(forward, **values).values())[1]
-    values["input"] = x.requires_grad_()
+    values["input"] = x.requires_grad_(not op.endswith("_backward"))  # gradients have no gradient of their own
     return contract_args(op, **values)
 
 

@@ -632,10 +632,10 @@ ROIOPS_SIMD BoxSums<T> avg_rois_box(const AlignPlan<T>& p, const BoxSlopes<T>& d
 // max, one box: each bin's winner per channel (am, bin-major with channels contiguous,
 // and its value `best`, as the forward computes them), then its slopes times the gradient.
 // A winner outside the map (value 0) or with a NaN value adds nothing.
-template <typename S, typename G, typename T>
+template <typename S, typename G, typename B, typename T>
 BoxSums<T> max_rois_box(const AlignPlan<T>& p, const BoxSlopes<T>& d, const S* img, int64_t sC, int64_t sH,
                         int64_t sW, int64_t n, const G* g, int64_t gC, int64_t gH, int64_t gW, int64_t ph, int64_t pw,
-                        const S* best, const int32_t* am) {
+                        const B* best, const int32_t* am) {
   BoxSums<T> sums;
   const double inv_gw = p.grid_w > 0 ? 1.0 / static_cast<double>(p.grid_w) : 0.0;
   for (int64_t i = 0; i < ph; ++i) {
@@ -903,54 +903,90 @@ at::Tensor backward(const at::Tensor& grad_, const at::Tensor& argmax_, const at
   return gi;
 }
 
-// Gradient with respect to rois: one task per box (its four sums are its own, so the
-// result does not depend on the threads). Plans are built per chunk of boxes, as forward.
+// Gradient with respect to rois. channels_last: one task per box, all its channels at
+// once. NCHW: as the forward, tasks of (image, block of kTileChannels channels) whose
+// channels-last tile all the image's boxes read (or, where a tile does not pay, the planes
+// themselves); each box's sums over the blocks are then added in block order. Neither
+// depends on the number of threads. Plans are built per chunk of boxes, as forward.
 template <typename scalar_t, bool kMax>
 void rois_backward_impl(const at::Tensor& grad, const at::Tensor& input, const at::Tensor& rois, double spatial_scale,
                         int64_t ph, int64_t pw, int64_t sampling_ratio, bool aligned, at::Tensor& out, int64_t row0) {
   using T = at::opmath_type<scalar_t>;
-  const int64_t K = rois.size(0), C = input.size(1), H = input.size(2), W = input.size(3);
+  const int64_t K = rois.size(0), N = input.size(0), C = input.size(1), H = input.size(2), W = input.size(3);
   if (K == 0 || C == 0) return;
   const Plans<T> plans = build_plans<T>(rois, spatial_scale, ph, pw, sampling_ratio, aligned, H, W, kMax, false, row0);
-  const bool channels_last = is_channels_last(input);
   const int64_t sN = input.stride(0), sC = input.stride(1), sH = input.stride(2), sW = input.stride(3);
   const int64_t gK = grad.stride(0), gC = grad.stride(1), gH = grad.stride(2), gW = grad.stride(3);
   const scalar_t* in = input.const_data_ptr<scalar_t>();
   const scalar_t* grad_p = grad.const_data_ptr<scalar_t>();
-  T* o = out.data_ptr<T>();
-  const T scale = static_cast<T>(spatial_scale);
-  Scratch<T> acc;
-  Scratch<scalar_t> best;
+  Scratch<T> acc, best, tile;
+  Scratch<scalar_t> plane_best;
   Scratch<int32_t> am;
-  parallel_tasks(K, [&](int64_t k) {
+  // Box k on channels [c0, c0 + nc) of img, a channels-last view (cells at y * vH + x * vW,
+  // channels contiguous) or, plane_stride > 0, NCHW planes.
+  auto box = [&](int64_t k, int64_t c0, int64_t nc, const auto* img, int64_t vC, int64_t vH, int64_t vW,
+                 bool planes) {
     const AlignPlan<T>& p = plans[k];
-    if (p.empty()) return;  // no sample inside the map: 0
     const BoxSlopes<T> d(p);
-    const scalar_t* img = in + p.batch * sN;
-    const scalar_t* g = grad_p + k * gK;
-    BoxSums<T> sums;
+    const scalar_t* g = grad_p + k * gK + c0 * gC;
     if constexpr (kMax) {
       // The forward's winners, bin-major with channels contiguous.
-      scalar_t* b = best.get(ph * pw * C);
-      int32_t* a = am.get(ph * pw * C + C);  // then C for max_forward_cl's running indices
-      if (channels_last) {
-        max_forward_cl<0>(p, img, sH, sW, C, ph, pw, acc.get(C), a + ph * pw * C, b, a, pw * C, C, 1);
-      } else {
-        for (int64_t c = 0; c < C; ++c) {
-          max_forward_plane(p, img + c * sC, W, ph, pw, acc.get(7 * static_cast<int64_t>(p.xs.lo.size())), b + c,
-                            a + c, pw * C, C);
+      int32_t* a = am.get(ph * pw * nc + nc);  // then nc for max_forward_cl's running indices
+      if (planes) {
+        scalar_t* b = plane_best.get(ph * pw * nc);
+        for (int64_t c = 0; c < nc; ++c) {
+          max_forward_plane(p, in + p.batch * sN + (c0 + c) * sC, W, ph, pw,
+                            acc.get(7 * static_cast<int64_t>(p.xs.lo.size())), b + c, a + c, pw * nc, nc);
         }
+        return max_rois_box(p, d, img, vC, vH, vW, nc, g, gC, gH, gW, ph, pw, static_cast<const scalar_t*>(b),
+                            static_cast<const int32_t*>(a));
       }
-      sums = max_rois_box(p, d, img, sC, sH, sW, C, g, gC, gH, gW, ph, pw, static_cast<const scalar_t*>(b),
+      T* b = best.get(ph * pw * nc);
+      max_forward_cl<0>(p, img, vH, vW, nc, ph, pw, acc.get(nc), a + ph * pw * nc, b, a, pw * nc, nc, 1);
+      return max_rois_box(p, d, img, vC, vH, vW, nc, g, gC, gH, gW, ph, pw, static_cast<const T*>(b),
                           static_cast<const int32_t*>(a));
-    } else if (channels_last) {
-      sums = avg_rois_box<true>(p, d, img, sC, sH, sW, C, g, gC, gH, gW, ph, pw, acc.get(8 * C));
     } else {
-      sums = avg_rois_box<false>(p, d, img, sC, sH, sW, C, g, gC, gH, gW, ph, pw, acc.get(8 * C));
+      if (planes) return avg_rois_box<false>(p, d, img, vC, vH, vW, nc, g, gC, gH, gW, ph, pw, acc.get(8 * nc));
+      return avg_rois_box<true>(p, d, img, vC, vH, vW, nc, g, gC, gH, gW, ph, pw, acc.get(8 * nc));
     }
-    T* ok = o + 5 * k;
-    box_gradient(p, sums, scale, ph, pw, ok + 1);
-  });
+  };
+  std::vector<BoxSums<T>> sums(static_cast<size_t>(K));
+  if (is_channels_last(input)) {
+    parallel_tasks(K, [&](int64_t k) {
+      if (!plans[k].empty()) sums[k] = box(k, 0, C, in + plans[k].batch * sN, 1, sH, sW, false);
+    });
+  } else {
+    const auto by_image = boxes_by_image(batches(plans), N);
+    const int64_t cb = std::min(C, kTileChannels), blocks = (C + cb - 1) / cb;
+    std::vector<std::array<int64_t, 4>> rect(static_cast<size_t>(N));
+    std::vector<char> tiled(static_cast<size_t>(N), 0);
+    for (int64_t n = 0; n < N; ++n) tiled[n] = use_tile(plans, by_image[n], H, W, cb, rect[n]);
+    std::vector<BoxSums<T>> part(static_cast<size_t>(K * blocks));
+    parallel_tasks(N * blocks, [&](int64_t t) {
+      const int64_t n = t / blocks, blk = t % blocks, c0 = blk * cb, nc = std::min(cb, C - c0);
+      const T* buf = nullptr;
+      if (tiled[n]) {
+        T* b = tile.get(H * W * nc);
+        const auto& r = rect[n];
+        planes_to_tile(in + n * sN + c0 * sC, sC, W, nc, r[0], r[1], r[2], r[3], b);
+        buf = b;
+      }
+      for (const int64_t k : by_image[n]) {
+        if (plans[k].empty()) continue;
+        part[k * blocks + blk] = buf ? box(k, c0, nc, buf, 1, W * nc, nc, false)
+                                     : box(k, c0, nc, in + n * sN + c0 * sC, sC, sH, sW, true);
+      }
+    });
+    for (int64_t k = 0; k < K; ++k) {
+      for (int64_t blk = 0; blk < blocks; ++blk) {
+        const BoxSums<T>& q = part[k * blocks + blk];
+        sums[k].y += q.y, sums[k].y_bin += q.y_bin, sums[k].x += q.x, sums[k].x_bin += q.x_bin;
+      }
+    }
+  }
+  T* o = out.data_ptr<T>();
+  const T scale = static_cast<T>(spatial_scale);
+  for (int64_t k = 0; k < K; ++k) box_gradient(plans[k], sums[k], scale, ph, pw, o + 5 * k + 1);
 }
 
 at::Tensor rois_backward(const at::Tensor& grad_, const at::Tensor& input_, const at::Tensor& rois_, double spatial_scale,
