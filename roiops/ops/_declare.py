@@ -134,7 +134,7 @@ def register(spec: Kernels) -> None:
         with _backend.use_backend(ctx.backend) if ctx.backend else nullcontext():
             if ctx.needs_input_grad[0]:
                 gi = bwd(grad, *saved, rois, *ctx.args)
-            if ctx.box_grad:
+            if ctx.box_grad and rois_bwd is not None:
                 gr = rois_bwd(grad, input, rois, *ctx.forward_args)
         return (gi, gr) + (None,) * (n_inputs - 2)
 
