@@ -286,3 +286,23 @@ def test_gradient_descent_finds_the_target_box():
         loss.backward()
         opt.step()
     assert (box.detach() - target[:, 1:]).abs().max() < 0.1, box
+
+
+@pytest.mark.parametrize("mode", ("avg", "max"))
+@pytest.mark.parametrize("channels_last", (False, True))
+def test_cpu_kernels_deterministic_across_threads(mode, channels_last):
+    """Each box's sums are its own (NCHW: blocks of channels added in block order), so the
+    bits do not depend on the thread count."""
+    x = feature(F32, channels_last, seed=4, shape=(2, 40, 12, 14))
+    rois = boxes_for(F32)
+    grad = torch.randn(len(rois), 40, 3, 3, generator=torch.Generator().manual_seed(6))
+    threads = torch.get_num_threads()
+    try:
+        results = []
+        for n in (1, 2, 3):
+            torch.set_num_threads(n)
+            results.append(rois_grad("cpu", mode, x, rois, grad, (3, 3), 2, True))
+    finally:
+        torch.set_num_threads(threads)
+    assert results[0].abs().sum() > 0
+    assert all(torch.equal(r, results[0]) for r in results[1:])
