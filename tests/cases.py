@@ -88,6 +88,8 @@ VARIANTS: dict[str, list[dict[str, Any]]] = {
     "_roi_align_backward": [dict(sampling_ratio=2, aligned=True, channels_last=False)],
     "_roi_align_max_backward": [dict(sampling_ratio=2, aligned=True, channels_last=True)],
     "_roi_pool_backward": [dict(channels_last=False)],
+    "_roi_align_rois_backward": [dict(sampling_ratio=2, aligned=False), dict(sampling_ratio=0, aligned=True)],
+    "_roi_align_max_rois_backward": [dict(sampling_ratio=2, aligned=True)],
 }
 # Position-sensitive ops read pooled_height * pooled_width (2 * 3) input channels per output channel.
 VARIANTS |= {

@@ -88,7 +88,8 @@ def test_boxes_any_float_dtype():
 
 def test_modules_repr_and_forward():
     m = roiops.RoIAlign((7, 5), 1 / 16, 2, aligned=True, mode="max")
-    assert repr(m) == "RoIAlign(output_size=(7, 5), spatial_scale=0.0625, sampling_ratio=2, aligned=True, mode='max')"
+    assert repr(m) == ("RoIAlign(output_size=(7, 5), spatial_scale=0.0625, sampling_ratio=2, aligned=True, mode='max', "
+                       "box_grad=False)")
     assert torch.equal(m(X, BOX), roiops.roi_align(X, BOX, (7, 5), 1 / 16, 2, True, "max"))
     p = roiops.RoIPool(7, 0.25, convention="mmdet")
     assert repr(p) == "RoIPool(output_size=(7, 7), spatial_scale=0.25, convention='mmdet')"

@@ -132,11 +132,26 @@ inline bool make_tap(T v, int64_t size, Tap<T>& t) {
   return true;
 }
 
+// Derivative of make_tap's l with respect to the point (h has the opposite): 1 where l
+// follows it (inside the map, above 0, before the last cell), 0 where the border rule
+// holds it constant or the point is outside (value 0). It jumps at every integer
+// coordinate and at the borders (semantics.md "roi_align box gradient").
+template <typename T>
+inline T tap_slope(T v, int64_t size) {
+  return v > 0 && v <= static_cast<T>(size) && static_cast<int64_t>(v) < size - 1 ? T(1) : T(0);
+}
+
 // Position of sample s of bin b along one axis (semantics.md "roi_align avg"): bins of
 // `bin` cells from `start`, each with `grid` samples at the centres of equal parts.
 template <typename T>
 inline T sample_position(T start, T bin, int64_t b, int64_t s, int64_t grid) {
   return start + static_cast<T>(b) * bin + (static_cast<T>(s) + T(0.5)) * bin / static_cast<T>(grid);
+}
+
+// Derivative of sample_position with respect to `bin` (with respect to `start` it is 1).
+template <typename T>
+inline T sample_position_slope(int64_t b, int64_t s, int64_t grid) {
+  return static_cast<T>(b) + (static_cast<T>(s) + T(0.5)) / static_cast<T>(grid);
 }
 
 // C's round(), halves away from zero: Caffe-convention RoIPool snaps box corners with it

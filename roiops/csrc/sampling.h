@@ -46,9 +46,12 @@ struct AxisPlan {
   std::vector<int64_t> first_out;    // per bin: index of its first outside sample, or -1
   std::vector<T> min_weight;         // per bin: smallest nonzero l or h of its samples (inf: none)
   int64_t cell_lo = 0, cell_hi = -1; // cells touched by any tap: [cell_lo, cell_hi]
+  T start = 0, bin = 0;              // the bins: sample_position(start, bin, ...)
+  int64_t size = 0;                  // the map's side
 
-  void build(T start, T bin, int64_t grid_, int64_t pooled, int64_t size) {
+  void build(T start_, T bin_, int64_t grid_, int64_t pooled, int64_t size_) {
     grid = grid_;
+    start = start_, bin = bin_, size = size_;
     lo.clear(), hi.clear(), l.clear(), h.clear();
     begin.assign(1, 0);
     first_in.assign(pooled, 0);
@@ -99,6 +102,21 @@ struct AxisPlan {
     }
   }
 
+  // Derivatives of the inside samples (in lo/hi/l/h order): of l with respect to the
+  // start of the bins, dl = tap_slope, and with respect to the bin size, dl * d position /
+  // d bin (box gradients, semantics.md "roi_align box gradient").
+  void slopes(std::vector<T>& dl, std::vector<T>& dl_bin) const {
+    dl.resize(lo.size());
+    dl_bin.resize(lo.size());
+    for (size_t b = 0; b + 1 < begin.size(); ++b) {
+      for (int64_t t = begin[b]; t < begin[b + 1]; ++t) {
+        const int64_t s = first_in[b] + t - begin[b];
+        dl[t] = tap_slope(sample_position(start, bin, static_cast<int64_t>(b), s, grid), size);
+        dl_bin[t] = dl[t] * sample_position_slope<T>(static_cast<int64_t>(b), s, grid);
+      }
+    }
+  }
+
   // Most inside samples of one bin.
   int64_t widest_bin() const {
     int64_t m = 0;
@@ -136,6 +154,9 @@ struct AlignPlan {
   int64_t grid_h = 0, grid_w = 0;
   T count = 1;
   AxisPlan<T> ys, xs;
+  // The box was widened to 1 cell along the axis (aligned=False): its size no longer
+  // follows its corners.
+  bool clamped_h = false, clamped_w = false;
   // "max" only: the bin grid exceeds kMaxArgmaxGrid samples (then nothing else is built).
   bool grid_too_large = false;
   // "max", small grids: every sample of every bin, [bin * grid_h * grid_w + index], so
@@ -150,6 +171,8 @@ struct AlignPlan {
     const T y_start = roi[2] * scale - offset;
     T roi_w = roi[3] * scale - offset - x_start;
     T roi_h = roi[4] * scale - offset - y_start;
+    clamped_w = !aligned && roi_w < T(1);
+    clamped_h = !aligned && roi_h < T(1);
     if (!aligned) {
       roi_w = std::max(roi_w, T(1));
       roi_h = std::max(roi_h, T(1));

@@ -98,6 +98,6 @@ class RoIAlign(RoIModule):
 
     def __init__(self, output_size: OutputSize, spatial_scale: float, sampling_ratio: int = -1,
                  aligned: bool = False, mode: Literal["avg", "max"] = "avg", box_grad: bool = False) -> None:
+        _box_grad(v.flag("box_grad", box_grad), v.sampling_ratio(sampling_ratio))
         super().__init__(output_size=output_size, spatial_scale=spatial_scale, sampling_ratio=sampling_ratio,
                          aligned=aligned, mode=mode, box_grad=box_grad)
-        _box_grad(self.box_grad, self.sampling_ratio)

@@ -19,7 +19,8 @@ Conventions shared by every kernel:
   ``ValueError`` naming the row, before any indexing happens.
 * The forward functions are differentiable by autograd with respect to ``input``, and
   autograd gives exactly the gradient the explicit backward functions compute (the
-  tests check one against the other); boxes get no gradient.
+  tests check one against the other); boxes get no gradient from autograd: RoIAlign's
+  gradient with respect to them is its ``*_rois_backward`` kernels'.
 """
 
 from .._backend import collect_kernels

@@ -126,7 +126,8 @@ def _axis_samples(start: Tensor, bin_size: Tensor, pooled: int, grid: int, size:
     low, high, l, h, _ = bilinear_taps(pos, size)
     dl = bilinear_slope(pos, size)
     dbin = sample_position_slope(grid, b[:, None], s, start).expand(pooled, m)
-    return _Axis(*(t.reshape(-1) for t in (low, high, l, h, valid, dl, dbin)), s0, first_out, m)
+    return _Axis(low.reshape(-1), high.reshape(-1), l.reshape(-1), h.reshape(-1), valid.reshape(-1), dl.reshape(-1),
+                 dbin.reshape(-1), s0, first_out, m)
 
 
 def _align_boxes(rois, spatial_scale, ph, pw, sampling_ratio, aligned, height, width, max_mode=False):
