@@ -117,6 +117,23 @@ def test_bit_exact_with_torchvision(op, sr, dtype, size, channels_last):
     assert torch.equal(out, ref) and torch.equal(grad, ref_grad)  # same arithmetic, same order
 
 
+@pytest.mark.parametrize("op, sr", [("align", 2), ("align", -1), ("pool", 2)])
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_bit_exact_with_torchvision_dense_and_sparse_boxes(op, sr, channels_last):
+    """Image 0: many overlapping boxes, whose bins share cells; image 1: two small boxes far
+    apart. 11 output channels: more than one vector, not a multiple of its width. The boxes
+    keep off the last row and column (torchvision's PSRoIPool forward clips there)."""
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(2, 11 * 9, 24, 40, generator=g)
+    x = x.contiguous(memory_format=torch.channels_last) if channels_last else x
+    dense = random_boxes(1, 120, 76.0, 44.0, g)  # image pixels, SCALE 0.5
+    sparse = torch.tensor([[1, 1.0, 1.0, 7.0, 6.0], [1, 66.0, 36.0, 74.0, 43.0]])
+    boxes = torch.cat([dense, sparse])
+    out, grad = run(OPS[op], x, boxes, 3, sr)
+    ref, ref_grad = run(TV[op], x, boxes, 3, sr)
+    assert torch.equal(out, ref) and torch.equal(grad, ref_grad)
+
+
 def test_empty_adaptive_grid_gives_zero():
     """A box of size 0 with adaptive sampling has grids of 0 samples: 0 (torchvision: NaN)."""
     x = feature(2)

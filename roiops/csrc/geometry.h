@@ -11,6 +11,7 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <utility>
@@ -159,6 +160,25 @@ inline T sample_position_slope(int64_t b, int64_t s, int64_t grid) {
 template <typename T>
 inline int64_t round_half_away(T v) {
   return static_cast<int64_t>(std::round(v));
+}
+
+// Cells [lo, hi) of RoIPool bin p along one axis (semantics.md "roi_pool"), for bins of
+// `bin` cells from `start`, clipped to [0, size]: floor(p * bin) and ceil((p + 1) * bin).
+// Caffe (torchvision) adds the integer start after floor/ceil; mmdetection (continuous)
+// adds the real start before.
+template <typename T>
+inline void pool_bin_edges(T start, T bin, int64_t p, int64_t size, bool continuous, int64_t& lo, int64_t& hi) {
+  int64_t a, b;
+  if (continuous) {
+    a = static_cast<int64_t>(std::floor(static_cast<T>(p) * bin + start));
+    b = static_cast<int64_t>(std::ceil(static_cast<T>(p + 1) * bin + start));
+  } else {
+    const int64_t s = static_cast<int64_t>(start);
+    a = static_cast<int64_t>(std::floor(static_cast<T>(p) * bin)) + s;
+    b = static_cast<int64_t>(std::ceil(static_cast<T>(p + 1) * bin)) + s;
+  }
+  lo = std::min(std::max<int64_t>(a, 0), size);
+  hi = std::min(std::max<int64_t>(b, 0), size);
 }
 
 // The running maximum of docs/semantics.md (strictly greater wins, the first NaN wins) with

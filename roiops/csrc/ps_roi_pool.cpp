@@ -8,7 +8,6 @@
 #include <ATen/OpMathType.h>
 #include <ATen/Parallel.h>
 
-#include <cmath>
 #include <vector>
 
 #include "geometry.h"
@@ -34,18 +33,14 @@ struct PsPoolPlan {
   }
 
  private:
-  // floor(p * bin) and ceil((p + 1) * bin) of the float bin size, plus the rounded start.
   template <typename T>
   static void edges(int64_t start, int64_t size, int64_t pooled, int64_t limit, std::vector<int64_t>& lo,
                     std::vector<int64_t>& hi) {
-    const T bin = static_cast<T>(size) / static_cast<T>(pooled);
     lo.resize(pooled);
     hi.resize(pooled);
+    const T bin = static_cast<T>(size) / static_cast<T>(pooled);
     for (int64_t p = 0; p < pooled; ++p) {
-      const int64_t a = static_cast<int64_t>(std::floor(static_cast<T>(p) * bin)) + start;
-      const int64_t b = static_cast<int64_t>(std::ceil(static_cast<T>(p + 1) * bin)) + start;
-      lo[p] = std::min(std::max<int64_t>(a, 0), limit);
-      hi[p] = std::min(std::max<int64_t>(b, 0), limit);
+      pool_bin_edges(static_cast<T>(start), bin, p, limit, /*continuous=*/false, lo[p], hi[p]);
     }
   }
 };

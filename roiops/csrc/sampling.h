@@ -273,23 +273,13 @@ struct PoolPlan {
   }
 
  private:
-  // Caffe adds the integer start after floor/ceil; mmdetection adds the real start before.
   static void bins(T start, T bin, int64_t pooled, int64_t size, bool empty, std::vector<int64_t>& lo,
                    std::vector<int64_t>& hi, bool continuous) {
     lo.resize(pooled);
     hi.resize(pooled);
-    const int64_t s = static_cast<int64_t>(start);
     for (int64_t p = 0; p < pooled; ++p) {
-      int64_t a, b;
-      if (continuous) {
-        a = static_cast<int64_t>(std::floor(static_cast<T>(p) * bin + start));
-        b = static_cast<int64_t>(std::ceil(static_cast<T>(p + 1) * bin + start));
-      } else {
-        a = static_cast<int64_t>(std::floor(static_cast<T>(p) * bin)) + s;
-        b = static_cast<int64_t>(std::ceil(static_cast<T>(p + 1) * bin)) + s;
-      }
-      lo[p] = std::min(std::max<int64_t>(a, 0), size);
-      hi[p] = empty ? lo[p] : std::min(std::max<int64_t>(b, 0), size);
+      pool_bin_edges(start, bin, p, size, continuous, lo[p], hi[p]);
+      if (empty) hi[p] = lo[p];
     }
   }
 };
