@@ -182,3 +182,29 @@ def bilinear_taps(coord: A, size: int | A, ops: ArrayOps[A] = TORCH) -> tuple[A,
     high = ops.where(at_edge, low, ops.add(low, 1))
     l = ops.sub(c, low)
     return ops.to_index(low), ops.to_index(high), l, ops.sub(1, l), inside
+
+
+# ---- precise RoI pooling (docs/semantics.md, "prroi_pool")
+
+def prroi_bins(lo: Tensor, hi: Tensor, scale: Tensor, pooled: int) -> tuple[Tensor, Tensor, Tensor]:
+    """PrRoIPool windows along one axis: ``(size, start, end)`` from box sides ``lo``, ``hi``
+    (``[K, 1]``): size = max(hi - lo, 0) * scale / pooled ``[K, 1]``, bin p's window starts
+    at lo * scale + p * size and ends at start + size ``[K, pooled]``."""
+    size = (hi - lo).clamp(min=0) * scale / pooled
+    p = torch.arange(pooled, dtype=lo.dtype, device=lo.device)
+    start = lo * scale + p * size
+    return size, start, start + size
+
+
+def hat(t: Tensor) -> Tensor:
+    """The bilinear interpolation kernel max(0, 1 - |t|): a cell's weight at distance t."""
+    return (1 - t.abs()).clamp(min=0)
+
+
+def hat_antiderivative(t: Tensor) -> Tensor:
+    """The integral of :func:`hat` from -inf to t: 0 up to -1, (1 + t)^2 / 2 up to 0,
+    1 - (1 - t)^2 / 2 up to 1, then 1. A cell's weight over a window [a, b] is
+    hat_antiderivative(b - w) - hat_antiderivative(a - w)."""
+    u = t.clamp(-1, 1)
+    return torch.where(u <= 0, (1 + u) * (1 + u) / 2, 1 - (1 - u) * (1 - u) / 2)
+

@@ -42,6 +42,9 @@ What each op becomes (docs/ecosystem.md has the table and the reasons):
 - ``roi_align_rotated``: no translation; exporting it raises an error naming the op. ONNX
   has no rotated RoIAlign operator, and a decomposition would gather every sample of every
   box (the kernels visit only the samples near the map).
+- ``prroi_pool`` (Precise RoI Pooling): no translation; exporting it raises an error naming
+  the op. ONNX has no such operator, and a decomposition would weigh every cell a box's
+  bins touch by closed-form integrals (the kernels visit only the cells near each bin).
 
 Every decomposition reproduces the kernels' arithmetic (same float type, same operation
 order) and matches roiops bit for bit, NaN and infinities included, up to the sign of a
@@ -103,6 +106,7 @@ def translation_table(
         torch.ops.roiops.ps_roi_align.default: _ps_roi_align_refused,
         torch.ops.roiops.ps_roi_pool.default: _ps_roi_pool_refused,
         torch.ops.roiops.roi_align_rotated.default: _roi_align_rotated_refused,
+        torch.ops.roiops.prroi_pool.default: _prroi_pool_refused,
     }
 
 
@@ -482,6 +486,10 @@ def _ps_roi_pool_refused(input: _In, rois: _In, spatial_scale: float, pooled_hei
 def _roi_align_rotated_refused(input: _In, rois: _In, spatial_scale: float, pooled_height: int, pooled_width: int,
                                sampling_ratio: int, aligned: bool) -> Any:
     raise _refusal("roi_align_rotated", "rotated RoIAlign")
+
+
+def _prroi_pool_refused(input: _In, rois: _In, spatial_scale: float, pooled_height: int, pooled_width: int) -> Any:
+    raise _refusal("prroi_pool", "Precise RoI Pooling")
 
 
 # ---- roi_pool ----------------------------------------------------------------------------

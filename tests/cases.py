@@ -34,12 +34,13 @@ def tol(dtype: torch.dtype, kind: str = "same input") -> dict[str, float]:
 
 
 # The public operators, called alike: (input, boxes, output_size, spatial_scale,
-# sampling_ratio, aligned). RoIPool takes no sampling_ratio nor aligned.
+# sampling_ratio, aligned). RoIPool and PrRoIPool take no sampling_ratio nor aligned.
 API = {
     "avg": lambda x, b, size, scale, sr, al: roiops.roi_align(x, b, size, scale, sr, al),
     "max": lambda x, b, size, scale, sr, al: roiops.roi_align(x, b, size, scale, sr, al, mode="max"),
     "caffe": lambda x, b, size, scale, sr, al: roiops.roi_pool(x, b, size, scale),
     "mmdet": lambda x, b, size, scale, sr, al: roiops.roi_pool(x, b, size, scale, convention="mmdet"),
+    "prroi": lambda x, b, size, scale, sr, al: roiops.prroi_pool(x, b, size, scale),
 }
 ALIGN = ("avg", "max")
 POOL = ("caffe", "mmdet")
@@ -103,4 +104,11 @@ VARIANTS |= {
     "roi_align_rotated": [dict(sampling_ratio=2, aligned=True), dict(sampling_ratio=0, aligned=False)],
     "_roi_align_rotated_backward": [dict(sampling_ratio=2, aligned=True, channels_last=False),
                                     dict(sampling_ratio=-1, aligned=False, channels_last=True)],
+}
+
+# Precise RoIPool: its box gradient op too; "rois_grad": the forward's rois require grad.
+VARIANTS |= {
+    "prroi_pool": [dict(), dict(rois_grad=True)],
+    "_prroi_pool_backward": [dict(channels_last=True)],
+    "_prroi_pool_rois_backward": [dict()],
 }

@@ -526,3 +526,42 @@ def test_faster_rcnn_roi_align_unchecked_bad_rows_give_zeros(monkeypatch):
     torch.testing.assert_close(out[4:], want)
     out.sum().backward()
     assert torch.isfinite(x.grad).all()
+
+
+# ----------------------------------------------------------------------------- mmcv PrRoIPool
+
+def test_mmcv_prroi_pool_signatures_and_repr():
+    import inspect
+
+    from roiops.compat import mmcv
+
+    params = lambda fn: [(p.name, p.default) for p in inspect.signature(fn).parameters.values()]  # noqa: E731
+    empty = inspect.Parameter.empty
+    assert params(mmcv.prroi_pool) == [("input", empty), ("rois", empty), ("output_size", empty),
+                                       ("spatial_scale", 1.0)]
+    assert params(mmcv.PrRoIPool.__init__) == [("self", empty), ("output_size", empty), ("spatial_scale", 1.0)]
+    assert repr(mmcv.PrRoIPool(7, 1 / 16)) == "PrRoIPool(output_size=(7, 7), spatial_scale=0.0625)"
+    with pytest.raises(ValueError, match="spatial_scale"):
+        mmcv.PrRoIPool(7, -1.0)
+    with pytest.raises(ValueError, match="output_size"):
+        mmcv.prroi_pool(torch.zeros(1, 1, 4, 4), torch.zeros(1, 5), (2, 0))
+
+
+@pytest.mark.parametrize("backend", ["reference", "cpu", "triton"])
+def test_mmcv_prroi_pool_published_case_with_rois_gradient(backend):
+    """mmcv's own test: a 2 x 2 map, rois (0, 0, 0, 1, 1), 2 x 2 bins, upstream gradient of
+    ones. On [0, 1]^2 the map interpolates to 1 + x + 2y, so a bin's value is its centre's
+    and the sum of the four is 4 + 2 (x1 + x2) + 4 (y1 + y2)."""
+    import roiops
+    from roiops.compat import mmcv
+
+    x = torch.tensor([[[[1.0, 2.0], [3.0, 4.0]]]], requires_grad=True)
+    rois = torch.tensor([[0.0, 0.0, 0.0, 1.0, 1.0]], requires_grad=True)
+    with roiops.use_backend(backend):
+        for layer in (lambda a, b: mmcv.prroi_pool(a, b, 2), mmcv.PrRoIPool((2, 2))):
+            x.grad = rois.grad = None
+            out = layer(x, rois)
+            assert out.tolist() == [[[[1.75, 2.25], [2.75, 3.25]]]]
+            out.sum().backward()
+            assert x.grad.tolist() == [[[[1.0, 1.0], [1.0, 1.0]]]]
+            assert rois.grad.tolist() == [[0.0, 2.0, 4.0, 2.0, 4.0]]

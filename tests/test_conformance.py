@@ -64,6 +64,8 @@ def _peer_plan(e):
             # convention gives the same numbers (the entry's crosscheck), so check both.
             return "pool", {"conventions": (True, False)}
         return "pool", {"conventions": (False,)}
+    if op == "prroi_pool":
+        return "prroi", {"rois_grad": bool(p.get("rois_requires_grad"))}
     if op == "onnx_RoiAlign":
         if p["mode"] != "avg":
             return "skip", f"ONNX max-mode rule ({p.get('max_mode_semantics') or 'max of weighted corners'}), not roiops' max mode"
@@ -153,10 +155,18 @@ def test_peer_vectors(index, entry, backend):
             elif kind == "align":
                 sr, aligned = settings["sampling_ratio"], settings["aligned"]
                 outs = [torch.ops.roiops.roi_align(xg, rois, scale, ph, pw, sr, aligned)]
-            else:
+            elif kind == "pool":
                 outs = [torch.ops.roiops.roi_pool(xg, rois, scale, ph, pw, continuous)[0]
                         for continuous in settings["conventions"]]
-            results = [(out, torch.autograd.grad(out.sum(), xg)[0]) for out in outs]
+            if kind == "prroi":  # mmcv's test also differentiates with respect to the boxes
+                rg = rois.clone().requires_grad_(settings["rois_grad"])
+                out = torch.ops.roiops.prroi_pool(xg, rg, scale, ph, pw)
+                grads = torch.autograd.grad(out.sum(), (xg, rg) if settings["rois_grad"] else (xg,))
+                if settings["rois_grad"]:
+                    torch.testing.assert_close(grads[1], t(entry["expected_rois_grad"], dtype), **tol)
+                results = [(out, grads[0])]
+            else:
+                results = [(out, torch.autograd.grad(out.sum(), xg)[0]) for out in outs]
         for out, grad in results:
             torch.testing.assert_close(out, expected, **tol)
             if expected_grad is not None:

@@ -197,6 +197,21 @@ def test_export_refuses_what_it_cannot_do():
         roiops_onnx.translation_table(align_avg="RoiAlignMax")  # type: ignore[arg-type]
 
 
+def test_export_refuses_prroi_pool_naming_it():
+    class Head(torch.nn.Module):
+        def forward(self, x: torch.Tensor, boxes: torch.Tensor) -> torch.Tensor:
+            return roiops.prroi_pool(x, boxes, OUT, SCALE)
+
+    with pytest.raises(Exception) as info:
+        roiops_onnx.export(Head().eval(), _example())
+    chain, e = [], info.value
+    while e is not None:
+        chain.append(str(e))
+        e = e.__cause__ or e.__context__
+    assert any("roiops.prroi_pool cannot be exported to ONNX: ONNX has no Precise RoI Pooling operator" in m
+               for m in chain), chain
+
+
 def test_translation_table_with_torch_onnx_export():
     class One(torch.nn.Module):
         def forward(self, x: torch.Tensor, boxes: torch.Tensor) -> torch.Tensor:

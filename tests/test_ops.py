@@ -190,7 +190,12 @@ def _op_sample(op, variant):
     if any(a.name == "argmax" for a in schema(op).arguments):
         forward = op[1:-len("_backward")]
         values["argmax"] = getattr(torch.ops.roiops, forward)(*contract_args(forward, **values).values())[1]
-    values["input"] = x.requires_grad_()
+    # A forward's differentiable arguments require grad; the box-gradient op, which also
+    # takes the input, has no gradient of its own.
+    if not schema(op).name.endswith("_backward"):
+        values["input"] = x.requires_grad_()
+        if variant.get("rois_grad"):
+            values["rois"] = values["rois"].requires_grad_()
     return contract_args(op, **values)
 
 

@@ -20,7 +20,7 @@ defaults, box format) and reproduces its numbers on top of roiops:
   and ``roi_align`` of ``detectron2.layers``.
 - ``roiops.compat.mmcv``: ``RoIAlign``, ``RoIPool``, ``roi_align``, ``roi_pool`` of
   ``mmcv.ops`` (RoIPool in mmcv's continuous convention); ``RoIAlignRotated`` and
-  ``roi_align_rotated``.
+  ``roi_align_rotated``; ``PrRoIPool`` and ``prroi_pool`` (gradient to the boxes too).
 
 The modules are imported on first use (``roiops.compat.mmdet``, or
 ``from roiops.compat import mmdet``) so that importing roiops does not pay for them. ``docs/porting.md`` lists, per system,

@@ -6,6 +6,8 @@ Port with one import::
     # becomes
     from roiops.compat.mmcv import RoIAlign, RoIPool, roi_align, roi_pool
 
+(``PrRoIPool``/``prroi_pool`` and ``RoIAlignRotated``/``roi_align_rotated`` likewise.)
+
 Same signatures, defaults (``sampling_ratio=0`` adaptive, ``aligned=True``), ``rois[K, 5]``
 boxes and reprs. Semantics:
 
@@ -23,6 +25,9 @@ boxes and reprs. Semantics:
   h, angle)`` with the angle in radians, counter-clockwise unless ``clockwise=True``;
   ``aligned=False`` means no half-cell offset and sides of at least one cell. It is
   :func:`roiops.roi_align_rotated` with ``angle="radians"``.
+- ``prroi_pool``/``PrRoIPool``: Precise RoI Pooling, :func:`roiops.prroi_pool`; as in mmcv,
+  ``rois`` that require grad receive their gradient (zero in the batch-index column).
+  mmcv runs it on CUDA in float32 only; roiops on CPU and GPU in every floating dtype.
 """
 
 from __future__ import annotations
@@ -34,7 +39,8 @@ from torch import Tensor, nn
 from .. import _validation as v
 from .. import ops as F
 
-__all__ = ["RoIAlign", "RoIAlignRotated", "RoIPool", "roi_align", "roi_align_rotated", "roi_pool"]
+__all__ = ["PrRoIPool", "RoIAlign", "RoIAlignRotated", "RoIPool", "prroi_pool", "roi_align", "roi_align_rotated",
+           "roi_pool"]
 
 OutputSize = Union[int, tuple[int, int], list[int]]
 
@@ -143,3 +149,30 @@ class RoIAlignRotated(nn.Module):
     def __repr__(self) -> str:
         return (f"{type(self).__name__}(output_size={self.output_size}, spatial_scale={self.spatial_scale}, "
                 f"sampling_ratio={self.sampling_ratio}, aligned={self.aligned}, clockwise={self.clockwise})")
+
+
+def prroi_pool(input: Tensor, rois: Tensor, output_size: OutputSize, spatial_scale: float = 1.0) -> Tensor:
+    """``mmcv.ops.prroi_pool``: Precise RoI Pooling of ``rois[K, 5]`` on ``input[N, C, H, W]``
+    -> ``Tensor[K, C, h, w]``, differentiable with respect to ``input`` and ``rois``."""
+    return F.prroi_pool(input, rois, output_size, spatial_scale)
+
+
+class PrRoIPool(nn.Module):
+    """``mmcv.ops.PrRoIPool(output_size, spatial_scale=1.0)``.
+
+    Example::
+
+        >>> layer = PrRoIPool(7, spatial_scale=1 / 16)
+        >>> layer(features, rois).shape                      # rois [K, 5] -> [K, C, 7, 7]
+    """
+
+    def __init__(self, output_size: OutputSize, spatial_scale: float = 1.0) -> None:
+        super().__init__()
+        self.output_size = _pair(output_size)
+        self.spatial_scale = v.spatial_scale(float(spatial_scale))
+
+    def forward(self, input: Tensor, rois: Tensor) -> Tensor:
+        return prroi_pool(input, rois, self.output_size, self.spatial_scale)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(output_size={self.output_size}, spatial_scale={self.spatial_scale})"

@@ -1,0 +1,69 @@
+"""Precise RoI Pooling (IoU-Net): its registered ops (with a gradient to the boxes), public
+function and Module. Semantics: docs/semantics.md, "prroi_pool"."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from .. import _validation as v
+from .._validation import BoxesType, OutputSize
+from ._declare import Kernels, RoIModule, register
+
+register(Kernels("prroi_pool", (("float", "spatial_scale"), ("int", "pooled_height"), ("int", "pooled_width")),
+                 ("spatial_scale", "pooled_height", "pooled_width", "batch_size", "channels", "height", "width",
+                  "channels_last"), title="prroi_pool", rois_grad=True))
+
+
+def prroi_pool(
+    input: Tensor,
+    boxes: BoxesType,
+    output_size: OutputSize,
+    spatial_scale: float = 1.0,
+) -> Tensor:
+    """Precise RoI Pooling (IoU-Net): the exact average over each bin of the bilinearly
+    interpolated feature map, with no sampling. Differentiable with respect to the input
+    and to the box coordinates: ``boxes`` that require grad receive their gradient.
+
+    Args:
+        input: feature map ``Tensor[N, C, H, W]``, float16/bfloat16/float32/float64, NCHW
+            or channels_last.
+        boxes: ``Tensor[K, 5]`` with rows ``(batch_index, x1, y1, x2, y2)``, or a list of N
+            ``Tensor[L_i, 4]`` (image i's boxes), in input-image pixels. No half-cell offset:
+            cell ``(h, w)``'s value sits at ``(x, y) = (w, h) / spatial_scale``.
+        output_size: ``int`` or ``(h, w)``.
+        spatial_scale: feature-map cells per input-image pixel (e.g. 1/16).
+
+    Returns:
+        ``Tensor[K, C, h, w]`` of the input's dtype and memory format; a box with
+        ``x2 <= x1`` or ``y2 <= y1`` gives 0 (and no gradient).
+
+    Example::
+
+        >>> x = torch.randn(1, 8, 32, 32)
+        >>> boxes = torch.tensor([[0, 4.0, 6.0, 20.5, 17.25]], requires_grad=True)
+        >>> out = roiops.prroi_pool(x, boxes, 7)
+        >>> out.sum().backward()
+        >>> boxes.grad.shape
+        torch.Size([1, 5])
+    """
+    input = v.feature_map(input)
+    h, w = v.output_size(output_size)
+    scale = v.spatial_scale(spatial_scale)
+    rois = v.rois(input, boxes, scale)
+    return torch.ops.roiops.prroi_pool(input, rois, scale, h, w)
+
+
+class PrRoIPool(RoIModule):
+    """See :func:`roiops.prroi_pool`.
+
+    Example::
+
+        >>> pool = roiops.PrRoIPool(7, spatial_scale=1 / 16)
+        >>> pool(features, boxes).shape  # [K, C, 7, 7]
+    """
+
+    function = prroi_pool
+
+    def __init__(self, output_size: OutputSize, spatial_scale: float = 1.0) -> None:
+        super().__init__(output_size=output_size, spatial_scale=spatial_scale)

@@ -1,0 +1,317 @@
+"""Precise RoI Pooling: every kernel set against a brute-force numerical integral of the
+interpolated map, hand-computed windows, gradcheck and central finite differences for
+the input and the box gradients, boxes fitted by gradient descent, validation."""
+
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+import torch
+
+import roiops
+from boxes import nasty_boxes, random_boxes
+from cases import tol
+from roiops import reference as ref
+
+N, C, H, W = 2, 3, 7, 9
+SCALE = 0.5  # boxes in pixels of an 18 x 14 image
+BACKENDS = ["reference", "cpu", "triton"]
+F16, BF16, F32, F64 = torch.float16, torch.bfloat16, torch.float32, torch.float64
+
+
+def feature(dtype=F64, channels_last=False, seed=0, c=C):
+    x = torch.randn(N, c, H, W, generator=torch.Generator().manual_seed(seed), dtype=F64).to(dtype)
+    return x.contiguous(memory_format=torch.channels_last) if channels_last else x
+
+
+def boxes_for(dtype=F64, seed=0, count=6):
+    g = torch.Generator().manual_seed(seed)
+    return torch.cat([random_boxes(N, count, W / SCALE, H / SCALE, g, dtype), nasty_boxes(N, W / SCALE, H / SCALE, dtype),
+                      torch.tensor([[1, 3.1, 2.2, 3.13, 2.21]], dtype=dtype)])  # a window of 0.0075 x 0.00083 cells
+
+
+def use(backend):
+    return roiops.use_backend(backend) if backend else contextlib.nullcontext()
+
+
+def run(x, b, size=(2, 3), backend=None, seed=1, grad_dtype=None):
+    """Output, input gradient and box gradient for a fixed random upstream gradient (its
+    values rounded to ``grad_dtype``, by default the output's dtype)."""
+    x = x.detach().clone().requires_grad_()
+    b = b.detach().clone().requires_grad_()
+    with use(backend):
+        out = roiops.prroi_pool(x, b, size, SCALE)
+        g = torch.randn(out.shape, generator=torch.Generator().manual_seed(seed), dtype=F64)
+        out.backward(g.to(grad_dtype or out.dtype).to(out.dtype))
+    return out.detach(), x.grad, b.grad
+
+
+def integral_oracle(x, rois, size, scale, n=4000):
+    """Each bin's mean of f(x, y) = sum F[h, w] * hat(x - w) * hat(y - h) over the n x n
+    midpoint grid of its window, in float64 (the grid's mean
+    of a product of a function of x and one of y is the product of the two axes' means,
+    so each axis is summed alone)."""
+    ph, pw = size
+    x = x.double()
+    out = torch.zeros(len(rois), x.shape[1], ph, pw, dtype=F64)
+
+    def mean_weights(lo, hi, pooled, cells):
+        step = max(hi - lo, 0.0) * scale / pooled
+        mid = (torch.arange(n, dtype=F64) + 0.5) / n
+        pos = lo * scale + (torch.arange(pooled, dtype=F64)[:, None] + mid) * step  # [pooled, n]
+        return (1 - (pos[..., None] - torch.arange(cells, dtype=F64)).abs()).clamp(min=0).mean(1), step
+
+    for k, (b, x1, y1, x2, y2) in enumerate(rois.double().tolist()):
+        wx, dw = mean_weights(x1, x2, pw, x.shape[3])
+        wy, dh = mean_weights(y1, y2, ph, x.shape[2])
+        if dw * dh > 0:
+            out[k] = torch.einsum("ih,chw,jw->cij", wy, x[int(b)], wx)
+    return out
+
+
+# ----------------------------------------------------------------------------- the definition
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("size", [1, (2, 3), (4, 4)])
+def test_forward_is_the_integral_of_the_interpolated_map(backend, size):
+    """Windows inside, partly and wholly outside the map, larger than it, sub-cell and
+    tiny, of zero size and inverted (these two give 0)."""
+    size = (size, size) if isinstance(size, int) else size
+    x, b = feature(), boxes_for()
+    with use(backend):
+        out = roiops.prroi_pool(x, b, size, SCALE)
+    # The midpoint rule's error is the hats' kinks': per kink at most (window / n)^2 / 4 of
+    # the window's mean, and of either sign. Measured: under 2e-7 (the box larger than the map).
+    torch.testing.assert_close(out, integral_oracle(x, b, size, SCALE), rtol=0, atol=1e-6)
+    empty = (b[:, 3] <= b[:, 1]) | (b[:, 4] <= b[:, 2])
+    assert empty.sum() == 2 and torch.equal(out[empty], torch.zeros_like(out[empty]))
+    assert out[~empty].abs().amin(dim=(1, 2, 3)).gt(0).sum() >= 10  # the boxes on the map give values
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_hand_computed(backend):
+    """On a 2 x 2 map F[h, w] = 1 + w + 2h, f(x, y) = 1 + x + 2y on [0, 1]^2 (bilinear
+    interpolation of a linear function is exact), so a bin's value is f at its centre."""
+    x = torch.tensor([[[[1.0, 2.0], [3.0, 4.0]]]], dtype=F64, requires_grad=True)
+    box = torch.tensor([[0, 0.0, 0.0, 1.0, 1.0]], dtype=F64, requires_grad=True)
+    with use(backend):
+        out = roiops.prroi_pool(x, box, 2)
+        assert out.tolist() == [[[[1.75, 2.25], [2.75, 3.25]]]]
+        one = roiops.prroi_pool(x, box, 1)
+        one.backward()
+        # Cell weights over [0, 1]: the integral of each hat is 1/2 per axis.
+        assert x.grad.tolist() == [[[[0.25, 0.25], [0.25, 0.25]]]]
+        # out = 1 + (x1 + x2) / 2 + (y1 + y2): also at edges on cell centres, where f has a
+        # kink (its integral's derivative is f at the edge, continuous there).
+        assert box.grad.tolist() == [[0.0, 0.5, 1.0, 0.5, 1.0]]
+        # Window [-1, 1] x [0, 1]: the left half weighs column 0 (mean 2) by the hat's
+        # tail 1 + x, integral 1/2; the right half is 1 + x + 2y's integral 2.5; area 2.
+        assert roiops.prroi_pool(x, torch.tensor([[0, -1.0, 0.0, 1.0, 1.0]], dtype=F64), 1).item() == 1.75
+        # Entirely beyond the hats of the last cells (x >= 2): 0.
+        assert roiops.prroi_pool(x, torch.tensor([[0, 2.0, 0.0, 5.0, 1.0]], dtype=F64), 1).item() == 0.0
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_empty_and_tiny_windows(backend):
+    """x2 < x1 or x2 == x1 gives 0 and no gradient to the map or the box; a tiny window
+    gives f at its position (the limit of the average)."""
+    x = feature().requires_grad_()
+    rows = torch.tensor([[0, 6.0, 4.0, 2.0, 8.0], [1, 3.0, 2.0, 3.0, 9.0], [0, 2.0, 5.0, 8.0, 5.0]], dtype=F64)
+    b = rows.clone().requires_grad_()
+    with use(backend):
+        out = roiops.prroi_pool(x, b, (2, 3), SCALE)
+        out.backward(torch.ones_like(out))
+    assert torch.equal(out, torch.zeros_like(out))
+    assert torch.equal(x.grad, torch.zeros_like(x)) and torch.equal(b.grad, torch.zeros_like(b))
+    tiny = torch.tensor([[1, 5.0, 3.0, 5.0 + 1e-7, 3.0 + 1e-7]], dtype=F64)
+    with use(backend):
+        point = roiops.prroi_pool(x.detach(), tiny, 1, SCALE)
+    # f at (2.5, 1.5) cells: the mean of the four cells around it.
+    torch.testing.assert_close(point[0, :, 0, 0], x.detach()[1, :, 1:3, 2:4].mean((1, 2)), rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_non_finite_values_reach_only_the_bins_that_weigh_them(backend):
+    """An infinite cell takes part in a bin only if its hat overlaps the bin's window
+    (cells floor(start) to ceil(end)); the other bins of the box stay finite."""
+    x = torch.zeros(1, 1, 4, 12, dtype=F64)
+    x[0, 0, 1, 10] = float("inf")
+    box = torch.tensor([[0, 0.5, 0.5, 11.5, 2.5]], dtype=F64)  # bins of 11/4 cells: [0.5, 3.25], ..., [8.75, 11.5]
+    with use(backend):
+        out = roiops.prroi_pool(x, box, (1, 4))
+    assert out[0, 0, 0, :3].tolist() == [0.0, 0.0, 0.0] and out[0, 0, 0, 3].item() == float("inf")
+
+
+# ----------------------------------------------------------------------------- gradients
+
+
+def _coords(b):
+    """The box coordinates as the differentiable leaf and a function giving the rows."""
+    idx = b[:, :1].detach()
+    return b[:, 1:].detach().clone().requires_grad_(), lambda c: torch.cat([idx, c], 1)
+
+
+def _no_empty(b):
+    return b[(b[:, 3] > b[:, 1] + 0.5) & (b[:, 4] > b[:, 2] + 0.5)]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_gradcheck_input_and_boxes(backend, channels_last):
+    x = feature(c=2)[:, :, :5, :6].contiguous(memory_format=torch.channels_last if channels_last else
+                                              torch.contiguous_format).requires_grad_()
+    coords, rows = _coords(_no_empty(boxes_for(count=3))[:7])  # the random ones and nasty ones off the map
+    with use(backend):
+        assert torch.autograd.gradcheck(lambda t, c: roiops.prroi_pool(t, rows(c), (2, 3), SCALE), (x, coords),
+                                        atol=1e-8)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_box_gradient_is_the_finite_difference_of_the_reference(backend):
+    """Central differences of the reference forward, per coordinate, against the backend's
+    box gradient for a random upstream gradient."""
+    x = feature()
+    b = _no_empty(boxes_for(seed=2))
+    _, _, grad_b = run(x, b, (3, 2), backend)
+    g = torch.randn(len(b), C, 3, 2, generator=torch.Generator().manual_seed(1), dtype=F64)
+    eps = 1e-6
+    want = torch.zeros_like(b)
+    for k in range(len(b)):
+        for col in range(1, 5):
+            hi, lo = b.clone(), b.clone()
+            hi[k, col] += eps
+            lo[k, col] -= eps
+            diff = ref.prroi_pool_forward(x, hi, SCALE, 3, 2) - ref.prroi_pool_forward(x, lo, SCALE, 3, 2)
+            want[k, col] = (diff * g).sum() / (2 * eps)
+    assert grad_b.abs().gt(1e-3).sum() >= 2 * len(b)
+    torch.testing.assert_close(grad_b, want, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_input_gradient_is_autograd_of_the_reference_forward(backend):
+    x, b = feature(), boxes_for()
+    _, grad, _ = run(x, b, (3, 4), backend)
+    xr = x.clone().requires_grad_()
+    out = ref.prroi_pool_forward(xr, b, SCALE, 3, 4)
+    out.backward(torch.randn(out.shape, generator=torch.Generator().manual_seed(1), dtype=F64))
+    torch.testing.assert_close(grad, xr.grad, **tol(F64))
+
+
+def test_list_boxes_get_their_gradient():
+    x = feature()
+    b = boxes_for()
+    per_image = [b[b[:, 0] == i, 1:].clone().requires_grad_() for i in range(N)]
+    ordered = torch.cat([b[b[:, 0] == i] for i in range(N)]).requires_grad_()
+    with use("reference"):
+        roiops.prroi_pool(x, per_image, 2, SCALE).sum().backward()
+        roiops.prroi_pool(x, ordered, 2, SCALE).sum().backward()
+    assert torch.equal(torch.cat([p.grad for p in per_image]), ordered.grad[:, 1:])
+    assert torch.equal(ordered.grad[:, 0], torch.zeros(len(b), dtype=F64))
+
+
+def test_no_double_backward():
+    x, b = feature().requires_grad_(), boxes_for().requires_grad_()
+    with use("reference"):
+        (gb,) = torch.autograd.grad(roiops.prroi_pool(x, b, 2, SCALE).sum(), b, create_graph=True)
+        with pytest.raises(RuntimeError, match="prroi_pool has no double backward"):
+            gb.sum().backward()
+
+
+def fit_box(backend, steps=100):
+    """Fits a box by gradient descent to a target crop of a smooth map (the example in
+    docs/semantics.md): returns the fitted box and the target box."""
+    yy, xx = torch.meshgrid(torch.arange(24.0, dtype=F64), torch.arange(24.0, dtype=F64), indexing="ij")
+    blobs = sum(torch.exp(-((xx - cx) ** 2 + (yy - cy) ** 2) / (2 * s * s))
+                for cx, cy, s in [(6, 8, 3), (15, 12, 4), (10, 17, 2.5)])
+    features = torch.stack([blobs, blobs * xx / 24])[None]  # [1, 2, 24, 24]
+    target = torch.tensor([[5.0, 6.0, 17.0, 15.0]], dtype=F64)
+    with use(backend):
+        crop = roiops.prroi_pool(features, [target], 7)
+        box = torch.tensor([[6.5, 4.8, 19.0, 16.0]], dtype=F64, requires_grad=True)
+        optimizer = torch.optim.Adam([box], lr=0.1)
+        for _ in range(steps):
+            optimizer.zero_grad()
+            loss = (roiops.prroi_pool(features, [box], 7) - crop).pow(2).mean()
+            loss.backward()
+            optimizer.step()
+    return box.detach(), target
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_gradient_descent_moves_a_box_onto_its_target(backend):
+    box, target = fit_box(backend)
+    assert (box - target).abs().max() < 0.05  # from 2 pixels off
+
+
+# ----------------------------------------------------------------------------- dtypes and layouts
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", [F32, F16, BF16])
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_dtypes_and_layouts(backend, dtype, channels_last):
+    """Output and input gradient in the input's dtype and layout, computed in float32:
+    against the float64 reference on the same (rounded) values, to the dtype's rounding.
+    Windows of at least 1/40 cell: a cell's weight is a difference of the hat's
+    antiderivative at the window's ends, good to about 2^-24 / (the window's side)."""
+    x = feature(dtype, channels_last, c=5)
+    b = boxes_for(F32)[:-1]
+    out, grad, grad_b = run(x, b, (3, 4), backend)
+    ref_out, ref_grad, ref_b = run(x.double(), b.double(), (3, 4), "reference", grad_dtype=dtype)
+    fmt = torch.channels_last if channels_last else torch.contiguous_format
+    assert out.dtype == grad.dtype == dtype and grad_b.dtype == F32
+    assert out.is_contiguous(memory_format=fmt) and grad.is_contiguous(memory_format=fmt)
+    torch.testing.assert_close(out.double(), ref_out, **tol(dtype))
+    torch.testing.assert_close(grad.double(), ref_grad, **tol(dtype))
+    # The box gradient: differences of window sums, divided by the window's area.
+    torch.testing.assert_close(grad_b.double(), ref_b, rtol=1e-4, atol=1e-4)
+
+
+# ----------------------------------------------------------------------------- API
+
+
+def test_module_and_empty_boxes():
+    pool = roiops.PrRoIPool(7, spatial_scale=0.5)
+    assert repr(pool) == "PrRoIPool(output_size=(7, 7), spatial_scale=0.5)"
+    assert repr(roiops.PrRoIPool((2, 3))) == "PrRoIPool(output_size=(2, 3), spatial_scale=1.0)"
+    x = feature().requires_grad_()
+    b = torch.zeros(0, 5, dtype=F64, requires_grad=True)
+    with use("reference"):
+        out = pool(x, b)
+        assert out.shape == (0, C, 7, 7)
+        out.sum().backward()
+    assert torch.equal(x.grad, torch.zeros_like(x)) and b.grad.shape == (0, 5)
+
+
+def test_validation_names_the_argument():
+    x, box = feature(), torch.tensor([[0, 1.0, 1, 3, 3]], dtype=F64)
+    with pytest.raises(ValueError, match="batch index 5.0 is not an integer"):
+        roiops.prroi_pool(x, torch.tensor([[5, 1.0, 1, 3, 3]]), 2)
+    with pytest.raises(ValueError, match="coordinates must be finite"):
+        roiops.prroi_pool(x, torch.tensor([[0, 1.0, float("nan"), 3, 3]]), 2)
+    with pytest.raises(ValueError, match="output_size"):
+        roiops.prroi_pool(x, box, 0)
+    with pytest.raises(ValueError, match="spatial_scale"):
+        roiops.PrRoIPool(2, 0.0)
+    with pytest.raises(ValueError, match=r"boxes must have shape \[K, 5\]"):
+        roiops.prroi_pool(x, box[:, 1:], 2)
+    with pytest.raises(ValueError, match=r"boxes is a list of 1 tensors"):
+        roiops.prroi_pool(x, [box[:, 1:]], 2)
+    with pytest.raises(TypeError, match="input must be a Tensor"):
+        roiops.prroi_pool(x.numpy(), box, 2)
+
+
+@pytest.mark.parametrize("bad", [[2.0, 0, 0, 4, 4], [0.5, 0, 0, 4, 4], [0.0, float("inf"), 0, 4, 4]])
+def test_reference_kernels_reject_bad_rows(bad):
+    x, rois = feature(), torch.tensor([bad], dtype=F64)
+    g = torch.ones(1, C, 2, 2, dtype=F64)
+    with pytest.raises(ValueError, match="row 0"):
+        ref.prroi_pool_forward(x, rois, 1.0, 2, 2)
+    with pytest.raises(ValueError, match="row 0"):
+        ref.prroi_pool_backward(g, rois, 1.0, 2, 2, N, C, H, W, False)
+    with pytest.raises(ValueError, match="row 0"):
+        ref.prroi_pool_rois_backward(g, x, rois, 1.0, 2, 2)
+    with pytest.raises(ValueError, match="not finite after spatial_scale"):
+        ref.prroi_pool_forward(x.float(), torch.tensor([[0, 1e38, 0, 3e38, 4]]), 1e10, 2, 2)
