@@ -206,13 +206,17 @@ def _gather_box(acc, k, grad_ptr, rois_ptr, rf, sf, r_lo, r_hi, s_lo, s_hi, cm, 
         ys, ye, dh = _axis(y1, y2, scale, i, ph)
         if may_touch(ys, ye, r_lo, r_hi, Hf):
             wy = hat_integral(ys, ye, rf)
+            rows = (rf >= tl.floor(ys)) & (rf <= tl.ceil(ye))
             for j in range(0, pw):
                 xs, xe, dw = _axis(x1, x2, scale, j, pw)
                 if may_touch(xs, xe, s_lo, s_hi, Wf):
                     wx = hat_integral(xs, xe, sf)
                     g = tl.load(grad_ptr + k * sgK + c64 * sgC + i * sgH + j * sgW, mask=cm, other=0.0).to(T)
-                    # The prepass marks only boxes of positive area.
-                    acc += _c(div_rn(g, dw * dh), CF) * _p(wy * wx, CF)
+                    # The prepass marks only boxes of positive area. Only the bin's cells
+                    # (those the atomic path visits) take its terms: a non-finite grad
+                    # times a zero weight would be NaN.
+                    cells = rows & (sf >= tl.floor(xs)) & (sf <= tl.ceil(xe))
+                    acc += tl.where(_p(cells, CF), _c(div_rn(g, dw * dh), CF) * _p(wy * wx, CF), 0.0)
     return acc
 
 
