@@ -395,6 +395,7 @@ def check_prroi_rois_backward(grad: object, input: object, rois: object, spatial
     only: the forward's arguments, and a grad shaped like its output."""
     x = _check_forward(input, rois, spatial_scale, pooled_height, pooled_width)
     grad = _tensor("grad", grad)
-    _grad_shape(grad, rois, x.shape[1], int(pooled_height), int(pooled_width))  # type: ignore[call-overload]
+    _grad_shape(grad, _rois_shape(rois), x.shape[1], _int("pooled_height", pooled_height),
+                _int("pooled_width", pooled_width))
     _floating("grad", grad)
     _same_device("grad", grad, "input", x)
