@@ -427,3 +427,129 @@ def test_cpp_kernels_check_shapes():
         roiops._C.prroi_pool_rois_backward(torch.ones(b.shape[0], C + 1, 2, 2), x, b, SCALE, 2, 2)
     with pytest.raises(ValueError, match="rois must be float64"):
         roiops._C.prroi_pool_forward(x.double(), b, SCALE, 2, 2)
+
+# ----------------------------------------------------------------------------- Triton kernels
+#
+# roiops.triton's kernel functions called directly: both input-backward paths, what only
+# they do (rows they cannot refuse without a sync give 0) and their cost bound. On CUDA
+# when there is a GPU, else on CPU tensors through Triton's interpreter (tests/conftest.py).
+
+TRITON_DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _triton():
+    from roiops._backend import triton_too_old
+
+    if triton_too_old():
+        pytest.skip(triton_too_old())
+    import roiops.triton as rt
+
+    return rt
+
+
+def _on_device(t, channels_last=False):
+    t = t.contiguous(memory_format=torch.channels_last) if channels_last else t
+    return t.to(TRITON_DEVICE)
+
+
+def _layout(t, channels_last):
+    assert t.is_contiguous(memory_format=torch.channels_last if channels_last else torch.contiguous_format)
+
+
+# dtype x layout x output size (the boxes: random, nasty_boxes' rows, no tiny window).
+TRITON_CASES = [(F64, False, (2, 3)), (F64, True, (3, 2)), (F32, False, (1, 1)), (F32, True, (2, 3)),
+                (F16, False, (2, 2)), (BF16, True, (1, 2))]
+
+
+@pytest.mark.parametrize("dtype, channels_last, size", TRITON_CASES,
+                         ids=[f"{str(d)[6:]}-{'cl' if c else 'nchw'}-{s[0]}x{s[1]}" for d, c, s in TRITON_CASES])
+def test_triton_kernels_match_the_reference(dtype, channels_last, size):
+    rt = _triton()
+    ph, pw = size
+    x = feature(dtype, channels_last)
+    rois = boxes_for(F64 if dtype == F64 else F32)[:-1]
+    xd, rd = _on_device(x, channels_last), _on_device(rois)
+    out = rt.prroi_pool_forward(xd, rd, SCALE, ph, pw)
+    assert out.shape == (len(rois), C, ph, pw) and out.dtype == dtype
+    _layout(out, channels_last)
+    torch.testing.assert_close(out.cpu(), ref.prroi_pool_forward(x, rois, SCALE, ph, pw), **tol(dtype))
+
+    g = torch.randn(out.shape, generator=torch.Generator().manual_seed(1), dtype=F64).to(dtype)
+    g = g.contiguous(memory_format=torch.channels_last) if channels_last else g
+    ref_gi = ref.prroi_pool_backward(g, rois, SCALE, ph, pw, N, C, H, W, channels_last)
+    for det in (False, True):
+        gi = rt.prroi_pool_backward(_on_device(g, channels_last), rd, SCALE, ph, pw, N, C, H, W, channels_last,
+                                    deterministic=det)
+        assert gi.dtype == dtype
+        _layout(gi, channels_last)
+        torch.testing.assert_close(gi.cpu(), ref_gi, **tol(dtype))
+    gr = rt.prroi_pool_rois_backward(_on_device(g, channels_last), xd, rd, SCALE, ph, pw)
+    assert gr.shape == (len(rois), 5) and gr.dtype == rois.dtype and not gr[:, 0].any()
+    # In float32 the box gradient is good to about 2^-24 / (a window's side): see test_dtypes_and_layouts.
+    box_tol = tol(F64) if dtype == F64 else dict(rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(gr.cpu(), ref.prroi_pool_rois_backward(g, x, rois, SCALE, ph, pw), **box_tol)
+
+
+def test_triton_rows_it_cannot_check_give_zero_and_scatter_nothing():
+    """A batch index outside [0, N) or not an integer, or a non-finite coordinate: the
+    launchers cannot see it without a sync, so that row pools to 0, scatters nothing into
+    the input's gradient and gets no box gradient (the reference raises instead)."""
+    rt = _triton()
+    x = _on_device(feature(F32))
+    nan, inf = float("nan"), float("inf")
+    rois = _on_device(torch.tensor([[0, 1.0, 1, 9, 9], [N, 1, 1, 9, 9], [-1, 1, 1, 9, 9], [0.5, 1, 1, 9, 9],
+                                    [1, nan, 1, 9, 9], [1, 1, inf, 9, 9], [0, 1, 1, -inf, 9], [1, 1, 1, 9, 1e30]]))
+    out = rt.prroi_pool_forward(x, rois, SCALE, 2, 2)
+    assert out[0].abs().sum() > 0 and not out[1:].any()
+    g = torch.ones(len(rois), C, 2, 2, device=TRITON_DEVICE)
+    g[0] = 0
+    for det in (False, True):
+        assert not rt.prroi_pool_backward(g, rois, SCALE, 2, 2, N, C, H, W, False, deterministic=det).any()
+    gr = rt.prroi_pool_rois_backward(torch.ones_like(g), x, rois, SCALE, 2, 2)
+    assert gr[0].abs().sum() > 0 and not gr[1:].any()
+
+
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_triton_no_boxes(channels_last):
+    rt = _triton()
+    x, rois = _on_device(feature(F32), channels_last), torch.zeros(0, 5, device=TRITON_DEVICE)
+    assert rt.prroi_pool_forward(x, rois, SCALE, 2, 3).shape == (0, C, 2, 3)
+    g = torch.zeros(0, C, 2, 3, device=TRITON_DEVICE)
+    for det in (False, True):
+        gi = rt.prroi_pool_backward(g, rois, SCALE, 2, 3, N, C, H, W, channels_last, deterministic=det)
+        _layout(gi, channels_last)
+        assert gi.shape == (N, C, H, W) and not gi.any()
+    assert rt.prroi_pool_rois_backward(g, x, rois, SCALE, 2, 3).shape == (0, 5)
+
+
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_triton_deterministic_backward_repeats_bit_for_bit(channels_last):
+    rt = _triton()
+    rois = _on_device(boxes_for(F32, seed=4))
+    g = torch.randn(len(rois), C, 3, 2, generator=torch.Generator().manual_seed(2))
+    args = (_on_device(g, channels_last), rois, SCALE, 3, 2, N, C, H, W, channels_last)
+    a = rt.prroi_pool_backward(*args, deterministic=True)
+    assert torch.equal(a, rt.prroi_pool_backward(*args, deterministic=True))
+    torch.testing.assert_close(a, rt.prroi_pool_backward(*args, deterministic=False), **tol(F32))
+    x = _on_device(feature(F32), channels_last)
+    assert torch.equal(rt.prroi_pool_rois_backward(args[0], x, rois, SCALE, 3, 2),
+                       rt.prroi_pool_rois_backward(args[0], x, rois, SCALE, 3, 2))
+
+
+def test_triton_huge_boxes_cost_what_they_cover():
+    """Bins of 10^5 to 10^6 cells: the kernels visit only the cells of the map they cover
+    (under the interpreter a loop over a bin's cells would not end)."""
+    rt = _triton()
+    x = feature()
+    rois = torch.tensor([[0, -1e6, -1e6, 1e6, 1e6], [1, -5e5, 2.0, 3e5, 9.0]], dtype=F64)
+    xd, rd = _on_device(x), _on_device(rois)
+    close = tol(F64)
+    torch.testing.assert_close(rt.prroi_pool_forward(xd, rd, SCALE, 2, 2).cpu(),
+                               ref.prroi_pool_forward(x, rois, SCALE, 2, 2), **close)
+    g = torch.randn(2, C, 2, 2, generator=torch.Generator().manual_seed(3), dtype=F64)
+    ref_gi = ref.prroi_pool_backward(g, rois, SCALE, 2, 2, N, C, H, W, False)
+    for det in (False, True):
+        gi = rt.prroi_pool_backward(_on_device(g), rd, SCALE, 2, 2, N, C, H, W, False, deterministic=det)
+        torch.testing.assert_close(gi.cpu(), ref_gi, **close)
+    torch.testing.assert_close(rt.prroi_pool_rois_backward(_on_device(g), xd, rd, SCALE, 2, 2).cpu(),
+                               ref.prroi_pool_rois_backward(g, x, rois, SCALE, 2, 2), **close)

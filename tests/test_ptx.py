@@ -48,6 +48,10 @@ EXPECTED_VARIANTS = {
 }
 EXPECTED_VARIANTS |= {"_ps_align_fwd_kernel": 8, "_ps_align_bwd_kernel": 8, "_ps_pool_fwd_kernel": 8,
                       "_ps_pool_bwd_kernel": 8}
+EXPECTED_VARIANTS |= {"_prroi_fwd_kernel": 8, "_prroi_bwd_atomic_kernel": 8,
+                      "_prroi_bwd_gather_kernel": 8,  # CF is fixed; layouts differ in unit strides
+                      "_prroi_tiles_kernel": 2,       # only rois: float32/float64
+                      "_prroi_rois_bwd_kernel": 8}
 
 # ----------------------------------------------------------------------------- the rules
 
@@ -291,6 +295,12 @@ def _calls(launchers: dict, torch) -> list:
         "ps_roi_align_backward": lambda f, dt, cl: f(ps_g(dt, cl), rois(dt), 0.25, P, P, N, C_PS, H, W, 2, cl),
         "ps_roi_pool_forward": lambda f, dt, cl: f(ps_x(dt, cl), rois(dt), 0.25, P, P),
         "ps_roi_pool_backward": lambda f, dt, cl: f(ps_g(dt, cl), rois(dt), 0.25, P, P, N, C_PS, H, W, cl),
+    }
+    recipes |= {
+        "prroi_pool_forward": lambda f, dt, cl: f(x(dt, cl), rois(dt), 0.25, P, P),
+        "prroi_pool_backward": lambda f, dt, cl, deterministic: f(
+            g(dt, cl), rois(dt), 0.25, P, P, N, C, H, W, cl, deterministic=deterministic),
+        "prroi_pool_rois_backward": lambda f, dt, cl: f(g(dt, cl), x(dt, cl), rois(dt), 0.25, P, P),
     }
     missing = sorted(set(launchers) - set(recipes))
     if missing:

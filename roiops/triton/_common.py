@@ -286,16 +286,20 @@ def check_align_backward(grad: object, argmax: object, rois: object, spatial_sca
     _flag("aligned", aligned)
     grad = _tensor("grad", grad)
     rois = _rois_shape(rois)
-    # grad is read at every (box, channel, bin) the output has: all four sizes must match.
-    want = [rois.shape[0], C, ph, pw]
-    if list(grad.shape) != want:
-        raise ValueError(f"roiops: grad must be [K, C, pooled_height, pooled_width] = {want} (K from rois, "
-                         f"C = channels), got {list(grad.shape)}")
+    _grad_shape(grad, rois, C, ph, pw)
     if max_mode:
         _argmax(argmax, grad)
     _backward_common(grad, rois, N, C, H, W)
     _pooled(ph, pw)
     _scale(spatial_scale)
+
+
+def _grad_shape(grad: torch.Tensor, rois: torch.Tensor, C: int, ph: int, pw: int) -> None:
+    # grad is read at every (box, channel, bin) the output has: all four sizes must match.
+    want = [rois.shape[0], C, ph, pw]
+    if list(grad.shape) != want:
+        raise ValueError(f"roiops: grad must be [K, C, pooled_height, pooled_width] = {want} (K from rois, "
+                         f"C = channels), got {list(grad.shape)}")
 
 
 def _backward_common(grad: torch.Tensor, rois: torch.Tensor, N: int, C: int, H: int, W: int) -> None:
@@ -377,10 +381,39 @@ def check_rotated_backward(grad: object, rois: object, spatial_scale: object, po
     _flag("aligned", aligned)
     grad = _tensor("grad", grad)
     rois = _rois_shape(rois, rotated=True)
-    want = [rois.shape[0], C, ph, pw]
-    if list(grad.shape) != want:
-        raise ValueError(f"roiops: grad must be [K, C, pooled_height, pooled_width] = {want} (K from rois, "
-                         f"C = channels), got {list(grad.shape)}")
+    _grad_shape(grad, rois, C, ph, pw)
     _backward_common(grad, rois, N, C, H, W)
     _pooled(ph, pw)
     _scale(spatial_scale)
+
+
+def check_prroi_forward(input: object, rois: object, spatial_scale: object, pooled_height: object,
+                        pooled_width: object) -> None:
+    """What the C++ Precise RoIPool forward refuses, from shapes, dtypes and devices only."""
+    _check_forward(input, rois, spatial_scale, pooled_height, pooled_width)
+
+
+def check_prroi_backward(grad: object, rois: object, spatial_scale: object, pooled_height: object,
+                         pooled_width: object, batch_size: object, channels: object, height: object, width: object,
+                         channels_last: object) -> None:
+    """What the C++ Precise RoIPool input backward refuses, from shapes, dtypes and devices only."""
+    ph, pw = _int("pooled_height", pooled_height), _int("pooled_width", pooled_width)
+    N, C, H, W = _backward_sizes(batch_size, channels, height, width, channels_last)
+    grad = _tensor("grad", grad)
+    rois = _rois_shape(rois)
+    _grad_shape(grad, rois, C, ph, pw)
+    _backward_common(grad, rois, N, C, H, W)
+    _pooled(ph, pw)
+    _scale(spatial_scale)
+
+
+def check_prroi_rois_backward(grad: object, input: object, rois: object, spatial_scale: object,
+                              pooled_height: object, pooled_width: object) -> None:
+    """What the C++ Precise RoIPool box backward refuses, from shapes, dtypes and devices
+    only: the forward's arguments, and a grad shaped like its output."""
+    x = _check_forward(input, rois, spatial_scale, pooled_height, pooled_width)
+    grad = _tensor("grad", grad)
+    _grad_shape(grad, _rois_shape(rois), x.shape[1], _int("pooled_height", pooled_height),
+                _int("pooled_width", pooled_width))
+    _floating("grad", grad)
+    _same_device("grad", grad, "input", x)

@@ -261,6 +261,26 @@ def mark_box(mask_ptr, first_tile, k, r0, r1, c0, c1, W, n_words, TILE_H: tl.con
 
 
 @triton.jit
+def hat(t):
+    """max(0, 1 - |t|): Precise RoIPool's weight of a cell at distance t along one axis."""
+    return tl.maximum(1.0 - tl.abs(t), 0.0)
+
+
+@triton.jit
+def hat_integral(a, b, w):
+    """The integral over [a, b] (a <= b) of hat(x - w). The hat is linear on each side of
+    its peak, so each side's part is its length times the hat at its midpoint: no
+    difference of antiderivatives, which would cancel for a short window."""
+    l0 = tl.maximum(a, w - 1.0)
+    l1 = tl.minimum(b, w)
+    r0 = tl.maximum(a, w)
+    r1 = tl.minimum(b, w + 1.0)
+    left = tl.maximum(l1 - l0, 0.0) * hat((l0 + l1) * 0.5 - w)
+    right = tl.maximum(r1 - r0, 0.0) * hat((r0 + r1) * 0.5 - w)
+    return left + right
+
+
+@triton.jit
 def c_round(v):
     """C's round(): half away from zero (floor(|v| + 0.5) can round up 0.49999997)."""
     a = tl.abs(v)
