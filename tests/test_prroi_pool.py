@@ -428,6 +428,7 @@ def test_cpp_kernels_check_shapes():
     with pytest.raises(ValueError, match="rois must be float64"):
         roiops._C.prroi_pool_forward(x.double(), b, SCALE, 2, 2)
 
+
 # ----------------------------------------------------------------------------- Triton kernels
 #
 # roiops.triton's kernel functions called directly: both input-backward paths, what only
