@@ -180,9 +180,10 @@ def test_gradcheck_input_and_boxes(backend, channels_last):
     x = feature(c=2)[:, :, :5, :6].contiguous(memory_format=torch.channels_last if channels_last else
                                               torch.contiguous_format).requires_grad_()
     coords, rows = _coords(_no_empty(boxes_for(count=3))[:7])  # the random ones and nasty ones off the map
+    # Under Triton's interpreter the full Jacobian takes minutes: random projections of it.
     with use(backend):
         assert torch.autograd.gradcheck(lambda t, c: roiops.prroi_pool(t, rows(c), (2, 3), SCALE), (x, coords),
-                                        atol=1e-8)
+                                        atol=1e-8, fast_mode=backend == "triton")
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
