@@ -33,6 +33,9 @@ class _Model(torch.nn.Module):
             roiops.roi_align(f, boxes, 2, 0.5, -1, True, mode="max"),
             roiops.roi_pool(f, boxes, 2, 0.5),
             roiops.roi_pool(f, boxes, 2, 0.5, convention="mmdet"),
+            roiops.prroi_pool(f, boxes, 2, 0.5),
+            roiops.ps_roi_align(f, boxes, 2, 0.5, 2),  # 4 channels = 1 x 2 x 2
+            roiops.ps_roi_pool(f, boxes, 2, 0.5),
         ], dim=1)
 
 
@@ -48,7 +51,7 @@ def exported():
 def test_graph_holds_the_roiops_ops(exported):
     _, ep = exported
     targets = {str(n.target) for n in ep.graph.nodes if n.op == "call_function"}
-    for name in ("roi_align", "roi_align_max", "roi_pool"):
+    for name in ("roi_align", "roi_align_max", "roi_pool", "prroi_pool", "ps_roi_align", "ps_roi_pool"):
         assert f"roiops.{name}.default" in targets
 
 

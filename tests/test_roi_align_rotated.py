@@ -182,9 +182,11 @@ def test_gradcheck(backend):
         with roiops.use_backend(backend):
             return roiops.roi_align_rotated(t, b, (2, 3), SCALE, 2)
 
-    assert torch.autograd.gradcheck(fn, (x.clone().requires_grad_(),), atol=1e-8)
+    # Under Triton's interpreter the full Jacobians take minutes: random projections of them.
+    fast = backend == "triton"
+    assert torch.autograd.gradcheck(fn, (x.clone().requires_grad_(),), atol=1e-8, fast_mode=fast)
     xcl = x.expand(N, 2, 6, 7).contiguous(memory_format=torch.channels_last)
-    assert torch.autograd.gradcheck(fn, (xcl.requires_grad_(),), atol=1e-8)
+    assert torch.autograd.gradcheck(fn, (xcl.requires_grad_(),), atol=1e-8, fast_mode=fast)
 
 
 def test_cpu_backward_deterministic_across_threads():

@@ -106,6 +106,29 @@ inline at::MemoryFormat format_of(bool channels_last) {
   return channels_last ? at::MemoryFormat::ChannelsLast : at::MemoryFormat::Contiguous;
 }
 
+// A box-gradient kernel's checked arguments (grad [K, C, ph, pw] of the input's dtype,
+// the input, rois [K, 5]), grad and input in the input's layout, rois contiguous.
+struct RoisBackwardArgs {
+  at::Tensor grad, input, rois;
+
+  RoisBackwardArgs(const at::Tensor& grad_, const at::Tensor& input_, const at::Tensor& rois_, double spatial_scale,
+                   int64_t ph, int64_t pw) {
+    check_input(input_);
+    check_args(rois_, input_.scalar_type(), input_.size(2), input_.size(3), spatial_scale, ph, pw);
+    TORCH_CHECK_VALUE(grad_.dim() == 4 && grad_.size(0) == rois_.size(0) && grad_.size(1) == input_.size(1) &&
+                          grad_.size(2) == ph && grad_.size(3) == pw,
+                      "roiops: grad must be [K, C, pooled_height, pooled_width], got ", grad_.sizes());
+    TORCH_CHECK_VALUE(grad_.scalar_type() == input_.scalar_type(), "roiops: grad must have the input's dtype, got ",
+                      grad_.scalar_type(), " and ", input_.scalar_type());
+    TORCH_CHECK_VALUE(grad_.device().is_cpu(), "roiops: CPU kernel called with non-CPU tensors");
+    const bool channels_last = is_channels_last(input_);
+    input = input_.contiguous(format_of(channels_last));
+    grad = grad_.contiguous(format_of(channels_last));
+    rois = rois_.contiguous();
+    check_rois(rois, input.size(0), spatial_scale);
+  }
+};
+
 // Interpolation taps of one sample along one axis: weight h at lo, l at hi.
 template <typename T>
 struct Tap {

@@ -502,17 +502,8 @@ at::Tensor prroi_pool_backward(const at::Tensor& grad_, const at::Tensor& rois_,
 
 at::Tensor prroi_pool_rois_backward(const at::Tensor& grad_, const at::Tensor& input_, const at::Tensor& rois_,
                                     double spatial_scale, int64_t ph, int64_t pw) {
-  check_input(input_);
-  check_input(grad_);
-  check_args(rois_, input_.scalar_type(), input_.size(2), input_.size(3), spatial_scale, ph, pw);
-  check_grad(grad_, rois_.size(0), input_.size(1), ph, pw);
-  TORCH_CHECK_VALUE(grad_.scalar_type() == input_.scalar_type(), "roiops: grad must have the input's dtype, got ",
-                    grad_.scalar_type(), " and ", input_.scalar_type());
-  const bool channels_last = is_channels_last(input_);
-  const at::Tensor input = input_.contiguous(format_of(channels_last));
-  const at::Tensor grad = grad_.contiguous(format_of(channels_last));
-  const at::Tensor rois = rois_.contiguous();
-  check_rois(rois, input.size(0), spatial_scale);
+  const RoisBackwardArgs a(grad_, input_, rois_, spatial_scale, ph, pw);
+  const at::Tensor &grad = a.grad, &input = a.input, &rois = a.rois;
   at::Tensor grad_rois = at::empty({rois.size(0), 5}, rois.options());
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, input.scalar_type(), "roiops_prroi_pool_rois_backward", [&] {
     rois_backward_impl<scalar_t>(grad, input, rois, spatial_scale, ph, pw, grad_rois);

@@ -991,19 +991,9 @@ void rois_backward_impl(const at::Tensor& grad, const at::Tensor& input, const a
 
 at::Tensor rois_backward(const at::Tensor& grad_, const at::Tensor& input_, const at::Tensor& rois_, double spatial_scale,
                          int64_t ph, int64_t pw, int64_t sampling_ratio, bool aligned, bool max_mode) {
-  check_input(input_);
-  check_args(rois_, input_.scalar_type(), input_.size(2), input_.size(3), spatial_scale, ph, pw);
   check_sampling_ratio(sampling_ratio);
-  TORCH_CHECK_VALUE(grad_.dim() == 4 && grad_.size(0) == rois_.size(0) && grad_.size(1) == input_.size(1) &&
-                        grad_.size(2) == ph && grad_.size(3) == pw,
-                    "roiops: grad must be [K, C, pooled_height, pooled_width], got ", grad_.sizes());
-  TORCH_CHECK_VALUE(grad_.scalar_type() == input_.scalar_type(), "roiops: grad must have the input's dtype, got ",
-                    grad_.scalar_type(), " and ", input_.scalar_type());
-  const bool channels_last = is_channels_last(input_);
-  const at::Tensor input = input_.contiguous(format_of(channels_last));
-  const at::Tensor grad = grad_.contiguous(format_of(channels_last));
-  const at::Tensor rois = rois_.contiguous();
-  check_rois(rois, input.size(0), spatial_scale);
+  const RoisBackwardArgs a(grad_, input_, rois_, spatial_scale, ph, pw);
+  const at::Tensor &grad = a.grad, &input = a.input, &rois = a.rois;
   at::Tensor out = at::zeros({rois.size(0), 5}, rois.options());
   const int64_t K = rois.size(0);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, input.scalar_type(), "roiops_roi_align_rois_backward", [&] {
