@@ -179,6 +179,9 @@ def test_cpu_and_reference_agree(case):
         return
     (out, g_in), (rout, rg_in) = results["cpu"], results["reference"]
     t = prroi_tol(rois, args, x.dtype) if op == "prroi" else tol(x.dtype)
+    if t["atol"] > 1:
+        event("prroi window below the reference's resolution: values not compared")
+        return
     if op in ("avg", "prroi"):  # sums, in an order of the kernel's choosing
         torch.testing.assert_close(out, rout, **t, equal_nan=True)
     else:  # a maximum is one sample's value: the same bits
