@@ -130,8 +130,11 @@ class RoIAlign(nn.Module):
                 f"use_torchvision={self.use_torchvision})")
 
 
-class RoIPool(nn.Module):
-    """``mmcv.ops.RoIPool(output_size, spatial_scale=1.0)``: continuous-coordinate RoIPool."""
+class _SizeAndScale(nn.Module):
+    """A layer of mmcv's ``(output_size, spatial_scale=1.0)`` form calling ``function(input,
+    rois, output_size, spatial_scale)``."""
+
+    function: Callable[..., Tensor]
 
     def __init__(self, output_size: OutputSize, spatial_scale: float = 1.0) -> None:
         super().__init__()
@@ -139,10 +142,16 @@ class RoIPool(nn.Module):
         self.spatial_scale = v.spatial_scale(float(spatial_scale))
 
     def forward(self, input: Tensor, rois: Tensor) -> Tensor:
-        return roi_pool(input, rois, self.output_size, self.spatial_scale)
+        return type(self).function(input, rois, self.output_size, self.spatial_scale)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(output_size={self.output_size}, spatial_scale={self.spatial_scale})"
+
+
+class RoIPool(_SizeAndScale):
+    """``mmcv.ops.RoIPool(output_size, spatial_scale=1.0)``: continuous-coordinate RoIPool."""
+
+    function = roi_pool
 
 
 def roi_align_rotated(input: Tensor, rois: Tensor, output_size: OutputSize, spatial_scale: float = 1.0,
@@ -188,7 +197,7 @@ def prroi_pool(input: Tensor, rois: Tensor, output_size: OutputSize, spatial_sca
     return F.prroi_pool(input, rois, output_size, spatial_scale)
 
 
-class PrRoIPool(nn.Module):
+class PrRoIPool(_SizeAndScale):
     """``mmcv.ops.PrRoIPool(output_size, spatial_scale=1.0)``.
 
     Example::
@@ -197,13 +206,4 @@ class PrRoIPool(nn.Module):
         >>> layer(features, rois).shape                      # rois [K, 5] -> [K, C, 7, 7]
     """
 
-    def __init__(self, output_size: OutputSize, spatial_scale: float = 1.0) -> None:
-        super().__init__()
-        self.output_size = _pair(output_size)
-        self.spatial_scale = v.spatial_scale(float(spatial_scale))
-
-    def forward(self, input: Tensor, rois: Tensor) -> Tensor:
-        return prroi_pool(input, rois, self.output_size, self.spatial_scale)
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}(output_size={self.output_size}, spatial_scale={self.spatial_scale})"
+    function = prroi_pool
