@@ -120,9 +120,10 @@ def test_bit_exact_with_torchvision(op, sr, dtype, size, channels_last):
 @pytest.mark.parametrize("op, sr", [("align", 2), ("align", -1), ("pool", 2)])
 @pytest.mark.parametrize("channels_last", [False, True])
 def test_bit_exact_with_torchvision_dense_and_sparse_boxes(op, sr, channels_last):
-    """Image 0: many overlapping boxes, whose bins share cells; image 1: two small boxes far
-    apart. 11 output channels: more than one vector, not a multiple of its width. The boxes
-    keep off the last row and column (torchvision's PSRoIPool forward clips there)."""
+    """Image 0: many overlapping boxes (the kernels copy each bin's cells into a tile of
+    channels first); image 1: two small boxes far apart (they read the map where it lies).
+    11 output channels: more than one vector, not a multiple of its width. The boxes keep
+    off the last row and column (torchvision's PSRoIPool forward clips there)."""
     g = torch.Generator().manual_seed(3)
     x = torch.randn(2, 11 * 9, 24, 40, generator=g)
     x = x.contiguous(memory_format=torch.channels_last) if channels_last else x

@@ -15,6 +15,7 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
+#include <climits>
 #include <cstdint>
 #include <vector>
 
@@ -95,6 +96,82 @@ class PsOutput {
   scalar_t* base_;
   int64_t sK_, sB_;
 };
+
+// A task's cells as a tile: the nc channels of cell (y, x) of rows [y0, y1) and columns
+// [x0, x1) at ((y - y0) * (x1 - x0) + x - x0) * lanes, lanes = nc rounded up to whole
+// vectors (padding lanes hold 0). Along a bin's output channels the map is strided (ph * pw
+// planes apart, or channels apart in channels_last); in the tile each tap of a sample is
+// one contiguous run, so sums and scatters run on whole vectors, each lane one channel in
+// the order it had. A task copies its cells in (forward) or out (backward) once, which
+// pays when its boxes read each cell about once or more (ps_use_tile).
+struct PsTile {
+  int64_t y0 = 0, y1 = 0, x0 = 0, x1 = 0, lanes = 0;
+
+  explicit PsTile(int64_t nc) : y0(INT64_MAX), y1(INT64_MIN), x0(INT64_MAX), x1(INT64_MIN), lanes((nc + 7) / 8 * 8) {}
+  // Grows to cover rows [ya, yb) and columns [xa, xb).
+  void cover(int64_t ya, int64_t yb, int64_t xa, int64_t xb) {
+    y0 = std::min(y0, ya), y1 = std::max(y1, yb), x0 = std::min(x0, xa), x1 = std::max(x1, xb);
+  }
+  int64_t cells() const { return y1 > y0 && x1 > x0 ? (y1 - y0) * (x1 - x0) : 0; }
+  // Strides of rows and columns in the tile, and the offset of its first cell in those terms.
+  int64_t row_stride() const { return (x1 - x0) * lanes; }
+  int64_t origin() const { return y0 * row_stride() + x0 * lanes; }
+  int64_t size() const { return cells() * lanes; }
+};
+
+// Whether a task whose boxes read `reads` cells (summed over boxes) goes through a tile.
+inline bool ps_use_tile(const PsTile& t, int64_t reads) { return t.cells() > 0 && t.cells() <= reads; }
+
+// Tile t of the nc channels at base + c * cs (cells at y * sH + x * sW).
+template <typename scalar_t, typename T>
+ROIOPS_SIMD void ps_load_tile(const scalar_t* base, int64_t cs, int64_t sH, int64_t sW, int64_t nc, const PsTile& t,
+                              T* __restrict__ tile) {
+  const int64_t L = t.lanes, RW = t.x1 - t.x0;
+  for (int64_t y = t.y0; y < t.y1; ++y) {
+    T* __restrict__ row = tile + (y - t.y0) * RW * L;
+    if (sW == 1) {  // NCHW: along the rows of each plane, kTileX columns at a time
+      for (int64_t xb = t.x0; xb < t.x1; xb += kTileX) {
+        const int64_t xe = std::min(t.x1, xb + kTileX);
+        for (int64_t c = 0; c < nc; ++c) {
+          const scalar_t* __restrict__ src = base + c * cs + y * sH;
+          for (int64_t x = xb; x < xe; ++x) row[(x - t.x0) * L + c] = static_cast<T>(src[x]);
+        }
+      }
+    } else {
+      for (int64_t x = t.x0; x < t.x1; ++x) {
+        const scalar_t* __restrict__ src = base + y * sH + x * sW;
+        T* __restrict__ dst = row + (x - t.x0) * L;
+        for (int64_t c = 0; c < nc; ++c) dst[c] = static_cast<T>(src[c * cs]);
+      }
+    }
+    for (int64_t x = 0; x < RW; ++x) std::fill(row + x * L + nc, row + (x + 1) * L, T(0));
+  }
+}
+
+// Tile t back to the nc channels at base + c * cs (cells at y * sH + x * sW).
+template <typename T>
+ROIOPS_SIMD void ps_store_tile(const T* __restrict__ tile, const PsTile& t, int64_t nc, T* base, int64_t cs,
+                               int64_t sH, int64_t sW) {
+  const int64_t L = t.lanes, RW = t.x1 - t.x0;
+  for (int64_t y = t.y0; y < t.y1; ++y) {
+    const T* __restrict__ row = tile + (y - t.y0) * RW * L;
+    if (sW == 1) {
+      for (int64_t xb = t.x0; xb < t.x1; xb += kTileX) {
+        const int64_t xe = std::min(t.x1, xb + kTileX);
+        for (int64_t c = 0; c < nc; ++c) {
+          T* __restrict__ dst = base + c * cs + y * sH;
+          for (int64_t x = xb; x < xe; ++x) dst[x] = row[(x - t.x0) * L + c];
+        }
+      }
+    } else {
+      for (int64_t x = t.x0; x < t.x1; ++x) {
+        T* __restrict__ dst = base + y * sH + x * sW;
+        const T* __restrict__ src = row + (x - t.x0) * L;
+        for (int64_t c = 0; c < nc; ++c) dst[c * cs] = src[c];
+      }
+    }
+  }
+}
 
 // Strides of an [N, C, H, W] tensor (or of [K, C_out, ph, pw]).
 struct Strides {

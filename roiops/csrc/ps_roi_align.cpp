@@ -10,6 +10,7 @@
 #include <ATen/OpMathType.h>
 #include <ATen/Parallel.h>
 
+#include <cmath>
 #include <vector>
 
 #include "geometry.h"
@@ -92,6 +93,72 @@ ROIOPS_SIMD void align_bin_backward(const AlignPlan<T>& p, int64_t i, int64_t j,
   });
 }
 
+// The cells that bin (i, j) of `boxes` reads, in tile t, and how many taps read them.
+template <typename T>
+int64_t cover_bin(const std::vector<AlignPlan<T>>& plans, const std::vector<int64_t>& boxes, int64_t i, int64_t j,
+                  PsTile& t) {
+  int64_t reads = 0;
+  for (const int64_t k : boxes) {
+    const AlignPlan<T>& p = plans[k];
+    if (p.empty()) continue;
+    const AxisPlan<T>&ys = p.ys, &xs = p.xs;
+    const int64_t ya = ys.begin[i], yb = ys.begin[i + 1], xa = xs.begin[j], xb = xs.begin[j + 1];
+    if (ya == yb || xa == xb) continue;
+    // Positions are monotonic: the extreme taps are those of the first and last samples.
+    const int64_t r0 = std::min(ys.lo[ya], ys.lo[yb - 1]), r1 = std::max(ys.hi[ya], ys.hi[yb - 1]);
+    const int64_t c0 = std::min(xs.lo[xa], xs.lo[xb - 1]), c1 = std::max(xs.hi[xa], xs.hi[xb - 1]);
+    t.cover(r0, r1 + 1, c0, c1 + 1);
+    reads += 4 * (yb - ya) * (xb - xa);
+  }
+  return reads;
+}
+
+// align_bin on a tile (tile + o - org holds the L lanes of the cell at offset o).
+template <typename T>
+ROIOPS_SIMD void align_bin_tile(const AlignPlan<T>& p, int64_t i, int64_t j, const T* __restrict__ tile, int64_t org,
+                                int64_t sH, int64_t L, T* __restrict__ acc) {
+  for (int64_t c = 0; c < L; ++c) acc[c] = T(0);
+  for_each_sample(p, i, j, sH, L, [&](int64_t o1, int64_t o2, int64_t o3, int64_t o4, T w1, T w2, T w3, T w4) {
+    const T *q1 = tile + (o1 - org), *q2 = tile + (o2 - org), *q3 = tile + (o3 - org), *q4 = tile + (o4 - org);
+    for (int64_t c = 0; c < L; c += 8) {
+      for (int64_t l = c; l < c + 8; ++l) acc[l] += w1 * q1[l] + w2 * q2[l] + w3 * q3[l] + w4 * q4[l];
+    }
+  });
+}
+
+// align_bin_backward on a tile; g and d (4 * L scratch values) have L lanes. kPow2: the
+// count is a power of 2, and dividing by it is multiplying by its exact reciprocal.
+template <bool kPow2, typename T>
+ROIOPS_SIMD void align_bin_tile_backward(const AlignPlan<T>& p, int64_t i, int64_t j, const T* __restrict__ g,
+                                         T* tile, int64_t org, int64_t sH, int64_t L, T* __restrict__ d) {
+  const T count = p.count, inv = T(1) / count;
+  T *__restrict__ d1 = d, *__restrict__ d2 = d + L, *__restrict__ d3 = d + 2 * L, *__restrict__ d4 = d + 3 * L;
+  for_each_sample(p, i, j, sH, L, [&](int64_t o1, int64_t o2, int64_t o3, int64_t o4, T w1, T w2, T w3, T w4) {
+    for (int64_t c = 0; c < L; ++c) {
+      if constexpr (kPow2) {
+        d1[c] = g[c] * w1 * inv;
+        d2[c] = g[c] * w2 * inv;
+        d3[c] = g[c] * w3 * inv;
+        d4[c] = g[c] * w4 * inv;
+      } else {
+        d1[c] = g[c] * w1 / count;
+        d2[c] = g[c] * w2 / count;
+        d3[c] = g[c] * w3 / count;
+        d4[c] = g[c] * w4 / count;
+      }
+    }
+    // One neighbour at a time: neighbours may coincide at the border.
+    T* q = tile + (o1 - org);
+    for (int64_t c = 0; c < L; ++c) q[c] += d1[c];
+    q = tile + (o2 - org);
+    for (int64_t c = 0; c < L; ++c) q[c] += d2[c];
+    q = tile + (o3 - org);
+    for (int64_t c = 0; c < L; ++c) q[c] += d3[c];
+    q = tile + (o4 - org);
+    for (int64_t c = 0; c < L; ++c) q[c] += d4[c];
+  });
+}
+
 template <typename scalar_t>
 void forward_impl(const at::Tensor& input, const at::Tensor& rois, double spatial_scale, int64_t ph, int64_t pw,
                   int64_t sampling_ratio, int64_t C_out, at::Tensor& out) {
@@ -103,9 +170,27 @@ void forward_impl(const at::Tensor& input, const at::Tensor& rois, double spatia
   PsOutput<scalar_t> result(out);
   Scratch<T> scratch;
   const auto task = [&](int64_t n, int64_t bin, int64_t c0, int64_t nc, const std::vector<int64_t>& boxes) {
-    T* acc = scratch.get(nc);
     const int64_t i = bin / pw, j = bin % pw;
     const scalar_t* base = in + n * s.n + (c0 * bins + bin) * s.c;
+    PsTile t(nc);
+    if (ps_use_tile(t, cover_bin(plans, boxes, i, j, t))) {
+      T* tile = scratch.get(t.size() + t.lanes);
+      T* acc = tile + t.size();
+      ps_load_tile(base, bins * s.c, s.h, s.w, nc, t, tile);
+      for (const int64_t k : boxes) {
+        const AlignPlan<T>& p = plans[k];
+        if (p.empty()) {
+          for (int64_t c = 0; c < nc; ++c) acc[c] = T(0);
+        } else {
+          align_bin_tile(p, i, j, tile, t.origin(), t.row_stride(), t.lanes, acc);
+        }
+        scalar_t* r = result.row(bin, k) + c0;
+        const T count = p.count;
+        for (int64_t c = 0; c < nc; ++c) r[c] = static_cast<scalar_t>(acc[c] / count);
+      }
+      return;
+    }
+    T* acc = scratch.get(nc);
     for (const int64_t k : boxes) {
       const AlignPlan<T>& p = plans[k];
       if (p.empty()) {
@@ -134,10 +219,32 @@ void backward_impl(const at::Tensor& grad, const at::Tensor& rois, double spatia
   T* acc_p = args.acc.data_ptr<T>();
   Scratch<T> scratch;
   const auto task = [&](int64_t n, int64_t bin, int64_t c0, int64_t nc, const std::vector<int64_t>& boxes) {
-    T* gv = scratch.get(5 * nc);
     const int64_t i = bin / pw, j = bin % pw;
     T* base = acc_p + n * a.n + (c0 * bins + bin) * a.c;
     args.start(base, bins * a.c, nc);
+    PsTile t(nc);
+    if (ps_use_tile(t, cover_bin(plans, boxes, i, j, t))) {
+      const int64_t L = t.lanes;
+      T* tile = scratch.get(t.size() + 5 * L);
+      T* gv = tile + t.size();
+      std::fill_n(tile, t.size(), T(0));
+      std::fill_n(gv + nc, L - nc, T(0));
+      for (const int64_t k : boxes) {
+        const AlignPlan<T>& p = plans[k];
+        if (p.empty()) continue;
+        const scalar_t* gk = grad_p + (bin * K + k) * C_out + c0;
+        for (int64_t c = 0; c < nc; ++c) gv[c] = static_cast<T>(gk[c]);
+        int exp;
+        if (std::frexp(p.count, &exp) == T(0.5)) {
+          align_bin_tile_backward<true>(p, i, j, gv, tile, t.origin(), t.row_stride(), L, gv + L);
+        } else {
+          align_bin_tile_backward<false>(p, i, j, gv, tile, t.origin(), t.row_stride(), L, gv + L);
+        }
+      }
+      ps_store_tile(tile, t, nc, base, bins * a.c, a.h, a.w);
+      return;
+    }
+    T* gv = scratch.get(5 * nc);
     for (const int64_t k : boxes) {
       const AlignPlan<T>& p = plans[k];
       if (p.empty()) continue;

@@ -8,6 +8,7 @@
 #include <ATen/OpMathType.h>
 #include <ATen/Parallel.h>
 
+#include <cmath>
 #include <vector>
 
 #include "geometry.h"
@@ -92,6 +93,47 @@ ROIOPS_SIMD void pool_bin_backward(const T* __restrict__ d, T* __restrict__ base
   }
 }
 
+// The cells that bin (i, j) of `boxes` reads, in tile t, and how many reads they take.
+inline int64_t cover_bin(const std::vector<PsPoolPlan>& plans, const std::vector<int64_t>& boxes, int64_t i,
+                         int64_t j, PsTile& t) {
+  int64_t reads = 0;
+  for (const int64_t k : boxes) {
+    const PsPoolPlan& p = plans[k];
+    const int64_t y0 = p.h0[i], y1 = p.h1[i], x0 = p.w0[j], x1 = p.w1[j];
+    if (y1 <= y0 || x1 <= x0) continue;
+    t.cover(y0, y1, x0, x1);
+    reads += (y1 - y0) * (x1 - x0);
+  }
+  return reads;
+}
+
+// pool_bin on tile t: acc (L lanes) = sum of rows [y0, y1) x columns [x0, x1).
+template <typename T>
+ROIOPS_SIMD void pool_bin_tile(const T* __restrict__ tile, const PsTile& t, int64_t y0, int64_t y1, int64_t x0,
+                               int64_t x1, T* __restrict__ acc) {
+  const int64_t L = t.lanes, RW = t.x1 - t.x0;
+  for (int64_t c = 0; c < L; ++c) acc[c] = T(0);
+  for (int64_t y = y0; y < y1; ++y) {
+    for (int64_t x = x0; x < x1; ++x) {
+      const T* q = tile + ((y - t.y0) * RW + x - t.x0) * L;
+      for (int64_t c = 0; c < L; ++c) acc[c] += q[c];
+    }
+  }
+}
+
+// pool_bin_backward on tile t: d (L lanes) added to rows [y0, y1) x columns [x0, x1).
+template <typename T>
+ROIOPS_SIMD void pool_bin_tile_backward(const T* __restrict__ d, T* __restrict__ tile, const PsTile& t, int64_t y0,
+                                        int64_t y1, int64_t x0, int64_t x1) {
+  const int64_t L = t.lanes, RW = t.x1 - t.x0;
+  for (int64_t y = y0; y < y1; ++y) {
+    for (int64_t x = x0; x < x1; ++x) {
+      T* q = tile + ((y - t.y0) * RW + x - t.x0) * L;
+      for (int64_t c = 0; c < L; ++c) q[c] += d[c];
+    }
+  }
+}
+
 template <typename scalar_t>
 void forward_impl(const at::Tensor& input, const at::Tensor& rois, double spatial_scale, int64_t ph, int64_t pw,
                   int64_t C_out, at::Tensor& out) {
@@ -103,9 +145,13 @@ void forward_impl(const at::Tensor& input, const at::Tensor& rois, double spatia
   PsOutput<scalar_t> result(out);
   Scratch<T> scratch;
   const auto task = [&](int64_t n, int64_t bin, int64_t c0, int64_t nc, const std::vector<int64_t>& boxes) {
-    T* acc = scratch.get(nc);
     const int64_t i = bin / pw, j = bin % pw;
     const scalar_t* base = in + n * s.n + (c0 * bins + bin) * s.c;
+    PsTile t(nc);
+    const bool tiled = ps_use_tile(t, cover_bin(plans, boxes, i, j, t));
+    T* tile = tiled ? scratch.get(t.size() + t.lanes) : nullptr;
+    T* acc = tiled ? tile + t.size() : scratch.get(nc);
+    if (tiled) ps_load_tile(base, bins * s.c, s.h, s.w, nc, t, tile);
     for (const int64_t k : boxes) {
       const PsPoolPlan& p = plans[k];
       const int64_t y0 = p.h0[i], y1 = p.h1[i], x0 = p.w0[j], x1 = p.w1[j];
@@ -114,7 +160,11 @@ void forward_impl(const at::Tensor& input, const at::Tensor& rois, double spatia
         for (int64_t c = 0; c < nc; ++c) r[c] = scalar_t(0);
         continue;
       }
-      pool_bin(base, bins * s.c, s.h, s.w, y0, y1, x0, x1, nc, acc);
+      if (tiled) {
+        pool_bin_tile(tile, t, y0, y1, x0, x1, acc);
+      } else {
+        pool_bin(base, bins * s.c, s.h, s.w, y0, y1, x0, x1, nc, acc);
+      }
       const T area = static_cast<T>((y1 - y0) * (x1 - x0));
       for (int64_t c = 0; c < nc; ++c) r[c] = static_cast<scalar_t>(acc[c] / area);
     }
@@ -135,10 +185,28 @@ void backward_impl(const at::Tensor& grad, const at::Tensor& rois, double spatia
   T* acc_p = args.acc.data_ptr<T>();
   Scratch<T> scratch;
   const auto task = [&](int64_t n, int64_t bin, int64_t c0, int64_t nc, const std::vector<int64_t>& boxes) {
-    T* d = scratch.get(nc);
     const int64_t i = bin / pw, j = bin % pw;
     T* base = acc_p + n * a.n + (c0 * bins + bin) * a.c;
     args.start(base, bins * a.c, nc);
+    PsTile t(nc);
+    if (ps_use_tile(t, cover_bin(plans, boxes, i, j, t))) {
+      T* tile = scratch.get(t.size() + t.lanes);
+      T* d = tile + t.size();
+      std::fill_n(tile, t.size(), T(0));
+      std::fill_n(d + nc, t.lanes - nc, T(0));
+      for (const int64_t k : boxes) {
+        const PsPoolPlan& p = plans[k];
+        const int64_t y0 = p.h0[i], y1 = p.h1[i], x0 = p.w0[j], x1 = p.w1[j];
+        if (y1 <= y0 || x1 <= x0) continue;
+        const T area = static_cast<T>((y1 - y0) * (x1 - x0));
+        const scalar_t* gk = grad_p + (bin * K + k) * C_out + c0;
+        for (int64_t c = 0; c < nc; ++c) d[c] = static_cast<T>(gk[c]) / area;
+        pool_bin_tile_backward(d, tile, t, y0, y1, x0, x1);
+      }
+      ps_store_tile(tile, t, nc, base, bins * a.c, a.h, a.w);
+      return;
+    }
+    T* d = scratch.get(nc);
     for (const int64_t k : boxes) {
       const PsPoolPlan& p = plans[k];
       const int64_t y0 = p.h0[i], y1 = p.h1[i], x0 = p.w0[j], x1 = p.w1[j];
