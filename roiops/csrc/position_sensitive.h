@@ -17,6 +17,7 @@
 #include <algorithm>
 #include <climits>
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
 #include "geometry.h"
@@ -97,78 +98,77 @@ class PsOutput {
   int64_t sK_, sB_;
 };
 
-// A task's cells as a tile: the nc channels of cell (y, x) of rows [y0, y1) and columns
-// [x0, x1) at ((y - y0) * (x1 - x0) + x - x0) * lanes, lanes = nc rounded up to whole
-// vectors (padding lanes hold 0). Along a bin's output channels the map is strided (ph * pw
-// planes apart, or channels apart in channels_last); in the tile each tap of a sample is
-// one contiguous run, so sums and scatters run on whole vectors, each lane one channel in
-// the order it had. A task copies its cells in (forward) or out (backward) once, which
-// pays when its boxes read each cell about once or more (ps_use_tile).
+// A task's cells as a tile: the nc channels of cell (y, x) of rows [y0, y1) (all W
+// columns) at ((y - y0) * W + x) * lanes, lanes = nc rounded up to whole vectors (padding
+// lanes hold 0). Along a bin's output channels an NCHW map is strided (ph * pw planes
+// apart); in the tile each tap of a sample is one contiguous run, so sums and scatters run
+// on whole vectors, each lane one channel in the order it had. A task copies its rows in
+// (forward) or out (backward) once, which pays when its boxes read each cell about once
+// or more (ps_use_tile).
 struct PsTile {
-  int64_t y0 = 0, y1 = 0, x0 = 0, x1 = 0, lanes = 0;
+  int64_t y0, y1, W, lanes;
 
-  explicit PsTile(int64_t nc) : y0(INT64_MAX), y1(INT64_MIN), x0(INT64_MAX), x1(INT64_MIN), lanes((nc + 7) / 8 * 8) {}
-  // Grows to cover rows [ya, yb) and columns [xa, xb).
-  void cover(int64_t ya, int64_t yb, int64_t xa, int64_t xb) {
-    y0 = std::min(y0, ya), y1 = std::max(y1, yb), x0 = std::min(x0, xa), x1 = std::max(x1, xb);
-  }
-  int64_t cells() const { return y1 > y0 && x1 > x0 ? (y1 - y0) * (x1 - x0) : 0; }
-  // Strides of rows and columns in the tile, and the offset of its first cell in those terms.
-  int64_t row_stride() const { return (x1 - x0) * lanes; }
-  int64_t origin() const { return y0 * row_stride() + x0 * lanes; }
+  PsTile(int64_t nc, int64_t W_) : y0(INT64_MAX), y1(INT64_MIN), W(W_), lanes((nc + 7) / 8 * 8) {}
+  // Grows to cover rows [ya, yb).
+  void cover(int64_t ya, int64_t yb) { y0 = std::min(y0, ya), y1 = std::max(y1, yb); }
+  int64_t cells() const { return y1 > y0 ? (y1 - y0) * W : 0; }
+  // Offset of the cell at map offset o (= y * W + x) in the tile: (o - y0 * W) * lanes.
+  int64_t row_stride() const { return W * lanes; }
+  int64_t origin() const { return y0 * W * lanes; }
   int64_t size() const { return cells() * lanes; }
 };
 
-// Whether a task whose boxes read `reads` cells (summed over boxes) goes through a tile.
-inline bool ps_use_tile(const PsTile& t, int64_t reads) { return t.cells() > 0 && t.cells() <= reads; }
+// Tiles hold at most this many bytes (they are a task's working set).
+constexpr int64_t kPsTileBytes = int64_t(4) << 20;
 
-// Tile t of the nc channels at base + c * cs (cells at y * sH + x * sW).
+// Whether a task whose boxes read `reads` cells (summed over boxes) of a contiguous NCHW
+// map goes through a tile of T.
+template <typename T>
+bool ps_use_tile(const PsTile& t, int64_t reads, bool channels_last) {
+  return !channels_last && t.cells() > 0 && t.cells() <= reads &&
+         t.size() * static_cast<int64_t>(sizeof(T)) <= kPsTileBytes;
+}
+
+// Tile t of the nc channel planes at base + c * cs (contiguous H x W planes): 8 x 8 blocks
+// of (channels, cells) transposed in registers, channel groups outermost so that each
+// group reads 8 planes in order.
 template <typename scalar_t, typename T>
-ROIOPS_SIMD void ps_load_tile(const scalar_t* base, int64_t cs, int64_t sH, int64_t sW, int64_t nc, const PsTile& t,
-                              T* __restrict__ tile) {
-  const int64_t L = t.lanes, RW = t.x1 - t.x0;
-  for (int64_t y = t.y0; y < t.y1; ++y) {
-    T* __restrict__ row = tile + (y - t.y0) * RW * L;
-    if (sW == 1) {  // NCHW: along the rows of each plane, kTileX columns at a time
-      for (int64_t xb = t.x0; xb < t.x1; xb += kTileX) {
-        const int64_t xe = std::min(t.x1, xb + kTileX);
-        for (int64_t c = 0; c < nc; ++c) {
-          const scalar_t* __restrict__ src = base + c * cs + y * sH;
-          for (int64_t x = xb; x < xe; ++x) row[(x - t.x0) * L + c] = static_cast<T>(src[x]);
-        }
-      }
-    } else {
-      for (int64_t x = t.x0; x < t.x1; ++x) {
-        const scalar_t* __restrict__ src = base + y * sH + x * sW;
-        T* __restrict__ dst = row + (x - t.x0) * L;
-        for (int64_t c = 0; c < nc; ++c) dst[c] = static_cast<T>(src[c * cs]);
+ROIOPS_SIMD void ps_load_tile(const scalar_t* base, int64_t cs, int64_t nc, const PsTile& t, T* __restrict__ tile) {
+  const int64_t L = t.lanes, cells = t.cells();
+  for (int64_t c = 0; c < L; c += 8) {
+    const scalar_t* src[8];
+    for (int l = 0; l < 8; ++l) src[l] = c + l < nc ? base + (c + l) * cs + t.y0 * t.W : nullptr;
+    int64_t e = 0;
+    if constexpr (std::is_same_v<scalar_t, T>) {
+      for (; e + 8 <= cells; e += 8) {
+        lanes8<T> r[8], o[8];
+        for (int l = 0; l < 8; ++l) r[l] = src[l] ? load8(src[l] + e) : lanes8<T>{};
+        transpose8<T>(r, o);
+        for (int k = 0; k < 8; ++k) store8(tile + (e + k) * L + c, o[k]);
       }
     }
-    for (int64_t x = 0; x < RW; ++x) std::fill(row + x * L + nc, row + (x + 1) * L, T(0));
+    for (; e < cells; ++e) {
+      for (int l = 0; l < 8; ++l) tile[e * L + c + l] = src[l] ? static_cast<T>(src[l][e]) : T(0);
+    }
   }
 }
 
-// Tile t back to the nc channels at base + c * cs (cells at y * sH + x * sW).
+// Tile t back to the nc channel planes at base + c * cs (contiguous H x W planes).
 template <typename T>
-ROIOPS_SIMD void ps_store_tile(const T* __restrict__ tile, const PsTile& t, int64_t nc, T* base, int64_t cs,
-                               int64_t sH, int64_t sW) {
-  const int64_t L = t.lanes, RW = t.x1 - t.x0;
-  for (int64_t y = t.y0; y < t.y1; ++y) {
-    const T* __restrict__ row = tile + (y - t.y0) * RW * L;
-    if (sW == 1) {
-      for (int64_t xb = t.x0; xb < t.x1; xb += kTileX) {
-        const int64_t xe = std::min(t.x1, xb + kTileX);
-        for (int64_t c = 0; c < nc; ++c) {
-          T* __restrict__ dst = base + c * cs + y * sH;
-          for (int64_t x = xb; x < xe; ++x) dst[x] = row[(x - t.x0) * L + c];
-        }
-      }
-    } else {
-      for (int64_t x = t.x0; x < t.x1; ++x) {
-        T* __restrict__ dst = base + y * sH + x * sW;
-        const T* __restrict__ src = row + (x - t.x0) * L;
-        for (int64_t c = 0; c < nc; ++c) dst[c * cs] = src[c];
-      }
+ROIOPS_SIMD void ps_store_tile(const T* __restrict__ tile, const PsTile& t, int64_t nc, T* base, int64_t cs) {
+  const int64_t L = t.lanes, cells = t.cells();
+  for (int64_t c = 0; c < nc; c += 8) {
+    const int64_t n = std::min<int64_t>(8, nc - c);
+    T* dst = base + c * cs + t.y0 * t.W;
+    int64_t e = 0;
+    for (; e + 8 <= cells; e += 8) {
+      lanes8<T> r[8], o[8];
+      for (int k = 0; k < 8; ++k) r[k] = load8(tile + (e + k) * L + c);
+      transpose8<T>(r, o);
+      for (int64_t l = 0; l < n; ++l) store8(dst + l * cs + e, o[l]);
+    }
+    for (; e < cells; ++e) {
+      for (int64_t l = 0; l < n; ++l) dst[l * cs + e] = tile[e * L + c + l];
     }
   }
 }
@@ -221,12 +221,17 @@ struct PsBackward {
     if (channels_last) acc.zero_();
   }
 
-  // A task's first step: zero its nc NCHW planes (cs apart) of H * W elements at base.
+  // A task's first step: zero its nc NCHW planes (cs apart) of H * W elements at base,
+  // except rows [y0, y1), which the task writes whole.
   template <typename T>
-  void start(T* base, int64_t cs, int64_t nc) const {
+  void start(T* base, int64_t cs, int64_t nc, int64_t y0 = 0, int64_t y1 = 0) const {
     if (is_channels_last(acc)) return;
-    const int64_t cells = acc.size(2) * acc.size(3);
-    for (int64_t c = 0; c < nc; ++c) std::fill_n(base + c * cs, cells, T(0));
+    const int64_t W = acc.size(3), cells = acc.size(2) * W;
+    for (int64_t c = 0; c < nc; ++c) {
+      T* plane = base + c * cs;
+      std::fill(plane, plane + y0 * W, T(0));
+      std::fill(plane + std::max(y0, y1) * W, plane + cells, T(0));
+    }
   }
 
   at::Tensor result() const { return acc.scalar_type() == grad.scalar_type() ? acc : acc.to(grad.scalar_type()); }

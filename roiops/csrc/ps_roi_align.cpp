@@ -104,10 +104,9 @@ int64_t cover_bin(const std::vector<AlignPlan<T>>& plans, const std::vector<int6
     const AxisPlan<T>&ys = p.ys, &xs = p.xs;
     const int64_t ya = ys.begin[i], yb = ys.begin[i + 1], xa = xs.begin[j], xb = xs.begin[j + 1];
     if (ya == yb || xa == xb) continue;
-    // Positions are monotonic: the extreme taps are those of the first and last samples.
+    // Positions are monotonic: the extreme rows are those of the first and last samples.
     const int64_t r0 = std::min(ys.lo[ya], ys.lo[yb - 1]), r1 = std::max(ys.hi[ya], ys.hi[yb - 1]);
-    const int64_t c0 = std::min(xs.lo[xa], xs.lo[xb - 1]), c1 = std::max(xs.hi[xa], xs.hi[xb - 1]);
-    t.cover(r0, r1 + 1, c0, c1 + 1);
+    t.cover(r0, r1 + 1);
     reads += 4 * (yb - ya) * (xb - xa);
   }
   return reads;
@@ -117,45 +116,34 @@ int64_t cover_bin(const std::vector<AlignPlan<T>>& plans, const std::vector<int6
 template <typename T>
 ROIOPS_SIMD void align_bin_tile(const AlignPlan<T>& p, int64_t i, int64_t j, const T* __restrict__ tile, int64_t org,
                                 int64_t sH, int64_t L, T* __restrict__ acc) {
-  for (int64_t c = 0; c < L; ++c) acc[c] = T(0);
+  for (int64_t c = 0; c < L; c += 8) store8(acc + c, lanes8<T>{});
   for_each_sample(p, i, j, sH, L, [&](int64_t o1, int64_t o2, int64_t o3, int64_t o4, T w1, T w2, T w3, T w4) {
     const T *q1 = tile + (o1 - org), *q2 = tile + (o2 - org), *q3 = tile + (o3 - org), *q4 = tile + (o4 - org);
     for (int64_t c = 0; c < L; c += 8) {
-      for (int64_t l = c; l < c + 8; ++l) acc[l] += w1 * q1[l] + w2 * q2[l] + w3 * q3[l] + w4 * q4[l];
+      store8(acc + c, load8(acc + c) + (w1 * load8(q1 + c) + w2 * load8(q2 + c) + w3 * load8(q3 + c) +
+                                        w4 * load8(q4 + c)));
     }
   });
 }
 
-// align_bin_backward on a tile; g and d (4 * L scratch values) have L lanes. kPow2: the
-// count is a power of 2, and dividing by it is multiplying by its exact reciprocal.
+// align_bin_backward on a tile; g has L lanes. kPow2: the count is a power of 2, and
+// dividing by it is multiplying by its exact reciprocal.
 template <bool kPow2, typename T>
 ROIOPS_SIMD void align_bin_tile_backward(const AlignPlan<T>& p, int64_t i, int64_t j, const T* __restrict__ g,
-                                         T* tile, int64_t org, int64_t sH, int64_t L, T* __restrict__ d) {
+                                         T* tile, int64_t org, int64_t sH, int64_t L) {
   const T count = p.count, inv = T(1) / count;
-  T *__restrict__ d1 = d, *__restrict__ d2 = d + L, *__restrict__ d3 = d + 2 * L, *__restrict__ d4 = d + 3 * L;
   for_each_sample(p, i, j, sH, L, [&](int64_t o1, int64_t o2, int64_t o3, int64_t o4, T w1, T w2, T w3, T w4) {
-    for (int64_t c = 0; c < L; ++c) {
-      if constexpr (kPow2) {
-        d1[c] = g[c] * w1 * inv;
-        d2[c] = g[c] * w2 * inv;
-        d3[c] = g[c] * w3 * inv;
-        d4[c] = g[c] * w4 * inv;
-      } else {
-        d1[c] = g[c] * w1 / count;
-        d2[c] = g[c] * w2 / count;
-        d3[c] = g[c] * w3 / count;
-        d4[c] = g[c] * w4 / count;
-      }
+    T *q1 = tile + (o1 - org), *q2 = tile + (o2 - org), *q3 = tile + (o3 - org), *q4 = tile + (o4 - org);
+    for (int64_t c = 0; c < L; c += 8) {
+      const lanes8<T> gc = load8(g + c);
+      const lanes8<T> d1 = kPow2 ? gc * w1 * inv : gc * w1 / count, d2 = kPow2 ? gc * w2 * inv : gc * w2 / count,
+                      d3 = kPow2 ? gc * w3 * inv : gc * w3 / count, d4 = kPow2 ? gc * w4 * inv : gc * w4 / count;
+      // One neighbour at a time: neighbours may coincide at the border.
+      store8(q1 + c, load8(q1 + c) + d1);
+      store8(q2 + c, load8(q2 + c) + d2);
+      store8(q3 + c, load8(q3 + c) + d3);
+      store8(q4 + c, load8(q4 + c) + d4);
     }
-    // One neighbour at a time: neighbours may coincide at the border.
-    T* q = tile + (o1 - org);
-    for (int64_t c = 0; c < L; ++c) q[c] += d1[c];
-    q = tile + (o2 - org);
-    for (int64_t c = 0; c < L; ++c) q[c] += d2[c];
-    q = tile + (o3 - org);
-    for (int64_t c = 0; c < L; ++c) q[c] += d3[c];
-    q = tile + (o4 - org);
-    for (int64_t c = 0; c < L; ++c) q[c] += d4[c];
   });
 }
 
@@ -172,11 +160,11 @@ void forward_impl(const at::Tensor& input, const at::Tensor& rois, double spatia
   const auto task = [&](int64_t n, int64_t bin, int64_t c0, int64_t nc, const std::vector<int64_t>& boxes) {
     const int64_t i = bin / pw, j = bin % pw;
     const scalar_t* base = in + n * s.n + (c0 * bins + bin) * s.c;
-    PsTile t(nc);
-    if (ps_use_tile(t, cover_bin(plans, boxes, i, j, t))) {
+    PsTile t(nc, W);
+    if (ps_use_tile<T>(t, cover_bin(plans, boxes, i, j, t), s.w != 1)) {
       T* tile = scratch.get(t.size() + t.lanes);
       T* acc = tile + t.size();
-      ps_load_tile(base, bins * s.c, s.h, s.w, nc, t, tile);
+      ps_load_tile(base, bins * s.c, nc, t, tile);
       for (const int64_t k : boxes) {
         const AlignPlan<T>& p = plans[k];
         if (p.empty()) {
@@ -221,11 +209,11 @@ void backward_impl(const at::Tensor& grad, const at::Tensor& rois, double spatia
   const auto task = [&](int64_t n, int64_t bin, int64_t c0, int64_t nc, const std::vector<int64_t>& boxes) {
     const int64_t i = bin / pw, j = bin % pw;
     T* base = acc_p + n * a.n + (c0 * bins + bin) * a.c;
-    args.start(base, bins * a.c, nc);
-    PsTile t(nc);
-    if (ps_use_tile(t, cover_bin(plans, boxes, i, j, t))) {
+    PsTile t(nc, W);
+    if (ps_use_tile<T>(t, cover_bin(plans, boxes, i, j, t), a.w != 1)) {
+      args.start(base, bins * a.c, nc, t.y0, t.y1);
       const int64_t L = t.lanes;
-      T* tile = scratch.get(t.size() + 5 * L);
+      T* tile = scratch.get(t.size() + L);
       T* gv = tile + t.size();
       std::fill_n(tile, t.size(), T(0));
       std::fill_n(gv + nc, L - nc, T(0));
@@ -236,14 +224,15 @@ void backward_impl(const at::Tensor& grad, const at::Tensor& rois, double spatia
         for (int64_t c = 0; c < nc; ++c) gv[c] = static_cast<T>(gk[c]);
         int exp;
         if (std::frexp(p.count, &exp) == T(0.5)) {
-          align_bin_tile_backward<true>(p, i, j, gv, tile, t.origin(), t.row_stride(), L, gv + L);
+          align_bin_tile_backward<true>(p, i, j, gv, tile, t.origin(), t.row_stride(), L);
         } else {
-          align_bin_tile_backward<false>(p, i, j, gv, tile, t.origin(), t.row_stride(), L, gv + L);
+          align_bin_tile_backward<false>(p, i, j, gv, tile, t.origin(), t.row_stride(), L);
         }
       }
-      ps_store_tile(tile, t, nc, base, bins * a.c, a.h, a.w);
+      ps_store_tile(tile, t, nc, base, bins * a.c);
       return;
     }
+    args.start(base, bins * a.c, nc);
     T* gv = scratch.get(5 * nc);
     for (const int64_t k : boxes) {
       const AlignPlan<T>& p = plans[k];

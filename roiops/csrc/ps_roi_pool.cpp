@@ -101,7 +101,7 @@ inline int64_t cover_bin(const std::vector<PsPoolPlan>& plans, const std::vector
     const PsPoolPlan& p = plans[k];
     const int64_t y0 = p.h0[i], y1 = p.h1[i], x0 = p.w0[j], x1 = p.w1[j];
     if (y1 <= y0 || x1 <= x0) continue;
-    t.cover(y0, y1, x0, x1);
+    t.cover(y0, y1);
     reads += (y1 - y0) * (x1 - x0);
   }
   return reads;
@@ -111,13 +111,13 @@ inline int64_t cover_bin(const std::vector<PsPoolPlan>& plans, const std::vector
 template <typename T>
 ROIOPS_SIMD void pool_bin_tile(const T* __restrict__ tile, const PsTile& t, int64_t y0, int64_t y1, int64_t x0,
                                int64_t x1, T* __restrict__ acc) {
-  const int64_t L = t.lanes, RW = t.x1 - t.x0;
-  for (int64_t c = 0; c < L; ++c) acc[c] = T(0);
-  for (int64_t y = y0; y < y1; ++y) {
-    for (int64_t x = x0; x < x1; ++x) {
-      const T* q = tile + ((y - t.y0) * RW + x - t.x0) * L;
-      for (int64_t c = 0; c < L; ++c) acc[c] += q[c];
+  const int64_t L = t.lanes;
+  for (int64_t c = 0; c < L; c += 8) {
+    lanes8<T> sum{};
+    for (int64_t y = y0; y < y1; ++y) {
+      for (int64_t x = x0; x < x1; ++x) sum += load8(tile + ((y - t.y0) * t.W + x) * L + c);
     }
+    store8(acc + c, sum);
   }
 }
 
@@ -125,11 +125,11 @@ ROIOPS_SIMD void pool_bin_tile(const T* __restrict__ tile, const PsTile& t, int6
 template <typename T>
 ROIOPS_SIMD void pool_bin_tile_backward(const T* __restrict__ d, T* __restrict__ tile, const PsTile& t, int64_t y0,
                                         int64_t y1, int64_t x0, int64_t x1) {
-  const int64_t L = t.lanes, RW = t.x1 - t.x0;
+  const int64_t L = t.lanes;
   for (int64_t y = y0; y < y1; ++y) {
     for (int64_t x = x0; x < x1; ++x) {
-      T* q = tile + ((y - t.y0) * RW + x - t.x0) * L;
-      for (int64_t c = 0; c < L; ++c) q[c] += d[c];
+      T* q = tile + ((y - t.y0) * t.W + x) * L;
+      for (int64_t c = 0; c < L; c += 8) store8(q + c, load8(q + c) + load8(d + c));
     }
   }
 }
@@ -147,11 +147,11 @@ void forward_impl(const at::Tensor& input, const at::Tensor& rois, double spatia
   const auto task = [&](int64_t n, int64_t bin, int64_t c0, int64_t nc, const std::vector<int64_t>& boxes) {
     const int64_t i = bin / pw, j = bin % pw;
     const scalar_t* base = in + n * s.n + (c0 * bins + bin) * s.c;
-    PsTile t(nc);
-    const bool tiled = ps_use_tile(t, cover_bin(plans, boxes, i, j, t));
+    PsTile t(nc, W);
+    const bool tiled = ps_use_tile<T>(t, cover_bin(plans, boxes, i, j, t), s.w != 1);
     T* tile = tiled ? scratch.get(t.size() + t.lanes) : nullptr;
     T* acc = tiled ? tile + t.size() : scratch.get(nc);
-    if (tiled) ps_load_tile(base, bins * s.c, s.h, s.w, nc, t, tile);
+    if (tiled) ps_load_tile(base, bins * s.c, nc, t, tile);
     for (const int64_t k : boxes) {
       const PsPoolPlan& p = plans[k];
       const int64_t y0 = p.h0[i], y1 = p.h1[i], x0 = p.w0[j], x1 = p.w1[j];
@@ -187,9 +187,9 @@ void backward_impl(const at::Tensor& grad, const at::Tensor& rois, double spatia
   const auto task = [&](int64_t n, int64_t bin, int64_t c0, int64_t nc, const std::vector<int64_t>& boxes) {
     const int64_t i = bin / pw, j = bin % pw;
     T* base = acc_p + n * a.n + (c0 * bins + bin) * a.c;
-    args.start(base, bins * a.c, nc);
-    PsTile t(nc);
-    if (ps_use_tile(t, cover_bin(plans, boxes, i, j, t))) {
+    PsTile t(nc, W);
+    if (ps_use_tile<T>(t, cover_bin(plans, boxes, i, j, t), a.w != 1)) {
+      args.start(base, bins * a.c, nc, t.y0, t.y1);
       T* tile = scratch.get(t.size() + t.lanes);
       T* d = tile + t.size();
       std::fill_n(tile, t.size(), T(0));
@@ -203,9 +203,10 @@ void backward_impl(const at::Tensor& grad, const at::Tensor& rois, double spatia
         for (int64_t c = 0; c < nc; ++c) d[c] = static_cast<T>(gk[c]) / area;
         pool_bin_tile_backward(d, tile, t, y0, y1, x0, x1);
       }
-      ps_store_tile(tile, t, nc, base, bins * a.c, a.h, a.w);
+      ps_store_tile(tile, t, nc, base, bins * a.c);
       return;
     }
+    args.start(base, bins * a.c, nc);
     T* d = scratch.get(nc);
     for (const int64_t k : boxes) {
       const PsPoolPlan& p = plans[k];

@@ -458,6 +458,64 @@ inline void prefetch_block(const S* p, int64_t sC, int64_t sH, int64_t sW, int64
 // Bytes of gradient accumulator per backward task (a tile that stays in a core's L2).
 constexpr int64_t kBandBytes = int64_t(1) << 20;
 
+// ---- Lanes ---------------------------------------------------------------------------
+
+// Eight values of T (float or double) as one vector value (GCC/Clang vector extensions):
+// each lane one channel, each operation the scalar one lane by lane, so code on lanes
+// computes the same bits as the scalar loop it replaces; the compiler lowers a vector to
+// what the instruction set of each ROIOPS_SIMD version has.
+template <typename T>
+struct Lanes8 {
+  typedef T type __attribute__((vector_size(8 * sizeof(T))));
+};
+template <typename T>
+using lanes8 = typename Lanes8<T>::type;
+
+template <typename T>
+inline lanes8<T> load8(const T* p) {
+  lanes8<T> v;
+  __builtin_memcpy(&v, p, sizeof v);
+  return v;
+}
+
+template <typename T>
+inline void store8(T* p, lanes8<T> v) {
+  __builtin_memcpy(p, &v, sizeof v);
+}
+
+#if defined(__has_builtin)
+#if __has_builtin(__builtin_shufflevector)
+#define ROIOPS_SHUFFLE(a, b, ...) __builtin_shufflevector(a, b, __VA_ARGS__)
+#endif
+#endif
+
+// An 8 x 8 block transposed: rows r[0..7] in, columns out (out[c][l] = r[l][c]).
+template <typename T>
+inline void transpose8(const lanes8<T> (&r)[8], lanes8<T> (&out)[8]) {
+#ifdef ROIOPS_SHUFFLE
+  // Three rounds of two-input shuffles: pairs of rows, pairs of pairs, halves.
+  lanes8<T> t[8], u[8];
+  for (int a = 0; a < 8; a += 2) {
+    t[a] = ROIOPS_SHUFFLE(r[a], r[a + 1], 0, 8, 1, 9, 4, 12, 5, 13);
+    t[a + 1] = ROIOPS_SHUFFLE(r[a], r[a + 1], 2, 10, 3, 11, 6, 14, 7, 15);
+  }
+  for (int a = 0; a < 8; a += 4) {
+    u[a] = ROIOPS_SHUFFLE(t[a], t[a + 2], 0, 1, 8, 9, 4, 5, 12, 13);
+    u[a + 1] = ROIOPS_SHUFFLE(t[a], t[a + 2], 2, 3, 10, 11, 6, 7, 14, 15);
+    u[a + 2] = ROIOPS_SHUFFLE(t[a + 1], t[a + 3], 0, 1, 8, 9, 4, 5, 12, 13);
+    u[a + 3] = ROIOPS_SHUFFLE(t[a + 1], t[a + 3], 2, 3, 10, 11, 6, 7, 14, 15);
+  }
+  for (int a = 0; a < 4; ++a) {
+    out[a] = ROIOPS_SHUFFLE(u[a], u[a + 4], 0, 1, 2, 3, 8, 9, 10, 11);
+    out[a + 4] = ROIOPS_SHUFFLE(u[a], u[a + 4], 4, 5, 6, 7, 12, 13, 14, 15);
+  }
+#else
+  for (int c = 0; c < 8; ++c) {
+    for (int l = 0; l < 8; ++l) out[c][l] = r[l][c];
+  }
+#endif
+}
+
 // ---- Tiles ---------------------------------------------------------------------------
 
 // Tiles: a task copies its channel block [c0, c0 + cb) of one image (rows [y0, y1),
