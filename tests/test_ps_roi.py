@@ -135,6 +135,41 @@ def test_bit_exact_with_torchvision_dense_and_sparse_boxes(op, sr, channels_last
     assert torch.equal(out, ref) and torch.equal(grad, ref_grad)
 
 
+@pytest.mark.parametrize("op, sr", [("align", 2), ("align", -1), ("pool", 2)])
+@pytest.mark.parametrize("c_out", [11, 70])
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_bit_exact_with_torchvision_packed_boxes(op, sr, c_out, channels_last):
+    """Boxes that read every cell of every bin several times: the kernels then work on the
+    map rearranged so that a bin's output channels are contiguous (per task for NCHW, once
+    for the whole map in channels_last). 70 output channels: two channel blocks, the last
+    one short of a whole vector."""
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(1, c_out * 9, 20, 30, generator=g)
+    x = x.contiguous(memory_format=torch.channels_last) if channels_last else x
+    boxes = random_boxes(1, 600, 56.0, 36.0, g)  # image pixels, SCALE 0.5; off the last row and column
+    out, grad = run(OPS[op], x, boxes, 3, sr)
+    ref, ref_grad = run(TV[op], x, boxes, 3, sr)
+    assert torch.equal(out, ref) and torch.equal(grad, ref_grad)
+
+
+@pytest.mark.parametrize("op, sr", [("align", 2), ("pool", 2)])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_packed_boxes_half_precision(op, sr, dtype, channels_last):
+    """float16/bfloat16 on packed boxes (the rearranged map, converted to float32) give the
+    forward of each box computed alone (which reads the map where it lies), bit for bit,
+    and the reference's gradient."""
+    g = torch.Generator().manual_seed(6)
+    x = torch.randn(1, 11 * 9, 20, 30, generator=g).to(dtype)
+    x = x.contiguous(memory_format=torch.channels_last) if channels_last else x
+    boxes = random_boxes(1, 600, 56.0, 36.0, g)
+    out, grad = run(OPS[op], x, boxes, 3, sr)
+    alone = torch.cat([OPS[op](x, boxes[k : k + 1], 3, SCALE, sr) for k in range(len(boxes))])
+    assert torch.equal(out, alone)
+    _, ref_grad = run(OPS[op], x.double(), boxes.double(), 3, sr, backend="reference")
+    close(grad, ref_grad, dtype)
+
+
 def test_empty_adaptive_grid_gives_zero():
     """A box of size 0 with adaptive sampling has grids of 0 samples: 0 (torchvision: NaN)."""
     x = feature(2)

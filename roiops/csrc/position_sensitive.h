@@ -33,12 +33,14 @@ inline int64_t ps_out_channels(int64_t C, int64_t ph, int64_t pw) {
 }
 
 // Output channels per task: up to 64 (one accumulator array in L1), fewer when the tasks
-// would not keep the threads busy.
+// would not keep the threads busy; a multiple of 8 unless all of them.
 inline int64_t ps_channel_block(int64_t groups, int64_t C_out) {
   const int64_t want = 2 * static_cast<int64_t>(at::get_num_threads());
   int64_t cb = std::min<int64_t>(C_out, 64);
   while (cb > 8 && groups * ((C_out + cb - 1) / cb) < want) cb = (cb + 1) / 2;
-  return std::max<int64_t>(cb, 1);
+  // Whole vectors of lanes per block, so that blocks of a shared bin-major map
+  // (PsBinMajor) own disjoint lanes.
+  return cb < C_out ? (cb + 7) / 8 * 8 : std::max<int64_t>(cb, 1);
 }
 
 // Batch indices of the (checked) rois.
@@ -98,6 +100,16 @@ class PsOutput {
   int64_t sK_, sB_;
 };
 
+// Where a task's lanes lie: the L lanes (channels c0 ... of its block, contiguous) of cell
+// (y, x) at data + y * sH + x * sW - org.
+template <typename T>
+struct PsLanes {
+  T* data;
+  int64_t org, sH, sW, L;
+
+  PsLanes<const std::remove_const_t<T>> as_const() const { return {data, org, sH, sW, L}; }
+};
+
 // A task's cells as a tile: the nc channels of cell (y, x) of rows [y0, y1) (all W
 // columns) at ((y - y0) * W + x) * lanes, lanes = nc rounded up to whole vectors (padding
 // lanes hold 0). Along a bin's output channels an NCHW map is strided (ph * pw planes
@@ -112,10 +124,13 @@ struct PsTile {
   // Grows to cover rows [ya, yb).
   void cover(int64_t ya, int64_t yb) { y0 = std::min(y0, ya), y1 = std::max(y1, yb); }
   int64_t cells() const { return y1 > y0 ? (y1 - y0) * W : 0; }
-  // Offset of the cell at map offset o (= y * W + x) in the tile: (o - y0 * W) * lanes.
   int64_t row_stride() const { return W * lanes; }
   int64_t origin() const { return y0 * W * lanes; }
   int64_t size() const { return cells() * lanes; }
+  template <typename T>
+  PsLanes<T> view(T* tile) const {
+    return {tile, origin(), row_stride(), lanes, lanes};
+  }
 };
 
 // Tiles hold at most this many bytes (they are a task's working set).
@@ -129,48 +144,73 @@ bool ps_use_tile(const PsTile& t, int64_t reads, bool channels_last) {
          t.size() * static_cast<int64_t>(sizeof(T)) <= kPsTileBytes;
 }
 
-// Tile t of the nc channel planes at base + c * cs (contiguous H x W planes): 8 x 8 blocks
-// of (channels, cells) transposed in registers, channel groups outermost so that each
-// group reads 8 planes in order.
-template <typename scalar_t, typename T>
-ROIOPS_SIMD void ps_load_tile(const scalar_t* base, int64_t cs, int64_t nc, const PsTile& t, T* __restrict__ tile) {
-  const int64_t L = t.lanes, cells = t.cells();
-  for (int64_t c = 0; c < L; c += 8) {
-    const scalar_t* src[8];
-    for (int l = 0; l < 8; ++l) src[l] = c + l < nc ? base + (c + l) * cs + t.y0 * t.W : nullptr;
-    int64_t e = 0;
-    if constexpr (std::is_same_v<scalar_t, T>) {
-      for (; e + 8 <= cells; e += 8) {
-        lanes8<T> r[8], o[8];
-        for (int l = 0; l < 8; ++l) r[l] = src[l] ? load8(src[l] + e) : lanes8<T>{};
-        transpose8<T>(r, o);
-        for (int k = 0; k < 8; ++k) store8(tile + (e + k) * L + c, o[k]);
-      }
-    }
-    for (; e < cells; ++e) {
-      for (int l = 0; l < 8; ++l) tile[e * L + c + l] = src[l] ? static_cast<T>(src[l][e]) : T(0);
+// A channels-last map as bin-major lanes: channel (c * bins + b) of cell e of image n at
+// ((n * bins + b) * cells + e) * S + c, S = C_out rounded up to whole vectors (padding
+// lanes 0). In a channels-last map a bin's output channels are bins channels apart; here
+// they are contiguous lanes, so a task reads (forward) or accumulates (backward) whole
+// vectors in place. Copied in and out once for all tasks, each cell's C_out x bins block
+// transposed in registers; used when the boxes read each cell of each bin about once or
+// more (use()).
+template <typename T>
+class PsBinMajor {
+ public:
+  static bool use(bool channels_last, int64_t reads, int64_t N, int64_t cells, int64_t bins) {
+    return channels_last && reads >= N * cells * bins;
+  }
+
+  PsBinMajor(int64_t N, int64_t H, int64_t W, int64_t C_out, int64_t bins, at::TensorOptions options)
+      : N_(N), W_(W), cells_(H * W), C_out_(C_out), bins_(bins), S_((C_out + 7) / 8 * 8),
+        buf_(at::zeros({N * bins * H * W * S_}, options)) {}
+
+  PsLanes<T> lanes(int64_t n, int64_t bin, int64_t c0, int64_t nc) const {
+    return {buf_.data_ptr<T>() + (n * bins_ + bin) * cells_ * S_ + c0, 0, W_ * S_, S_, (nc + 7) / 8 * 8};
+  }
+
+  // From the channels-last map `in` (its cells C_out * bins channels apart).
+  template <typename scalar_t>
+  void load(const scalar_t* in) {
+    T* out = buf_.data_ptr<T>();
+    at::parallel_for(0, N_ * cells_, 64, [&](int64_t g0, int64_t g1) { cells_in(in, out, g0, g1); });
+  }
+
+  // Into the channels-last gradient `out` (every element written).
+  void store(T* out) const {
+    const T* in = buf_.const_data_ptr<T>();
+    at::parallel_for(0, N_ * cells_, 64, [&](int64_t g0, int64_t g1) { cells_out(in, out, g0, g1); });
+  }
+
+ private:
+  // Cell g = n * cells + e: its C_out x bins channels to the bins x S lanes, and back.
+  template <typename scalar_t>
+  ROIOPS_SIMD void cells_in(const scalar_t* in, T* out, int64_t g0, int64_t g1) const {
+    for (int64_t g = g0; g < g1; ++g) {
+      transpose_block<true, false>(in + g * C_out_ * bins_, bins_, C_out_, bins_, at_cell(out, g), cells_ * S_);
     }
   }
+  ROIOPS_SIMD void cells_out(const T* in, T* out, int64_t g0, int64_t g1) const {
+    for (int64_t g = g0; g < g1; ++g) {
+      transpose_block<false, true>(at_cell(in, g), cells_ * S_, bins_, C_out_, out + g * C_out_ * bins_, bins_);
+    }
+  }
+  template <typename P>
+  P* at_cell(P* base, int64_t g) const {
+    return base + ((g / cells_) * bins_ * cells_ + g % cells_) * S_;
+  }
+
+  int64_t N_, W_, cells_, C_out_, bins_, S_;
+  at::Tensor buf_;
+};
+
+// Tile t of the nc channel planes at base + c * cs (contiguous H x W planes).
+template <typename scalar_t, typename T>
+ROIOPS_SIMD void ps_load_tile(const scalar_t* base, int64_t cs, int64_t nc, const PsTile& t, T* __restrict__ tile) {
+  transpose_block</*kPadRows=*/true, /*kReadPastCols=*/false>(base + t.y0 * t.W, cs, nc, t.cells(), tile, t.lanes);
 }
 
 // Tile t back to the nc channel planes at base + c * cs (contiguous H x W planes).
 template <typename T>
 ROIOPS_SIMD void ps_store_tile(const T* __restrict__ tile, const PsTile& t, int64_t nc, T* base, int64_t cs) {
-  const int64_t L = t.lanes, cells = t.cells();
-  for (int64_t c = 0; c < nc; c += 8) {
-    const int64_t n = std::min<int64_t>(8, nc - c);
-    T* dst = base + c * cs + t.y0 * t.W;
-    int64_t e = 0;
-    for (; e + 8 <= cells; e += 8) {
-      lanes8<T> r[8], o[8];
-      for (int k = 0; k < 8; ++k) r[k] = load8(tile + (e + k) * L + c);
-      transpose8<T>(r, o);
-      for (int64_t l = 0; l < n; ++l) store8(dst + l * cs + e, o[l]);
-    }
-    for (; e < cells; ++e) {
-      for (int64_t l = 0; l < n; ++l) dst[l * cs + e] = tile[e * L + c + l];
-    }
-  }
+  transpose_block</*kPadRows=*/false, /*kReadPastCols=*/true>(tile, t.lanes, t.cells(), nc, base + t.y0 * t.W, cs);
 }
 
 // Strides of an [N, C, H, W] tensor (or of [K, C_out, ph, pw]).

@@ -11,6 +11,7 @@
 #include <ATen/Parallel.h>
 
 #include <cmath>
+#include <optional>
 #include <vector>
 
 #include "geometry.h"
@@ -112,13 +113,15 @@ int64_t cover_bin(const std::vector<AlignPlan<T>>& plans, const std::vector<int6
   return reads;
 }
 
-// align_bin on a tile (tile + o - org holds the L lanes of the cell at offset o).
+// align_bin on a task's lanes: acc (v.L lanes) = the bin's sum.
 template <typename T>
-ROIOPS_SIMD void align_bin_tile(const AlignPlan<T>& p, int64_t i, int64_t j, const T* __restrict__ tile, int64_t org,
-                                int64_t sH, int64_t L, T* __restrict__ acc) {
+ROIOPS_SIMD void align_bin_lanes(const AlignPlan<T>& p, int64_t i, int64_t j, const PsLanes<const T>& v,
+                                 T* __restrict__ acc) {
+  const int64_t L = v.L;
   for (int64_t c = 0; c < L; c += 8) store8(acc + c, lanes8<T>{});
-  for_each_sample(p, i, j, sH, L, [&](int64_t o1, int64_t o2, int64_t o3, int64_t o4, T w1, T w2, T w3, T w4) {
-    const T *q1 = tile + (o1 - org), *q2 = tile + (o2 - org), *q3 = tile + (o3 - org), *q4 = tile + (o4 - org);
+  for_each_sample(p, i, j, v.sH, v.sW, [&](int64_t o1, int64_t o2, int64_t o3, int64_t o4, T w1, T w2, T w3, T w4) {
+    const T *q1 = v.data + (o1 - v.org), *q2 = v.data + (o2 - v.org), *q3 = v.data + (o3 - v.org),
+            *q4 = v.data + (o4 - v.org);
     for (int64_t c = 0; c < L; c += 8) {
       store8(acc + c, load8(acc + c) + (w1 * load8(q1 + c) + w2 * load8(q2 + c) + w3 * load8(q3 + c) +
                                         w4 * load8(q4 + c)));
@@ -126,14 +129,16 @@ ROIOPS_SIMD void align_bin_tile(const AlignPlan<T>& p, int64_t i, int64_t j, con
   });
 }
 
-// align_bin_backward on a tile; g has L lanes. kPow2: the count is a power of 2, and
-// dividing by it is multiplying by its exact reciprocal.
+// align_bin_backward on a task's lanes; g has v.L lanes. kPow2: the count is a power of 2,
+// and dividing by it is multiplying by its exact reciprocal.
 template <bool kPow2, typename T>
-ROIOPS_SIMD void align_bin_tile_backward(const AlignPlan<T>& p, int64_t i, int64_t j, const T* __restrict__ g,
-                                         T* tile, int64_t org, int64_t sH, int64_t L) {
+ROIOPS_SIMD void align_bin_lanes_backward(const AlignPlan<T>& p, int64_t i, int64_t j, const T* __restrict__ g,
+                                          const PsLanes<T>& v) {
   const T count = p.count, inv = T(1) / count;
-  for_each_sample(p, i, j, sH, L, [&](int64_t o1, int64_t o2, int64_t o3, int64_t o4, T w1, T w2, T w3, T w4) {
-    T *q1 = tile + (o1 - org), *q2 = tile + (o2 - org), *q3 = tile + (o3 - org), *q4 = tile + (o4 - org);
+  const int64_t L = v.L;
+  for_each_sample(p, i, j, v.sH, v.sW, [&](int64_t o1, int64_t o2, int64_t o3, int64_t o4, T w1, T w2, T w3, T w4) {
+    T *q1 = v.data + (o1 - v.org), *q2 = v.data + (o2 - v.org), *q3 = v.data + (o3 - v.org),
+      *q4 = v.data + (o4 - v.org);
     for (int64_t c = 0; c < L; c += 8) {
       const lanes8<T> gc = load8(g + c);
       const lanes8<T> d1 = kPow2 ? gc * w1 * inv : gc * w1 / count, d2 = kPow2 ? gc * w2 * inv : gc * w2 / count,
@@ -147,6 +152,16 @@ ROIOPS_SIMD void align_bin_tile_backward(const AlignPlan<T>& p, int64_t i, int64
   });
 }
 
+// Taps of all boxes of `plans` over all bins (the reads of a forward).
+template <typename T>
+int64_t total_reads(const std::vector<AlignPlan<T>>& plans, int64_t ph, int64_t pw) {
+  int64_t reads = 0;
+  for (const AlignPlan<T>& p : plans) {
+    if (!p.empty()) reads += 4 * (p.ys.begin[ph] - p.ys.begin[0]) * (p.xs.begin[pw] - p.xs.begin[0]);
+  }
+  return reads;
+}
+
 template <typename scalar_t>
 void forward_impl(const at::Tensor& input, const at::Tensor& rois, double spatial_scale, int64_t ph, int64_t pw,
                   int64_t sampling_ratio, int64_t C_out, at::Tensor& out) {
@@ -156,21 +171,32 @@ void forward_impl(const at::Tensor& input, const at::Tensor& rois, double spatia
   const Strides s(input);
   const scalar_t* in = input.const_data_ptr<scalar_t>();
   PsOutput<scalar_t> result(out);
+  std::optional<PsBinMajor<T>> bm;
+  if (PsBinMajor<T>::use(s.w != 1, total_reads(plans, ph, pw), N, H * W, bins)) {
+    bm.emplace(N, H, W, C_out, bins, input.options().dtype(c10::CppTypeToScalarType<T>::value));
+    bm->load(in);
+  }
   Scratch<T> scratch;
   const auto task = [&](int64_t n, int64_t bin, int64_t c0, int64_t nc, const std::vector<int64_t>& boxes) {
     const int64_t i = bin / pw, j = bin % pw;
     const scalar_t* base = in + n * s.n + (c0 * bins + bin) * s.c;
     PsTile t(nc, W);
-    if (ps_use_tile<T>(t, cover_bin(plans, boxes, i, j, t), s.w != 1)) {
+    PsLanes<const T> v{};
+    T* acc = nullptr;
+    if (bm) {
+      v = bm->lanes(n, bin, c0, nc).as_const(), acc = scratch.get(v.L);
+    } else if (ps_use_tile<T>(t, cover_bin(plans, boxes, i, j, t), s.w != 1)) {
       T* tile = scratch.get(t.size() + t.lanes);
-      T* acc = tile + t.size();
       ps_load_tile(base, bins * s.c, nc, t, tile);
+      v = t.view<const T>(tile), acc = tile + t.size();
+    }
+    if (acc) {
       for (const int64_t k : boxes) {
         const AlignPlan<T>& p = plans[k];
         if (p.empty()) {
           for (int64_t c = 0; c < nc; ++c) acc[c] = T(0);
         } else {
-          align_bin_tile(p, i, j, tile, t.origin(), t.row_stride(), t.lanes, acc);
+          align_bin_lanes(p, i, j, v, acc);
         }
         scalar_t* r = result.row(bin, k) + c0;
         const T count = p.count;
@@ -178,7 +204,7 @@ void forward_impl(const at::Tensor& input, const at::Tensor& rois, double spatia
       }
       return;
     }
-    T* acc = scratch.get(nc);
+    acc = scratch.get(nc);
     for (const int64_t k : boxes) {
       const AlignPlan<T>& p = plans[k];
       if (p.empty()) {
@@ -205,18 +231,27 @@ void backward_impl(const at::Tensor& grad, const at::Tensor& rois, double spatia
   const at::Tensor g = bin_major(grad);
   const scalar_t* grad_p = g.const_data_ptr<scalar_t>();
   T* acc_p = args.acc.data_ptr<T>();
+  std::optional<PsBinMajor<T>> bm;
+  if (PsBinMajor<T>::use(a.w != 1, total_reads(plans, ph, pw), N, H * W, bins)) {
+    bm.emplace(N, H, W, C_out, bins, args.acc.options());
+  }
   Scratch<T> scratch;
   const auto task = [&](int64_t n, int64_t bin, int64_t c0, int64_t nc, const std::vector<int64_t>& boxes) {
     const int64_t i = bin / pw, j = bin % pw;
     T* base = acc_p + n * a.n + (c0 * bins + bin) * a.c;
     PsTile t(nc, W);
-    if (ps_use_tile<T>(t, cover_bin(plans, boxes, i, j, t), a.w != 1)) {
+    PsLanes<T> v{};
+    T* gv = nullptr;
+    if (bm) {
+      v = bm->lanes(n, bin, c0, nc), gv = scratch.get(v.L);
+    } else if (ps_use_tile<T>(t, cover_bin(plans, boxes, i, j, t), a.w != 1)) {
       args.start(base, bins * a.c, nc, t.y0, t.y1);
-      const int64_t L = t.lanes;
-      T* tile = scratch.get(t.size() + L);
-      T* gv = tile + t.size();
+      T* tile = scratch.get(t.size() + t.lanes);
       std::fill_n(tile, t.size(), T(0));
-      std::fill_n(gv + nc, L - nc, T(0));
+      v = t.view(tile), gv = tile + t.size();
+    }
+    if (gv) {
+      std::fill_n(gv + nc, v.L - nc, T(0));
       for (const int64_t k : boxes) {
         const AlignPlan<T>& p = plans[k];
         if (p.empty()) continue;
@@ -224,16 +259,16 @@ void backward_impl(const at::Tensor& grad, const at::Tensor& rois, double spatia
         for (int64_t c = 0; c < nc; ++c) gv[c] = static_cast<T>(gk[c]);
         int exp;
         if (std::frexp(p.count, &exp) == T(0.5)) {
-          align_bin_tile_backward<true>(p, i, j, gv, tile, t.origin(), t.row_stride(), L);
+          align_bin_lanes_backward<true>(p, i, j, gv, v);
         } else {
-          align_bin_tile_backward<false>(p, i, j, gv, tile, t.origin(), t.row_stride(), L);
+          align_bin_lanes_backward<false>(p, i, j, gv, v);
         }
       }
-      ps_store_tile(tile, t, nc, base, bins * a.c);
+      if (!bm) ps_store_tile(v.data, t, nc, base, bins * a.c);
       return;
     }
     args.start(base, bins * a.c, nc);
-    T* gv = scratch.get(5 * nc);
+    gv = scratch.get(5 * nc);
     for (const int64_t k : boxes) {
       const AlignPlan<T>& p = plans[k];
       if (p.empty()) continue;
@@ -243,6 +278,7 @@ void backward_impl(const at::Tensor& grad, const at::Tensor& rois, double spatia
     }
   };
   ps_tasks(ps_batch(rois), N, C_out, bins, task);
+  if (bm) bm->store(acc_p);
 }
 
 }  // namespace

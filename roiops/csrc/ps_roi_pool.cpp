@@ -9,6 +9,7 @@
 #include <ATen/Parallel.h>
 
 #include <cmath>
+#include <optional>
 #include <vector>
 
 #include "geometry.h"
@@ -107,31 +108,41 @@ inline int64_t cover_bin(const std::vector<PsPoolPlan>& plans, const std::vector
   return reads;
 }
 
-// pool_bin on tile t: acc (L lanes) = sum of rows [y0, y1) x columns [x0, x1).
+// pool_bin on a task's lanes: acc (v.L lanes) = sum of rows [y0, y1) x columns [x0, x1).
 template <typename T>
-ROIOPS_SIMD void pool_bin_tile(const T* __restrict__ tile, const PsTile& t, int64_t y0, int64_t y1, int64_t x0,
-                               int64_t x1, T* __restrict__ acc) {
-  const int64_t L = t.lanes;
-  for (int64_t c = 0; c < L; c += 8) {
+ROIOPS_SIMD void pool_bin_lanes(const PsLanes<const T>& v, int64_t y0, int64_t y1, int64_t x0, int64_t x1,
+                                T* __restrict__ acc) {
+  for (int64_t c = 0; c < v.L; c += 8) {
     lanes8<T> sum{};
     for (int64_t y = y0; y < y1; ++y) {
-      for (int64_t x = x0; x < x1; ++x) sum += load8(tile + ((y - t.y0) * t.W + x) * L + c);
+      for (int64_t x = x0; x < x1; ++x) sum += load8(v.data + (y * v.sH + x * v.sW - v.org) + c);
     }
     store8(acc + c, sum);
   }
 }
 
-// pool_bin_backward on tile t: d (L lanes) added to rows [y0, y1) x columns [x0, x1).
+// pool_bin_backward on a task's lanes: d (v.L lanes) added to rows [y0, y1) x columns [x0, x1).
 template <typename T>
-ROIOPS_SIMD void pool_bin_tile_backward(const T* __restrict__ d, T* __restrict__ tile, const PsTile& t, int64_t y0,
-                                        int64_t y1, int64_t x0, int64_t x1) {
-  const int64_t L = t.lanes;
+ROIOPS_SIMD void pool_bin_lanes_backward(const T* __restrict__ d, const PsLanes<T>& v, int64_t y0, int64_t y1,
+                                         int64_t x0, int64_t x1) {
   for (int64_t y = y0; y < y1; ++y) {
     for (int64_t x = x0; x < x1; ++x) {
-      T* q = tile + ((y - t.y0) * t.W + x) * L;
-      for (int64_t c = 0; c < L; c += 8) store8(q + c, load8(q + c) + load8(d + c));
+      T* q = v.data + (y * v.sH + x * v.sW - v.org);
+      for (int64_t c = 0; c < v.L; c += 8) store8(q + c, load8(q + c) + load8(d + c));
     }
   }
+}
+
+// Cells read by all boxes of `plans` over all bins (the reads of a forward).
+inline int64_t total_reads(const std::vector<PsPoolPlan>& plans) {
+  int64_t reads = 0;
+  for (const PsPoolPlan& p : plans) {
+    int64_t rows = 0, cols = 0;
+    for (size_t i = 0; i < p.h0.size(); ++i) rows += std::max<int64_t>(p.h1[i] - p.h0[i], 0);
+    for (size_t j = 0; j < p.w0.size(); ++j) cols += std::max<int64_t>(p.w1[j] - p.w0[j], 0);
+    reads += rows * cols;
+  }
+  return reads;
 }
 
 template <typename scalar_t>
@@ -143,15 +154,28 @@ void forward_impl(const at::Tensor& input, const at::Tensor& rois, double spatia
   const Strides s(input);
   const scalar_t* in = input.const_data_ptr<scalar_t>();
   PsOutput<scalar_t> result(out);
+  std::optional<PsBinMajor<T>> bm;
+  if (PsBinMajor<T>::use(s.w != 1, total_reads(plans), N, H * W, bins)) {
+    bm.emplace(N, H, W, C_out, bins, input.options().dtype(c10::CppTypeToScalarType<T>::value));
+    bm->load(in);
+  }
   Scratch<T> scratch;
   const auto task = [&](int64_t n, int64_t bin, int64_t c0, int64_t nc, const std::vector<int64_t>& boxes) {
     const int64_t i = bin / pw, j = bin % pw;
     const scalar_t* base = in + n * s.n + (c0 * bins + bin) * s.c;
     PsTile t(nc, W);
-    const bool tiled = ps_use_tile<T>(t, cover_bin(plans, boxes, i, j, t), s.w != 1);
-    T* tile = tiled ? scratch.get(t.size() + t.lanes) : nullptr;
-    T* acc = tiled ? tile + t.size() : scratch.get(nc);
-    if (tiled) ps_load_tile(base, bins * s.c, nc, t, tile);
+    PsLanes<const T> v{};
+    bool tiled = true;
+    T* acc;
+    if (bm) {
+      v = bm->lanes(n, bin, c0, nc).as_const(), acc = scratch.get(v.L);
+    } else if (ps_use_tile<T>(t, cover_bin(plans, boxes, i, j, t), s.w != 1)) {
+      T* tile = scratch.get(t.size() + t.lanes);
+      ps_load_tile(base, bins * s.c, nc, t, tile);
+      v = t.view<const T>(tile), acc = tile + t.size();
+    } else {
+      tiled = false, acc = scratch.get(nc);
+    }
     for (const int64_t k : boxes) {
       const PsPoolPlan& p = plans[k];
       const int64_t y0 = p.h0[i], y1 = p.h1[i], x0 = p.w0[j], x1 = p.w1[j];
@@ -161,7 +185,7 @@ void forward_impl(const at::Tensor& input, const at::Tensor& rois, double spatia
         continue;
       }
       if (tiled) {
-        pool_bin_tile(tile, t, y0, y1, x0, x1, acc);
+        pool_bin_lanes(v, y0, y1, x0, x1, acc);
       } else {
         pool_bin(base, bins * s.c, s.h, s.w, y0, y1, x0, x1, nc, acc);
       }
@@ -183,17 +207,27 @@ void backward_impl(const at::Tensor& grad, const at::Tensor& rois, double spatia
   const at::Tensor g = bin_major(grad);
   const scalar_t* grad_p = g.const_data_ptr<scalar_t>();
   T* acc_p = args.acc.data_ptr<T>();
+  std::optional<PsBinMajor<T>> bm;
+  if (PsBinMajor<T>::use(a.w != 1, total_reads(plans), N, H * W, bins)) {
+    bm.emplace(N, H, W, C_out, bins, args.acc.options());
+  }
   Scratch<T> scratch;
   const auto task = [&](int64_t n, int64_t bin, int64_t c0, int64_t nc, const std::vector<int64_t>& boxes) {
     const int64_t i = bin / pw, j = bin % pw;
     T* base = acc_p + n * a.n + (c0 * bins + bin) * a.c;
     PsTile t(nc, W);
-    if (ps_use_tile<T>(t, cover_bin(plans, boxes, i, j, t), a.w != 1)) {
+    PsLanes<T> v{};
+    T* d = nullptr;
+    if (bm) {
+      v = bm->lanes(n, bin, c0, nc), d = scratch.get(v.L);
+    } else if (ps_use_tile<T>(t, cover_bin(plans, boxes, i, j, t), a.w != 1)) {
       args.start(base, bins * a.c, nc, t.y0, t.y1);
       T* tile = scratch.get(t.size() + t.lanes);
-      T* d = tile + t.size();
       std::fill_n(tile, t.size(), T(0));
-      std::fill_n(d + nc, t.lanes - nc, T(0));
+      v = t.view(tile), d = tile + t.size();
+    }
+    if (d) {
+      std::fill_n(d + nc, v.L - nc, T(0));
       for (const int64_t k : boxes) {
         const PsPoolPlan& p = plans[k];
         const int64_t y0 = p.h0[i], y1 = p.h1[i], x0 = p.w0[j], x1 = p.w1[j];
@@ -201,13 +235,13 @@ void backward_impl(const at::Tensor& grad, const at::Tensor& rois, double spatia
         const T area = static_cast<T>((y1 - y0) * (x1 - x0));
         const scalar_t* gk = grad_p + (bin * K + k) * C_out + c0;
         for (int64_t c = 0; c < nc; ++c) d[c] = static_cast<T>(gk[c]) / area;
-        pool_bin_tile_backward(d, tile, t, y0, y1, x0, x1);
+        pool_bin_lanes_backward(d, v, y0, y1, x0, x1);
       }
-      ps_store_tile(tile, t, nc, base, bins * a.c);
+      if (!bm) ps_store_tile(v.data, t, nc, base, bins * a.c);
       return;
     }
     args.start(base, bins * a.c, nc);
-    T* d = scratch.get(nc);
+    d = scratch.get(nc);
     for (const int64_t k : boxes) {
       const PsPoolPlan& p = plans[k];
       const int64_t y0 = p.h0[i], y1 = p.h1[i], x0 = p.w0[j], x1 = p.w1[j];
@@ -219,6 +253,7 @@ void backward_impl(const at::Tensor& grad, const at::Tensor& rois, double spatia
     }
   };
   ps_tasks(ps_batch(rois), N, C_out, bins, task);
+  if (bm) bm->store(acc_p);
 }
 
 }  // namespace

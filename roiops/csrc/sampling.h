@@ -516,6 +516,45 @@ inline void transpose8(const lanes8<T> (&r)[8], lanes8<T> (&out)[8]) {
 #endif
 }
 
+// dst[j * ds + i] = src[i * ss + j] for i < rows, j < cols: a matrix transposed, by 8 x 8
+// blocks in registers for float and double (values are only moved or converted).
+// kPadRows: dst rows have room for rows rounded up to a multiple of 8, which get zeros.
+// kReadPastCols: src rows may be read up to cols rounded up to a multiple of 8. Always
+// inlined, so that it is compiled for the instruction set of the ROIOPS_SIMD caller.
+template <bool kPadRows, bool kReadPastCols, typename S, typename D>
+__attribute__((always_inline)) inline void transpose_block(const S* src, int64_t ss, int64_t rows, int64_t cols, D* dst, int64_t ds) {
+  if constexpr (std::is_same_v<S, D> && std::is_floating_point_v<D>) {
+    for (int64_t i = 0; i < rows; i += 8) {
+      const int64_t ni = std::min<int64_t>(8, rows - i);
+      for (int64_t j = 0; j < cols; j += 8) {
+        const int64_t nj = std::min<int64_t>(8, cols - j);
+        if (nj < 8 && !kReadPastCols) {
+          for (int64_t k = 0; k < nj; ++k) {
+            for (int64_t l = 0; l < 8; ++l) {
+              if (l < ni || kPadRows) dst[(j + k) * ds + i + l] = l < ni ? src[(i + l) * ss + j + k] : D(0);
+            }
+          }
+          continue;
+        }
+        lanes8<D> r[8], o[8];
+        for (int l = 0; l < 8; ++l) r[l] = l < ni ? load8(src + (i + l) * ss + j) : lanes8<D>{};
+        transpose8<D>(r, o);
+        for (int64_t k = 0; k < nj; ++k) {
+          if (ni == 8 || kPadRows) {
+            store8(dst + (j + k) * ds + i, o[k]);
+          } else {
+            for (int64_t l = 0; l < ni; ++l) dst[(j + k) * ds + i + l] = o[k][l];
+          }
+        }
+      }
+    }
+  } else {
+    for (int64_t i = 0; i < (kPadRows ? (rows + 7) / 8 * 8 : rows); ++i) {
+      for (int64_t j = 0; j < cols; ++j) dst[j * ds + i] = i < rows ? static_cast<D>(src[i * ss + j]) : D(0);
+    }
+  }
+}
+
 // ---- Tiles ---------------------------------------------------------------------------
 
 // Tiles: a task copies its channel block [c0, c0 + cb) of one image (rows [y0, y1),
