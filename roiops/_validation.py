@@ -175,14 +175,14 @@ def _check_values(rois: Tensor, batch_size: int, scale: float) -> None:
     if rois.shape[0] == 0 or rois.device.type == "meta":  # meta tensors hold no values
         return
     index, coords = rois[:, 0], rois[:, 1:]
-    bad_index = ~torch.isfinite(index) | (index != index.floor()) | (index < 0) | (index >= batch_size)
-    # In the kernels' arithmetic (x * scale in the coordinate type); NaN fails the <=.
-    bad_coord = ~torch.isfinite(coords).all(dim=1) | ~((coords * scale).abs() <= MAX_COORDINATE).all(dim=1)
-    bad = bad_index | bad_coord
-    if bool(bad.any()):  # a device sync on GPU tensors: see config.check_box_values
-        k = int(bad.nonzero()[0, 0])
+    # NaN and infinities fail these comparisons: no test of their own (each op costs time
+    # on every call). Coordinates in the kernels' arithmetic (x * scale in their type).
+    ok_index = (index == index.floor()) & (index >= 0) & (index < batch_size)
+    ok = ok_index & ((coords * scale).abs() <= MAX_COORDINATE).all(dim=1)
+    if not bool(ok.all()):  # a device sync on GPU tensors: see config.check_box_values
+        k = int((~ok).nonzero()[0, 0])
         row = rois[k].tolist()
-        if bool(bad_index[k]):
+        if not bool(ok_index[k]):
             raise ValueError(f"boxes row {k} {row}: batch index {row[0]} is not an integer in [0, {batch_size})")
         raise ValueError(f"boxes row {k} {row}: coordinates must be finite and within 2^24 feature-map cells "
                          f"after spatial_scale")

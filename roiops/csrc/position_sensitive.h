@@ -6,7 +6,9 @@
 // bin, consecutive output channels are ph * pw input channels apart, so the kernels keep
 // one accumulator per output channel of a block and run their innermost loops along the
 // block: each lane is one channel, summed in torchvision's order, so vectorising changes
-// no bit.
+// no bit. Where the boxes read each cell about once or more, the kernels first rearrange
+// the map so that those lanes are contiguous (PsTile per task for NCHW, PsBinMajor once
+// for channels_last) and then load, sum and scatter whole vectors.
 //
 // Tasks (ps_tasks) are one bin of a block of output channels of one image; backward ones
 // add the image's boxes in increasing k: deterministic, no atomics, any thread count.
@@ -158,15 +160,16 @@ class PsBinMajor {
     return channels_last && reads >= N * cells * bins;
   }
 
-  PsBinMajor(int64_t N, int64_t H, int64_t W, int64_t C_out, int64_t bins, at::TensorOptions options)
+  // zero: all lanes start at 0 (a backward's accumulator); else load() fills them.
+  PsBinMajor(int64_t N, int64_t H, int64_t W, int64_t C_out, int64_t bins, at::TensorOptions options, bool zero)
       : N_(N), W_(W), cells_(H * W), C_out_(C_out), bins_(bins), S_((C_out + 7) / 8 * 8),
-        buf_(at::zeros({N * bins * H * W * S_}, options)) {}
+        buf_(zero ? at::zeros({N * bins * H * W * S_}, options) : at::empty({N * bins * H * W * S_}, options)) {}
 
   PsLanes<T> lanes(int64_t n, int64_t bin, int64_t c0, int64_t nc) const {
     return {buf_.data_ptr<T>() + (n * bins_ + bin) * cells_ * S_ + c0, 0, W_ * S_, S_, (nc + 7) / 8 * 8};
   }
 
-  // From the channels-last map `in` (its cells C_out * bins channels apart).
+  // From the channels-last map `in` (its cells C_out * bins channels apart), padding lanes 0.
   template <typename scalar_t>
   void load(const scalar_t* in) {
     T* out = buf_.data_ptr<T>();

@@ -156,7 +156,7 @@ void forward_impl(const at::Tensor& input, const at::Tensor& rois, double spatia
   PsOutput<scalar_t> result(out);
   std::optional<PsBinMajor<T>> bm;
   if (PsBinMajor<T>::use(s.w != 1, total_reads(plans), N, H * W, bins)) {
-    bm.emplace(N, H, W, C_out, bins, input.options().dtype(c10::CppTypeToScalarType<T>::value));
+    bm.emplace(N, H, W, C_out, bins, input.options().dtype(c10::CppTypeToScalarType<T>::value), false);
     bm->load(in);
   }
   Scratch<T> scratch;
@@ -209,7 +209,7 @@ void backward_impl(const at::Tensor& grad, const at::Tensor& rois, double spatia
   T* acc_p = args.acc.data_ptr<T>();
   std::optional<PsBinMajor<T>> bm;
   if (PsBinMajor<T>::use(a.w != 1, total_reads(plans), N, H * W, bins)) {
-    bm.emplace(N, H, W, C_out, bins, args.acc.options());
+    bm.emplace(N, H, W, C_out, bins, args.acc.options(), true);
   }
   Scratch<T> scratch;
   const auto task = [&](int64_t n, int64_t bin, int64_t c0, int64_t nc, const std::vector<int64_t>& boxes) {
