@@ -1,6 +1,5 @@
 // What the position-sensitive ops (R-FCN's PSRoIAlign and PSRoIPool) share on the CPU:
-// the channel rule, their tasks, the bin-major exchange of a task's values and the
-// argument checks.
+// the channel rule, their tasks, the rearranged maps and outputs, and the argument checks.
 //
 // Bin (i, j) of output channel c reads input channel (c * ph + i) * pw + j. For a fixed
 // bin, consecutive output channels are ph * pw input channels apart, so the kernels keep
@@ -59,8 +58,9 @@ inline std::vector<int64_t> ps_batch(const at::Tensor& rois) {
 // name the input channels (c * ph + i) * pw + j that the task reads (forward) or writes
 // (backward); f(n, bin, c0, nc, boxes of image n) for each, on all threads. Those planes
 // stay in cache while every box of the image runs, in increasing k, and no two backward
-// tasks write the same element. A task's values of one box (grad read, output written)
-// are a contiguous run in bin-major order [ph, pw, K, C_out] (bin_major, PsOutput).
+// tasks write the same element. A task writes its outputs of one box as a contiguous run
+// in bin-major order [ph, pw, K, C_out] (PsOutput); backward tasks read grad where it
+// lies (channels_last: contiguous too).
 template <typename F>
 void ps_tasks(const std::vector<int64_t>& batch, int64_t N, int64_t C_out, int64_t bins, const F& f) {
   const std::vector<std::vector<int64_t>> by_image = boxes_by_image(batch, N);
@@ -70,9 +70,6 @@ void ps_tasks(const std::vector<int64_t>& batch, int64_t N, int64_t C_out, int64
     f(n, bin, c0, std::min(cb, C_out - c0), by_image[n]);
   });
 }
-
-// A [K, C_out, ph, pw] tensor as the bin-major [ph, pw, K, C_out] (a copy).
-inline at::Tensor bin_major(const at::Tensor& t) { return t.permute({2, 3, 0, 1}).contiguous(); }
 
 // Where forward tasks write: the output itself when a bin's output channels are
 // contiguous there (channels_last, or one output channel), else a bin-major buffer that

@@ -225,11 +225,11 @@ template <typename scalar_t>
 void backward_impl(const at::Tensor& grad, const at::Tensor& rois, double spatial_scale, int64_t ph, int64_t pw,
                    int64_t sampling_ratio, int64_t N, int64_t H, int64_t W, const PsBackward& args) {
   using T = at::opmath_type<scalar_t>;
-  const int64_t C_out = grad.size(1), K = grad.size(0), bins = ph * pw;
+  const int64_t C_out = grad.size(1), bins = ph * pw;
   const std::vector<AlignPlan<T>> plans = build_plans<T>(rois, spatial_scale, ph, pw, sampling_ratio, H, W);
   const Strides a(args.acc);
-  const at::Tensor g = bin_major(grad);
-  const scalar_t* grad_p = g.const_data_ptr<scalar_t>();
+  const Strides gs(grad);  // grad read where it lies: a bin's channels gs.c apart
+  const scalar_t* grad_p = grad.const_data_ptr<scalar_t>();
   T* acc_p = args.acc.data_ptr<T>();
   std::optional<PsBinMajor<T>> bm;
   if (PsBinMajor<T>::use(a.w != 1, total_reads(plans, ph, pw), N, H * W, bins)) {
@@ -255,8 +255,8 @@ void backward_impl(const at::Tensor& grad, const at::Tensor& rois, double spatia
       for (const int64_t k : boxes) {
         const AlignPlan<T>& p = plans[k];
         if (p.empty()) continue;
-        const scalar_t* gk = grad_p + (bin * K + k) * C_out + c0;
-        for (int64_t c = 0; c < nc; ++c) gv[c] = static_cast<T>(gk[c]);
+        const scalar_t* gk = grad_p + k * gs.n + c0 * gs.c + i * gs.h + j * gs.w;
+        for (int64_t c = 0; c < nc; ++c) gv[c] = static_cast<T>(gk[c * gs.c]);
         int exp;
         if (std::frexp(p.count, &exp) == T(0.5)) {
           align_bin_lanes_backward<true>(p, i, j, gv, v);
@@ -272,8 +272,8 @@ void backward_impl(const at::Tensor& grad, const at::Tensor& rois, double spatia
     for (const int64_t k : boxes) {
       const AlignPlan<T>& p = plans[k];
       if (p.empty()) continue;
-      const scalar_t* gk = grad_p + (bin * K + k) * C_out + c0;
-      for (int64_t c = 0; c < nc; ++c) gv[c] = static_cast<T>(gk[c]);
+      const scalar_t* gk = grad_p + k * gs.n + c0 * gs.c + i * gs.h + j * gs.w;
+      for (int64_t c = 0; c < nc; ++c) gv[c] = static_cast<T>(gk[c * gs.c]);
       align_bin_backward(p, i, j, gv, base, bins * a.c, a.h, a.w, nc, gv + nc);
     }
   };

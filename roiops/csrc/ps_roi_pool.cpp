@@ -201,11 +201,11 @@ template <typename scalar_t>
 void backward_impl(const at::Tensor& grad, const at::Tensor& rois, double spatial_scale, int64_t ph, int64_t pw,
                    int64_t N, int64_t H, int64_t W, const PsBackward& args) {
   using T = at::opmath_type<scalar_t>;
-  const int64_t C_out = grad.size(1), K = grad.size(0), bins = ph * pw;
+  const int64_t C_out = grad.size(1), bins = ph * pw;
   const std::vector<PsPoolPlan> plans = build_plans<T>(rois, spatial_scale, ph, pw, H, W);
   const Strides a(args.acc);
-  const at::Tensor g = bin_major(grad);
-  const scalar_t* grad_p = g.const_data_ptr<scalar_t>();
+  const Strides gs(grad);  // grad read where it lies: a bin's channels gs.c apart
+  const scalar_t* grad_p = grad.const_data_ptr<scalar_t>();
   T* acc_p = args.acc.data_ptr<T>();
   std::optional<PsBinMajor<T>> bm;
   if (PsBinMajor<T>::use(a.w != 1, total_reads(plans), N, H * W, bins)) {
@@ -233,8 +233,8 @@ void backward_impl(const at::Tensor& grad, const at::Tensor& rois, double spatia
         const int64_t y0 = p.h0[i], y1 = p.h1[i], x0 = p.w0[j], x1 = p.w1[j];
         if (y1 <= y0 || x1 <= x0) continue;
         const T area = static_cast<T>((y1 - y0) * (x1 - x0));
-        const scalar_t* gk = grad_p + (bin * K + k) * C_out + c0;
-        for (int64_t c = 0; c < nc; ++c) d[c] = static_cast<T>(gk[c]) / area;
+        const scalar_t* gk = grad_p + k * gs.n + c0 * gs.c + i * gs.h + j * gs.w;
+        for (int64_t c = 0; c < nc; ++c) d[c] = static_cast<T>(gk[c * gs.c]) / area;
         pool_bin_lanes_backward(d, v, y0, y1, x0, x1);
       }
       if (!bm) ps_store_tile(v.data, t, nc, base, bins * a.c);
@@ -247,8 +247,8 @@ void backward_impl(const at::Tensor& grad, const at::Tensor& rois, double spatia
       const int64_t y0 = p.h0[i], y1 = p.h1[i], x0 = p.w0[j], x1 = p.w1[j];
       if (y1 <= y0 || x1 <= x0) continue;
       const T area = static_cast<T>((y1 - y0) * (x1 - x0));
-      const scalar_t* gk = grad_p + (bin * K + k) * C_out + c0;
-      for (int64_t c = 0; c < nc; ++c) d[c] = static_cast<T>(gk[c]) / area;
+      const scalar_t* gk = grad_p + k * gs.n + c0 * gs.c + i * gs.h + j * gs.w;
+      for (int64_t c = 0; c < nc; ++c) d[c] = static_cast<T>(gk[c * gs.c]) / area;
       pool_bin_backward(d, base, bins * a.c, a.h, a.w, y0, y1, x0, x1, nc);
     }
   };
