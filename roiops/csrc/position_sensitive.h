@@ -135,11 +135,13 @@ struct PsTile {
 // Tiles hold at most this many bytes (they are a task's working set).
 constexpr int64_t kPsTileBytes = int64_t(4) << 20;
 
-// Whether a task whose boxes read `reads` cells (summed over boxes) of a contiguous NCHW
-// map goes through a tile of T.
+// Whether a task of nc channels whose boxes read `reads` cells (summed over boxes) of a
+// contiguous NCHW map goes through a tile of T: when the copy writes no more lanes than
+// the reads would gather (few channels fill a vector with padding: 1 channel needs 8
+// reads per cell).
 template <typename T>
-bool ps_use_tile(const PsTile& t, int64_t reads, bool channels_last) {
-  return !channels_last && t.cells() > 0 && t.cells() <= reads &&
+bool ps_use_tile(const PsTile& t, int64_t reads, int64_t nc) {
+  return t.cells() > 0 && t.size() <= reads * nc &&
          t.size() * static_cast<int64_t>(sizeof(T)) <= kPsTileBytes;
 }
 
@@ -149,12 +151,12 @@ bool ps_use_tile(const PsTile& t, int64_t reads, bool channels_last) {
 // they are contiguous lanes, so a task reads (forward) or accumulates (backward) whole
 // vectors in place. Copied in and out once for all tasks, each cell's C_out x bins block
 // transposed in registers; used when the boxes read each cell of each bin about once or
-// more (use()).
+// more (use(), which weighs the padding lanes as ps_use_tile does).
 template <typename T>
 class PsBinMajor {
  public:
-  static bool use(bool channels_last, int64_t reads, int64_t N, int64_t cells, int64_t bins) {
-    return channels_last && reads >= N * cells * bins;
+  static bool use(bool channels_last, int64_t reads, int64_t N, int64_t cells, int64_t C_out, int64_t bins) {
+    return channels_last && N * cells * bins * ((C_out + 7) / 8 * 8) <= reads * C_out;
   }
 
   // zero: all lanes start at 0 (a backward's accumulator); else load() fills them.

@@ -155,7 +155,7 @@ void forward_impl(const at::Tensor& input, const at::Tensor& rois, double spatia
   const scalar_t* in = input.const_data_ptr<scalar_t>();
   PsOutput<scalar_t> result(out);
   std::optional<PsBinMajor<T>> bm;
-  if (PsBinMajor<T>::use(s.w != 1, total_reads(plans), N, H * W, bins)) {
+  if (PsBinMajor<T>::use(s.w != 1, total_reads(plans), N, H * W, C_out, bins)) {
     bm.emplace(N, H, W, C_out, bins, input.options().dtype(c10::CppTypeToScalarType<T>::value), false);
     bm->load(in);
   }
@@ -169,7 +169,7 @@ void forward_impl(const at::Tensor& input, const at::Tensor& rois, double spatia
     T* acc;
     if (bm) {
       v = bm->lanes(n, bin, c0, nc).as_const(), acc = scratch.get(v.L);
-    } else if (ps_use_tile<T>(t, cover_bin(plans, boxes, i, j, t), s.w != 1)) {
+    } else if (s.w == 1 && ps_use_tile<T>(t, cover_bin(plans, boxes, i, j, t), nc)) {
       T* tile = scratch.get(t.size() + t.lanes);
       ps_load_tile(base, bins * s.c, nc, t, tile);
       v = t.view<const T>(tile), acc = tile + t.size();
@@ -208,7 +208,7 @@ void backward_impl(const at::Tensor& grad, const at::Tensor& rois, double spatia
   const scalar_t* grad_p = grad.const_data_ptr<scalar_t>();
   T* acc_p = args.acc.data_ptr<T>();
   std::optional<PsBinMajor<T>> bm;
-  if (PsBinMajor<T>::use(a.w != 1, total_reads(plans), N, H * W, bins)) {
+  if (PsBinMajor<T>::use(a.w != 1, total_reads(plans), N, H * W, C_out, bins)) {
     bm.emplace(N, H, W, C_out, bins, args.acc.options(), true);
   }
   Scratch<T> scratch;
@@ -220,7 +220,7 @@ void backward_impl(const at::Tensor& grad, const at::Tensor& rois, double spatia
     T* d = nullptr;
     if (bm) {
       v = bm->lanes(n, bin, c0, nc), d = scratch.get(v.L);
-    } else if (ps_use_tile<T>(t, cover_bin(plans, boxes, i, j, t), a.w != 1)) {
+    } else if (a.w == 1 && ps_use_tile<T>(t, cover_bin(plans, boxes, i, j, t), nc)) {
       args.start(base, bins * a.c, nc, t.y0, t.y1);
       T* tile = scratch.get(t.size() + t.lanes);
       std::fill_n(tile, t.size(), T(0));
