@@ -182,33 +182,23 @@ void forward_impl(const at::Tensor& input, const at::Tensor& rois, double spatia
     const scalar_t* base = in + n * s.n + (c0 * bins + bin) * s.c;
     PsTile t(nc, W);
     PsLanes<const T> v{};
-    T* acc = nullptr;
+    const bool lanes = bm || (s.w == 1 && ps_use_tile<T>(t, cover_bin(plans, boxes, i, j, t), nc));
+    T* acc;
     if (bm) {
       v = bm->lanes(n, bin, c0, nc).as_const(), acc = scratch.get(v.L);
-    } else if (s.w == 1 && ps_use_tile<T>(t, cover_bin(plans, boxes, i, j, t), nc)) {
+    } else if (lanes) {
       T* tile = scratch.get(t.size() + t.lanes);
       ps_load_tile(base, bins * s.c, nc, t, tile);
       v = t.view<const T>(tile), acc = tile + t.size();
+    } else {
+      acc = scratch.get(nc);
     }
-    if (acc) {
-      for (const int64_t k : boxes) {
-        const AlignPlan<T>& p = plans[k];
-        if (p.empty()) {
-          for (int64_t c = 0; c < nc; ++c) acc[c] = T(0);
-        } else {
-          align_bin_lanes(p, i, j, v, acc);
-        }
-        scalar_t* r = result.row(bin, k) + c0;
-        const T count = p.count;
-        for (int64_t c = 0; c < nc; ++c) r[c] = static_cast<scalar_t>(acc[c] / count);
-      }
-      return;
-    }
-    acc = scratch.get(nc);
     for (const int64_t k : boxes) {
       const AlignPlan<T>& p = plans[k];
       if (p.empty()) {
         for (int64_t c = 0; c < nc; ++c) acc[c] = T(0);
+      } else if (lanes) {
+        align_bin_lanes(p, i, j, v, acc);
       } else {
         align_bin(p, i, j, base, bins * s.c, s.h, s.w, nc, acc);
       }
@@ -241,41 +231,35 @@ void backward_impl(const at::Tensor& grad, const at::Tensor& rois, double spatia
     T* base = acc_p + n * a.n + (c0 * bins + bin) * a.c;
     PsTile t(nc, W);
     PsLanes<T> v{};
-    T* gv = nullptr;
+    const bool lanes = bm || (a.w == 1 && ps_use_tile<T>(t, cover_bin(plans, boxes, i, j, t), nc));
+    T* gv;
     if (bm) {
       v = bm->lanes(n, bin, c0, nc), gv = scratch.get(v.L);
-    } else if (a.w == 1 && ps_use_tile<T>(t, cover_bin(plans, boxes, i, j, t), nc)) {
+    } else if (lanes) {
       args.start(base, bins * a.c, nc, t.y0, t.y1);
       T* tile = scratch.get(t.size() + t.lanes);
       std::fill_n(tile, t.size(), T(0));
       v = t.view(tile), gv = tile + t.size();
+    } else {
+      args.start(base, bins * a.c, nc);
+      gv = scratch.get(5 * nc);
     }
-    if (gv) {
-      std::fill_n(gv + nc, v.L - nc, T(0));
-      for (const int64_t k : boxes) {
-        const AlignPlan<T>& p = plans[k];
-        if (p.empty()) continue;
-        const scalar_t* gk = grad_p + k * gs.n + c0 * gs.c + i * gs.h + j * gs.w;
-        for (int64_t c = 0; c < nc; ++c) gv[c] = static_cast<T>(gk[c * gs.c]);
-        int exp;
-        if (std::frexp(p.count, &exp) == T(0.5)) {
-          align_bin_lanes_backward<true>(p, i, j, gv, v);
-        } else {
-          align_bin_lanes_backward<false>(p, i, j, gv, v);
-        }
-      }
-      if (!bm) ps_store_tile(v.data, t, nc, base, bins * a.c);
-      return;
-    }
-    args.start(base, bins * a.c, nc);
-    gv = scratch.get(5 * nc);
+    if (lanes) std::fill_n(gv + nc, v.L - nc, T(0));
     for (const int64_t k : boxes) {
       const AlignPlan<T>& p = plans[k];
       if (p.empty()) continue;
       const scalar_t* gk = grad_p + k * gs.n + c0 * gs.c + i * gs.h + j * gs.w;
       for (int64_t c = 0; c < nc; ++c) gv[c] = static_cast<T>(gk[c * gs.c]);
-      align_bin_backward(p, i, j, gv, base, bins * a.c, a.h, a.w, nc, gv + nc);
+      int exp;
+      if (!lanes) {
+        align_bin_backward(p, i, j, gv, base, bins * a.c, a.h, a.w, nc, gv + nc);
+      } else if (std::frexp(p.count, &exp) == T(0.5)) {
+        align_bin_lanes_backward<true>(p, i, j, gv, v);
+      } else {
+        align_bin_lanes_backward<false>(p, i, j, gv, v);
+      }
     }
+    if (lanes && !bm) ps_store_tile(v.data, t, nc, base, bins * a.c);
   };
   ps_tasks(ps_batch(rois), N, C_out, bins, task);
   if (bm) bm->store(acc_p);

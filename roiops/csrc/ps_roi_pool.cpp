@@ -165,16 +165,16 @@ void forward_impl(const at::Tensor& input, const at::Tensor& rois, double spatia
     const scalar_t* base = in + n * s.n + (c0 * bins + bin) * s.c;
     PsTile t(nc, W);
     PsLanes<const T> v{};
-    bool tiled = true;
+    const bool lanes = bm || (s.w == 1 && ps_use_tile<T>(t, cover_bin(plans, boxes, i, j, t), nc));
     T* acc;
     if (bm) {
       v = bm->lanes(n, bin, c0, nc).as_const(), acc = scratch.get(v.L);
-    } else if (s.w == 1 && ps_use_tile<T>(t, cover_bin(plans, boxes, i, j, t), nc)) {
+    } else if (lanes) {
       T* tile = scratch.get(t.size() + t.lanes);
       ps_load_tile(base, bins * s.c, nc, t, tile);
       v = t.view<const T>(tile), acc = tile + t.size();
     } else {
-      tiled = false, acc = scratch.get(nc);
+      acc = scratch.get(nc);
     }
     for (const int64_t k : boxes) {
       const PsPoolPlan& p = plans[k];
@@ -184,7 +184,7 @@ void forward_impl(const at::Tensor& input, const at::Tensor& rois, double spatia
         for (int64_t c = 0; c < nc; ++c) r[c] = scalar_t(0);
         continue;
       }
-      if (tiled) {
+      if (lanes) {
         pool_bin_lanes(v, y0, y1, x0, x1, acc);
       } else {
         pool_bin(base, bins * s.c, s.h, s.w, y0, y1, x0, x1, nc, acc);
@@ -217,31 +217,20 @@ void backward_impl(const at::Tensor& grad, const at::Tensor& rois, double spatia
     T* base = acc_p + n * a.n + (c0 * bins + bin) * a.c;
     PsTile t(nc, W);
     PsLanes<T> v{};
-    T* d = nullptr;
+    const bool lanes = bm || (a.w == 1 && ps_use_tile<T>(t, cover_bin(plans, boxes, i, j, t), nc));
+    T* d;
     if (bm) {
       v = bm->lanes(n, bin, c0, nc), d = scratch.get(v.L);
-    } else if (a.w == 1 && ps_use_tile<T>(t, cover_bin(plans, boxes, i, j, t), nc)) {
+    } else if (lanes) {
       args.start(base, bins * a.c, nc, t.y0, t.y1);
       T* tile = scratch.get(t.size() + t.lanes);
       std::fill_n(tile, t.size(), T(0));
       v = t.view(tile), d = tile + t.size();
+    } else {
+      args.start(base, bins * a.c, nc);
+      d = scratch.get(nc);
     }
-    if (d) {
-      std::fill_n(d + nc, v.L - nc, T(0));
-      for (const int64_t k : boxes) {
-        const PsPoolPlan& p = plans[k];
-        const int64_t y0 = p.h0[i], y1 = p.h1[i], x0 = p.w0[j], x1 = p.w1[j];
-        if (y1 <= y0 || x1 <= x0) continue;
-        const T area = static_cast<T>((y1 - y0) * (x1 - x0));
-        const scalar_t* gk = grad_p + k * gs.n + c0 * gs.c + i * gs.h + j * gs.w;
-        for (int64_t c = 0; c < nc; ++c) d[c] = static_cast<T>(gk[c * gs.c]) / area;
-        pool_bin_lanes_backward(d, v, y0, y1, x0, x1);
-      }
-      if (!bm) ps_store_tile(v.data, t, nc, base, bins * a.c);
-      return;
-    }
-    args.start(base, bins * a.c, nc);
-    d = scratch.get(nc);
+    if (lanes) std::fill_n(d + nc, v.L - nc, T(0));
     for (const int64_t k : boxes) {
       const PsPoolPlan& p = plans[k];
       const int64_t y0 = p.h0[i], y1 = p.h1[i], x0 = p.w0[j], x1 = p.w1[j];
@@ -249,8 +238,13 @@ void backward_impl(const at::Tensor& grad, const at::Tensor& rois, double spatia
       const T area = static_cast<T>((y1 - y0) * (x1 - x0));
       const scalar_t* gk = grad_p + k * gs.n + c0 * gs.c + i * gs.h + j * gs.w;
       for (int64_t c = 0; c < nc; ++c) d[c] = static_cast<T>(gk[c * gs.c]) / area;
-      pool_bin_backward(d, base, bins * a.c, a.h, a.w, y0, y1, x0, x1, nc);
+      if (lanes) {
+        pool_bin_lanes_backward(d, v, y0, y1, x0, x1);
+      } else {
+        pool_bin_backward(d, base, bins * a.c, a.h, a.w, y0, y1, x0, x1, nc);
+      }
     }
+    if (lanes && !bm) ps_store_tile(v.data, t, nc, base, bins * a.c);
   };
   ps_tasks(ps_batch(rois), N, C_out, bins, task);
   if (bm) bm->store(acc_p);
