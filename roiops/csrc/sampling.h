@@ -522,7 +522,8 @@ inline void transpose8(const lanes8<T> (&r)[8], lanes8<T> (&out)[8]) {
 // kReadPastCols: src rows may be read up to cols rounded up to a multiple of 8. Always
 // inlined, so that it is compiled for the instruction set of the ROIOPS_SIMD caller.
 template <bool kPadRows, bool kReadPastCols, typename S, typename D>
-__attribute__((always_inline)) inline void transpose_block(const S* src, int64_t ss, int64_t rows, int64_t cols, D* dst, int64_t ds) {
+__attribute__((always_inline)) inline void transpose_block(const S* src, int64_t ss, int64_t rows, int64_t cols,
+                                                         D* dst, int64_t ds) {
   if constexpr (std::is_same_v<S, D> && std::is_floating_point_v<D>) {
     for (int64_t i = 0; i < rows; i += 8) {
       const int64_t ni = std::min<int64_t>(8, rows - i);
