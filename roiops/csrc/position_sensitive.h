@@ -18,6 +18,7 @@
 #include <algorithm>
 #include <climits>
 #include <cstdint>
+#include <optional>
 #include <type_traits>
 #include <vector>
 
@@ -220,6 +221,24 @@ ROIOPS_SIMD void ps_store_tile(const T* __restrict__ tile, const PsTile& t, int6
   transpose_block</*kPadRows=*/false, /*kReadPastCols=*/true>(tile, t.lanes, t.cells(), nc, base + t.y0 * t.W, cs);
 }
 
+// Where a forward task sums: on lanes (with bm, its block of the bin-major map; else, when
+// `lanes`, tile t of its planes at base + c * cs, loaded here) or on the map in place. Sets
+// v to the lanes; returns the task's accumulator (v.L lanes, or nc in place).
+template <typename scalar_t, typename T>
+T* ps_forward_storage(const std::optional<PsBinMajor<T>>& bm, bool lanes, const PsTile& t, const scalar_t* base,
+                      int64_t cs, int64_t n, int64_t bin, int64_t c0, int64_t nc, Scratch<T>& scratch,
+                      PsLanes<const T>& v) {
+  if (bm) {
+    v = bm->lanes(n, bin, c0, nc).as_const();
+    return scratch.get(v.L);
+  }
+  if (!lanes) return scratch.get(nc);
+  T* tile = scratch.get(t.size() + t.lanes);
+  ps_load_tile(base, cs, nc, t, tile);
+  v = t.view<const T>(tile);
+  return tile + t.size();
+}
+
 // Strides of an [N, C, H, W] tensor (or of [K, C_out, ph, pw]).
 struct Strides {
   int64_t n, c, h, w;
@@ -279,6 +298,30 @@ struct PsBackward {
       std::fill(plane, plane + y0 * W, T(0));
       std::fill(plane + std::max(y0, y1) * W, plane + cells, T(0));
     }
+  }
+
+  // Where a backward task accumulates: on lanes (with bm, its block of the bin-major map;
+  // else, when `lanes`, a zeroed tile t of its planes at base + c * cs, which ps_store_tile
+  // writes back) or on its planes in place. Zeroes the task's planes that no tile covers.
+  // Sets v to the lanes; returns scratch for the task's grad values: v.L lanes with the
+  // padding zeroed, or `in_place` values in place.
+  template <typename T>
+  T* storage(const std::optional<PsBinMajor<T>>& bm, bool lanes, const PsTile& t, T* base, int64_t cs, int64_t n,
+             int64_t bin, int64_t c0, int64_t nc, int64_t in_place, Scratch<T>& scratch, PsLanes<T>& v) const {
+    T* g;
+    if (bm) {
+      v = bm->lanes(n, bin, c0, nc), g = scratch.get(v.L);
+    } else if (lanes) {
+      start(base, cs, nc, t.y0, t.y1);
+      T* tile = scratch.get(t.size() + t.lanes);
+      std::fill_n(tile, t.size(), T(0));
+      v = t.view(tile), g = tile + t.size();
+    } else {
+      start(base, cs, nc);
+      return scratch.get(in_place);
+    }
+    std::fill_n(g + nc, v.L - nc, T(0));
+    return g;
   }
 
   at::Tensor result() const { return acc.scalar_type() == grad.scalar_type() ? acc : acc.to(grad.scalar_type()); }

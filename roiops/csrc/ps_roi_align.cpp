@@ -183,16 +183,7 @@ void forward_impl(const at::Tensor& input, const at::Tensor& rois, double spatia
     PsTile t(nc, W);
     PsLanes<const T> v{};
     const bool lanes = bm || (s.w == 1 && ps_use_tile<T>(t, cover_bin(plans, boxes, i, j, t), nc));
-    T* acc;
-    if (bm) {
-      v = bm->lanes(n, bin, c0, nc).as_const(), acc = scratch.get(v.L);
-    } else if (lanes) {
-      T* tile = scratch.get(t.size() + t.lanes);
-      ps_load_tile(base, bins * s.c, nc, t, tile);
-      v = t.view<const T>(tile), acc = tile + t.size();
-    } else {
-      acc = scratch.get(nc);
-    }
+    T* acc = ps_forward_storage(bm, lanes, t, base, bins * s.c, n, bin, c0, nc, scratch, v);
     for (const int64_t k : boxes) {
       const AlignPlan<T>& p = plans[k];
       if (p.empty()) {
@@ -232,19 +223,7 @@ void backward_impl(const at::Tensor& grad, const at::Tensor& rois, double spatia
     PsTile t(nc, W);
     PsLanes<T> v{};
     const bool lanes = bm || (a.w == 1 && ps_use_tile<T>(t, cover_bin(plans, boxes, i, j, t), nc));
-    T* gv;
-    if (bm) {
-      v = bm->lanes(n, bin, c0, nc), gv = scratch.get(v.L);
-    } else if (lanes) {
-      args.start(base, bins * a.c, nc, t.y0, t.y1);
-      T* tile = scratch.get(t.size() + t.lanes);
-      std::fill_n(tile, t.size(), T(0));
-      v = t.view(tile), gv = tile + t.size();
-    } else {
-      args.start(base, bins * a.c, nc);
-      gv = scratch.get(5 * nc);
-    }
-    if (lanes) std::fill_n(gv + nc, v.L - nc, T(0));
+    T* gv = args.storage(bm, lanes, t, base, bins * a.c, n, bin, c0, nc, 5 * nc, scratch, v);
     for (const int64_t k : boxes) {
       const AlignPlan<T>& p = plans[k];
       if (p.empty()) continue;
