@@ -8,8 +8,9 @@
 // (widened to cover rounding), so the cost follows the covered map, not the box size.
 //
 // Plans are built once per call, in chunks of boxes whose samples stay within a budget,
-// and shared by all channels. Forward tasks are (image, block of channels): channels_last
-// input is read in place, channels innermost so that the loops vectorise; NCHW input is
+// and shared by all channels. Channels are innermost, in vectors of 8 lanes, each lane
+// the scalar arithmetic of its channel. Forward: channels_last input is read in place, a
+// task per box (all channels); NCHW tasks are (image, block of 16 channels), the block
 // first copied into a channels-last tile of the rectangle the image's boxes touch (per
 // plane in place when that tile would be too large). Backward tasks own (image, band of
 // rows), all channels in place for channels_last, a 16-channel channels-last tile for
@@ -168,28 +169,87 @@ struct Cells {
   }
 };
 
+// Vector lanes of channels [c, c + 8) of src as T (converted lane by lane when S is not T).
+template <typename T, typename S>
+__attribute__((always_inline)) inline lanes8<T> load8_as(const S* src) {
+  if constexpr (std::is_same_v<S, T>) {
+    return load8(src);
+  } else {
+    lanes8<T> v;
+    for (int l = 0; l < 8; ++l) v[l] = static_cast<T>(src[l]);
+    return v;
+  }
+}
+
+// Samples [s0, s1) of p summed for channels [c, c + 8 * kV), kV vectors of sums kept in
+// registers; out[l * oC] = sum of channel c + l, divided by the count. Each lane computes
+// the scalar expression of its channel, so the bits are the scalar loop's.
+template <int kV, typename scalar_t, typename S, typename T>
+__attribute__((always_inline)) inline void bin_lanes(const RotatedPlan<T>& p, const Cells<const S>& m, int64_t s0,
+                                                     int64_t s1, int64_t c, scalar_t* out, int64_t oC) {
+  lanes8<T> acc[kV] = {};
+  for (int64_t s = s0; s < s1; ++s) {
+    int64_t o[4];
+    m.taps(p, s, o);
+    const T* w = &p.w[4 * s];
+    const T w1 = w[0], w2 = w[1], w3 = w[2], w4 = w[3];
+    const S *v1 = m.base + o[0] + c, *v2 = m.base + o[1] + c, *v3 = m.base + o[2] + c, *v4 = m.base + o[3] + c;
+#pragma GCC unroll 4
+    for (int v = 0; v < kV; ++v) {
+      acc[v] += w1 * load8_as<T>(v1 + 8 * v) + w2 * load8_as<T>(v2 + 8 * v) + w3 * load8_as<T>(v3 + 8 * v) +
+                w4 * load8_as<T>(v4 + 8 * v);
+    }
+  }
+  for (int v = 0; v < kV; ++v) {
+    const lanes8<T> r = acc[v] / p.count;
+    for (int l = 0; l < 8; ++l) out[(8 * v + l) * oC] = static_cast<scalar_t>(r[l]);
+  }
+}
+
 // One box, n channels; output channel c at out + c * oC, bin (i, j) at i * oH + j * oW. Per
 // sample w1*v1 + w2*v2 + w3*v3 + w4*v4, summed in sample order, divided by the count.
-// Channels at unit stride: one vector pass per sample.
+// Channels at unit stride. Up to 32 (NCHW tiles): sums in registers, one pass over a bin's
+// samples per 32, 16 or 8 of them. More (channels_last): sums in acc (n), sample by
+// sample, each tap one long contiguous run, which the hardware prefetches.
 template <typename scalar_t, typename S, typename T>
 ROIOPS_SIMD void forward_cells(const RotatedPlan<T>& p, const Cells<const S>& m, int64_t n, int64_t ph, int64_t pw,
                                T* __restrict__ acc, scalar_t* out, int64_t oC, int64_t oH, int64_t oW) {
+  const int64_t nv = n > 32 ? n / 8 * 8 : 0;  // channels summed in acc by whole vectors
   for (int64_t b = 0; b < ph * pw; ++b) {
-    for (int64_t c = 0; c < n; ++c) acc[c] = 0;
-    for (int64_t s = p.bin[b]; s < p.bin[b + 1]; ++s) {
-      int64_t o[4];
-      m.taps(p, s, o);
-      const T* w = &p.w[4 * s];
-      const S *__restrict__ v1 = m.base + o[0], *__restrict__ v2 = m.base + o[1], *__restrict__ v3 = m.base + o[2],
-                            *__restrict__ v4 = m.base + o[3];
-      const T w1 = w[0], w2 = w[1], w3 = w[2], w4 = w[3];
-      for (int64_t c = 0; c < n; ++c) {
-        acc[c] += w1 * static_cast<T>(v1[c]) + w2 * static_cast<T>(v2[c]) + w3 * static_cast<T>(v3[c]) +
-                  w4 * static_cast<T>(v4[c]);
-      }
-    }
+    const int64_t s0 = p.bin[b], s1 = p.bin[b + 1];
     scalar_t* o = out + (b / pw) * oH + (b % pw) * oW;
-    for (int64_t c = 0; c < n; ++c) o[c * oC] = static_cast<scalar_t>(acc[c] / p.count);
+    int64_t c = 0;
+    if (nv > 0) {
+      for (int64_t e = 0; e < nv; e += 8) store8(acc + e, lanes8<T>{});
+      for (int64_t s = s0; s < s1; ++s) {
+        int64_t t[4];
+        m.taps(p, s, t);
+        const T* w = &p.w[4 * s];
+        const T w1 = w[0], w2 = w[1], w3 = w[2], w4 = w[3];
+        const S *v1 = m.base + t[0], *v2 = m.base + t[1], *v3 = m.base + t[2], *v4 = m.base + t[3];
+        for (int64_t e = 0; e < nv; e += 8) {
+          store8(acc + e, load8(acc + e) + (w1 * load8_as<T>(v1 + e) + w2 * load8_as<T>(v2 + e) +
+                                            w3 * load8_as<T>(v3 + e) + w4 * load8_as<T>(v4 + e)));
+        }
+      }
+      for (int64_t e = 0; e < nv; ++e) o[e * oC] = static_cast<scalar_t>(acc[e] / p.count);
+      c = nv;
+    } else {
+      if (c + 32 <= n) bin_lanes<4>(p, m, s0, s1, c, o + c * oC, oC), c += 32;
+      if (c + 16 <= n) bin_lanes<2>(p, m, s0, s1, c, o + c * oC, oC), c += 16;
+      if (c + 8 <= n) bin_lanes<1>(p, m, s0, s1, c, o + c * oC, oC), c += 8;
+    }
+    for (; c < n; ++c) {
+      T sum = 0;
+      for (int64_t s = s0; s < s1; ++s) {
+        int64_t t[4];
+        m.taps(p, s, t);
+        const T* w = &p.w[4 * s];
+        sum += w[0] * static_cast<T>(m.base[t[0] + c]) + w[1] * static_cast<T>(m.base[t[1] + c]) +
+               w[2] * static_cast<T>(m.base[t[2] + c]) + w[3] * static_cast<T>(m.base[t[3] + c]);
+      }
+      o[c * oC] = static_cast<scalar_t>(sum / p.count);
+    }
   }
 }
 
@@ -214,32 +274,91 @@ void forward_planes(const RotatedPlan<T>& p, const Cells<const scalar_t>& m, int
   }
 }
 
+// Which taps [k0, k1) of sample s of p have their row in the band [r0, r1) (none: k0 == k1).
+template <typename T>
+__attribute__((always_inline)) inline void taps_in_band(const RotatedPlan<T>& p, int64_t s, int64_t r0, int64_t r1,
+                                                        int& k0, int& k1) {
+  const int32_t* cell = &p.cell[4 * s];
+  const bool lo_in = cell[0] >= r0 && cell[0] < r1, hi_in = cell[1] >= r0 && cell[1] < r1;
+  k0 = lo_in ? 0 : 2;
+  k1 = hi_in ? 4 : (lo_in ? 2 : 0);
+}
+
+// Samples [s0, s1) of p add q * w to channels [c, c + 8 * kV) of their taps in the band,
+// q held in registers.
+template <int kV, typename T>
+__attribute__((always_inline)) inline void band_lanes(const RotatedPlan<T>& p, int64_t s0, int64_t s1, const T* q,
+                                                      const Cells<T>& m, int64_t c, int64_t r0, int64_t r1) {
+  lanes8<T> qv[kV];
+  for (int v = 0; v < kV; ++v) qv[v] = load8(q + c + 8 * v);
+  for (int64_t s = s0; s < s1; ++s) {
+    int k0, k1;
+    taps_in_band(p, s, r0, r1, k0, k1);
+    if (k0 >= k1) continue;
+    int64_t o[4];
+    m.taps(p, s, o);
+    for (int k = k0; k < k1; ++k) {
+      T* dst = m.base + o[k] + c;
+      const T wk = p.w[4 * s + k];
+#pragma GCC unroll 4
+      for (int v = 0; v < kV; ++v) store8(dst + 8 * v, load8(dst + 8 * v) + qv[v] * wk);
+    }
+  }
+}
+
 // Adds box p's gradient for n channels to rows [r0, r1) (a band; m's origin is row r0),
 // channel c of bin (i, j) at g + c * gC + i * gH + j * gW: each sample adds
-// (grad / count) * w to those of its four neighbours in the band. Channel c at stride mC
-// in m (1 for channels_last and tiles: one vector pass per tap).
+// (grad / count) * w to those of its four neighbours in the band. NCHW grad (gC != 1,
+// bins contiguous) is first transposed into q (ph * pw * n; else n suffices). Channel c
+// at stride mC in m. Up to 32 channels at unit stride (NCHW tiles) have their grad in
+// registers for a pass over a bin's samples; more (channels_last) are better added tap by
+// tap, each tap one long contiguous run.
 template <typename scalar_t, typename T>
 ROIOPS_SIMD void backward_band(const RotatedPlan<T>& p, const scalar_t* g, int64_t gC, int64_t gH, int64_t gW,
-                               int64_t n, int64_t ph, int64_t pw, T* __restrict__ q, const Cells<T>& m, int64_t mC,
+                               int64_t n, int64_t ph, int64_t pw, T* __restrict__ q_, const Cells<T>& m, int64_t mC,
                                int64_t r0, int64_t r1) {
+  const bool planes = gC != 1;
+  int exp;
+  const bool pow2 = std::frexp(p.count, &exp) == T(0.5);
+  const T inv = T(1) / p.count;
+  if (planes) transpose_block<false, false>(g, gC, n, ph * pw, q_, n);
   for (int64_t b = 0; b < ph * pw; ++b) {
-    if (p.bin[b] == p.bin[b + 1]) continue;
+    // From the bin's first sample in the band (a box crossing many bands has most of its
+    // bins outside each one).
+    int64_t s0 = p.bin[b];
+    const int64_t s1 = p.bin[b + 1];
+    for (int k0, k1; s0 < s1; ++s0) {
+      taps_in_band(p, s0, r0, r1, k0, k1);
+      if (k0 < k1) break;
+    }
+    if (s0 == s1) continue;
+    T* __restrict__ q = planes ? q_ + b * n : q_;
     const scalar_t* gb = g + (b / pw) * gH + (b % pw) * gW;
-    for (int64_t c = 0; c < n; ++c) q[c] = static_cast<T>(gb[c * gC]) / p.count;
-    for (int64_t s = p.bin[b]; s < p.bin[b + 1]; ++s) {
-      const int32_t* cell = &p.cell[4 * s];
-      const bool lo_in = cell[0] >= r0 && cell[0] < r1, hi_in = cell[1] >= r0 && cell[1] < r1;
-      if (!lo_in && !hi_in) continue;
+    if (pow2) {  // times the exact inverse: the same bits as the division, several times faster
+      for (int64_t c = 0; c < n; ++c) q[c] = (planes ? q[c] : static_cast<T>(gb[c])) * inv;
+    } else {
+      for (int64_t c = 0; c < n; ++c) q[c] = (planes ? q[c] : static_cast<T>(gb[c])) / p.count;
+    }
+    int64_t c = 0;
+    if (mC == 1 && n <= 32) {
+      if (c + 32 <= n) band_lanes<4>(p, s0, s1, q, m, c, r0, r1), c += 32;
+      if (c + 16 <= n) band_lanes<2>(p, s0, s1, q, m, c, r0, r1), c += 16;
+      if (c + 8 <= n) band_lanes<1>(p, s0, s1, q, m, c, r0, r1), c += 8;
+    }
+    if (c == n) continue;
+    for (int64_t s = s0; s < s1; ++s) {
+      int k0, k1;
+      taps_in_band(p, s, r0, r1, k0, k1);
+      if (k0 >= k1) continue;
       int64_t o[4];
       m.taps(p, s, o);
-      const T* w = &p.w[4 * s];
-      for (int k = lo_in ? 0 : 2; k < (hi_in ? 4 : 2); ++k) {
+      for (int k = k0; k < k1; ++k) {
         T* __restrict__ dst = m.base + o[k];
-        const T wk = w[k];
+        const T wk = p.w[4 * s + k];
         if (mC == 1) {
-          for (int64_t c = 0; c < n; ++c) dst[c] += q[c] * wk;
+          for (int64_t e = c; e < n; ++e) dst[e] += q[e] * wk;
         } else {
-          for (int64_t c = 0; c < n; ++c) dst[c * mC] += q[c] * wk;
+          for (int64_t e = c; e < n; ++e) dst[e * mC] += q[e] * wk;
         }
       }
     }
@@ -247,31 +366,20 @@ ROIOPS_SIMD void backward_band(const RotatedPlan<T>& p, const scalar_t* g, int64
 }
 
 // Rectangle [y0, y1) x [x0, x1) of cb channels of NCHW planes (src at channel c0, rows of
-// stride sH) <-> a channels-last tile, cell (y, x) at ((y - y0) * (x1 - x0) + x - x0) * cb.
+// stride sH) <-> a channels-last tile, cell (y, x) at ((y - y0) * (x1 - x0) + x - x0) * cb:
+// per row, a channels x columns matrix transposed.
 template <typename S, typename T>
-void planes_to_rect(const S* src, int64_t sC, int64_t sH, int64_t cb, int64_t y0, int64_t y1, int64_t x0, int64_t x1,
-                    T* __restrict__ tile) {
-  const int64_t tw = x1 - x0;
-  for (int64_t y = y0; y < y1; ++y) {
-    for (int64_t c = 0; c < cb; ++c) {
-      const S* __restrict__ row = src + c * sC + y * sH;
-      T* __restrict__ dst = tile + (y - y0) * tw * cb + c;
-      for (int64_t x = x0; x < x1; ++x) dst[(x - x0) * cb] = static_cast<T>(row[x]);
-    }
-  }
+ROIOPS_SIMD void planes_to_rect(const S* src, int64_t sC, int64_t sH, int64_t cb, int64_t y0, int64_t y1, int64_t x0,
+                                int64_t x1, T* __restrict__ tile) {
+  for (int64_t y = y0; y < y1; ++y)
+    transpose_block<false, false>(src + y * sH + x0, sC, cb, x1 - x0, tile + (y - y0) * (x1 - x0) * cb, cb);
 }
 
 template <typename T>
-void rect_to_planes(const T* __restrict__ tile, int64_t cb, int64_t y0, int64_t y1, int64_t x0, int64_t x1, T* dst,
-                    int64_t sC, int64_t sH) {
-  const int64_t tw = x1 - x0;
-  for (int64_t y = y0; y < y1; ++y) {
-    for (int64_t c = 0; c < cb; ++c) {
-      T* __restrict__ row = dst + c * sC + y * sH;
-      const T* __restrict__ src = tile + (y - y0) * tw * cb + c;
-      for (int64_t x = x0; x < x1; ++x) row[x] = src[(x - x0) * cb];
-    }
-  }
+ROIOPS_SIMD void rect_to_planes(const T* __restrict__ tile, int64_t cb, int64_t y0, int64_t y1, int64_t x0, int64_t x1,
+                                T* dst, int64_t sC, int64_t sH) {
+  for (int64_t y = y0; y < y1; ++y)
+    transpose_block<false, false>(tile + (y - y0) * (x1 - x0) * cb, cb, x1 - x0, cb, dst + y * sH + x0, sC);
 }
 
 inline void check_rotated(const at::Tensor& rois, at::ScalarType input_type, int64_t N, int64_t H, int64_t W,
@@ -359,22 +467,30 @@ at::Tensor roi_align_rotated_forward(const at::Tensor& input_, const at::Tensor&
     scalar_t* o = out.mutable_data_ptr<scalar_t>();
     const int64_t sN = input.stride(0), sC = input.stride(1), sH = input.stride(2), sW = input.stride(3);
     const int64_t oK = out.stride(0), oC = out.stride(1), oH = out.stride(2), oW = out.stride(3);
-    // Tasks: (image, block of channels), each running the image's boxes of the chunk.
-    const int64_t block = channels_last ? 64 : 16, blocks = (C + block - 1) / block;
+    // channels_last: tasks of one box, all its channels, read in place (blocks of them only
+    // when the boxes are too few to share out). NCHW: tasks of (image, block of 16
+    // channels), each running the image's boxes of the chunk on a tile.
+    const int64_t block = 16, blocks = (C + block - 1) / block;
+    Scratch<T> acc;
     for_chunks<T>(rois, N, spatial_scale, ph, pw, sampling_ratio, aligned, H, W,
-                  [&](int64_t k0, int64_t, const std::vector<RotatedPlan<T>>& plans,
+                  [&](int64_t k0, int64_t k1, const std::vector<RotatedPlan<T>>& plans,
                       const std::vector<std::vector<int64_t>>& boxes) {
+      if (channels_last) {
+        const int64_t K = k1 - k0;
+        const int64_t want = std::max<int64_t>(1, std::min<int64_t>((8 * at::get_num_threads() + K - 1) / K, C / 32));
+        const int64_t cb = ((C + want - 1) / want + 7) / 8 * 8, parts = std::max<int64_t>(1, (C + cb - 1) / cb);
+        parallel_tasks(K * parts, [&](int64_t t) {
+          const int64_t k = k0 + t / parts, c0 = (t % parts) * cb, nc = std::min(cb, C - c0);
+          const RotatedPlan<T>& p = plans[k - k0];
+          const Cells<const scalar_t> m{in + p.batch * sN + c0, sH, sW, 0, 0};
+          forward_cells(p, m, nc, ph, pw, acc.get(nc), o + k * oK + c0, oC, oH, oW);
+        });
+        return;
+      }
       parallel_tasks(N * blocks, [&](int64_t t) {
         const int64_t n = t / blocks, c0 = (t % blocks) * block, cb = std::min(C, c0 + block) - c0;
         if (boxes[n].empty()) return;
-        std::vector<T> acc(static_cast<size_t>(cb));
         const scalar_t* img = in + n * sN + c0 * sC;
-        if (channels_last) {
-          const Cells<const scalar_t> m{img, sH, sW, 0, 0};
-          for (const int64_t k : boxes[n])
-            forward_cells(plans[k - k0], m, cb, ph, pw, acc.data(), o + k * oK + c0 * oC, oC, oH, oW);
-          return;
-        }
         const auto [y0, y1, x0, x1] = touched(plans, boxes[n], k0);
         const int64_t cells = (y1 - y0) * (x1 - x0);
         if (cells * cb * static_cast<int64_t>(sizeof(T)) > kTileBudget) {
@@ -388,7 +504,7 @@ at::Tensor roi_align_rotated_forward(const at::Tensor& input_, const at::Tensor&
         planes_to_rect(img, sC, sH, cb, y0, y1, x0, x1, tile.data());
         const Cells<const T> m{tile.data(), (x1 - x0) * cb, cb, y0, x0};
         for (const int64_t k : boxes[n])
-          forward_cells(plans[k - k0], m, cb, ph, pw, acc.data(), o + k * oK + c0 * oC, oC, oH, oW);
+          forward_cells(plans[k - k0], m, cb, ph, pw, static_cast<T*>(nullptr), o + k * oK + c0 * oC, oC, oH, oW);
       });
     });
   });
@@ -432,7 +548,7 @@ at::Tensor roi_align_rotated_backward(const at::Tensor& grad_, const at::Tensor&
       parallel_tasks(N * bands * blocks, [&](int64_t t) {
         const int64_t n = t / (bands * blocks), r0 = (t / blocks % bands) * rows, r1 = std::min(H, r0 + rows);
         const int64_t c0 = (t % blocks) * cb_max, cb = std::min(C, c0 + cb_max) - c0;
-        std::vector<T> q(static_cast<size_t>(cb));
+        std::vector<T> q(static_cast<size_t>(ph * pw * cb));
         T* img = a + n * sN + c0 * sC;
         std::vector<T> tile;
         Cells<T> m{img + r0 * sH, sH, sW, r0, 0};
