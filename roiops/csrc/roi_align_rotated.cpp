@@ -333,11 +333,15 @@ ROIOPS_SIMD void backward_band(const RotatedPlan<T>& p, const scalar_t* g, int64
     }
     if (s0 == s1) continue;
     T* __restrict__ q = planes ? q_ + b * n : q_;
-    const scalar_t* gb = g + (b / pw) * gH + (b % pw) * gW;
-    if (pow2) {  // times the exact inverse: the same bits as the division, several times faster
-      for (int64_t c = 0; c < n; ++c) q[c] = (planes ? q[c] : static_cast<T>(gb[c])) * inv;
+    // grad / count; times the exact inverse for a power of two: the same bits, faster.
+    if (!planes) {
+      const scalar_t* gb = g + (b / pw) * gH + (b % pw) * gW;
+      for (int64_t c = 0; c < n; ++c) q[c] = static_cast<T>(gb[c]);
+    }
+    if (pow2) {
+      for (int64_t c = 0; c < n; ++c) q[c] *= inv;
     } else {
-      for (int64_t c = 0; c < n; ++c) q[c] = (planes ? q[c] : static_cast<T>(gb[c])) / p.count;
+      for (int64_t c = 0; c < n; ++c) q[c] /= p.count;
     }
     int64_t c = 0;
     if (mC == 1 && n <= 32) {
