@@ -169,6 +169,21 @@ struct Cells {
   }
 };
 
+// Asks for the cache lines of sample s's four taps (n channels at unit stride each) ahead
+// of use: each tap is a run of channels the hardware would only start fetching at its
+// first miss, and a rotated box's taps do not follow one another in memory. (Forward only:
+// measured no faster, or slower, in the backward, whose taps are written.)
+template <typename T, typename S>
+__attribute__((always_inline)) inline void prefetch_taps(const RotatedPlan<T>& p, const Cells<S>& m, int64_t s,
+                                                         int64_t n) {
+  constexpr int64_t kLine = 64 / static_cast<int64_t>(sizeof(S));
+  int64_t o[4];
+  m.taps(p, s, o);
+  for (int k = 0; k < 4; ++k) {
+    for (int64_t e = 0; e < n; e += kLine) __builtin_prefetch(m.base + o[k] + e);
+  }
+}
+
 // Vector lanes of channels [c, c + 8) of src as T (converted lane by lane when S is not T).
 template <typename T, typename S>
 __attribute__((always_inline)) inline lanes8<T> load8_as(const S* src) {
@@ -222,6 +237,7 @@ ROIOPS_SIMD void forward_cells(const RotatedPlan<T>& p, const Cells<const S>& m,
     if (nv > 0) {
       for (int64_t e = 0; e < nv; e += 8) store8(acc + e, lanes8<T>{});
       for (int64_t s = s0; s < s1; ++s) {
+        if (s + 1 < p.samples()) prefetch_taps(p, m, s + 1, nv);
         int64_t t[4];
         m.taps(p, s, t);
         const T* w = &p.w[4 * s];
