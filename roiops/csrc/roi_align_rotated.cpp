@@ -300,13 +300,17 @@ __attribute__((always_inline)) inline void taps_in_band(const RotatedPlan<T>& p,
   k1 = hi_in ? 4 : (lo_in ? 2 : 0);
 }
 
-// Samples [s0, s1) of p add q * w to channels [c, c + 8 * kV) of their taps in the band,
-// q held in registers.
+// Samples [s0, s1) of p add q * w to channels of their taps in the band: kV > 0, the
+// 8 * kV channels from c at unit stride, q held in registers; kV == 0, channels [c, n) at
+// stride mC.
 template <int kV, typename T>
-__attribute__((always_inline)) inline void band_lanes(const RotatedPlan<T>& p, int64_t s0, int64_t s1, const T* q,
-                                                      const Cells<T>& m, int64_t c, int64_t r0, int64_t r1) {
-  lanes8<T> qv[kV];
-  for (int v = 0; v < kV; ++v) qv[v] = load8(q + c + 8 * v);
+__attribute__((always_inline)) inline void add_band(const RotatedPlan<T>& p, int64_t s0, int64_t s1,
+                                                    const T* __restrict__ q, const Cells<T>& m, int64_t mC, int64_t c,
+                                                    int64_t n, int64_t r0, int64_t r1) {
+  lanes8<T> qv[kV > 0 ? kV : 1];
+  if constexpr (kV > 0) {
+    for (int v = 0; v < kV; ++v) qv[v] = load8(q + c + 8 * v);
+  }
   for (int64_t s = s0; s < s1; ++s) {
     int k0, k1;
     taps_in_band(p, s, r0, r1, k0, k1);
@@ -314,10 +318,16 @@ __attribute__((always_inline)) inline void band_lanes(const RotatedPlan<T>& p, i
     int64_t o[4];
     m.taps(p, s, o);
     for (int k = k0; k < k1; ++k) {
-      T* dst = m.base + o[k] + c;
+      T* __restrict__ dst = m.base + o[k];
       const T wk = p.w[4 * s + k];
+      if constexpr (kV > 0) {
 #pragma GCC unroll 4
-      for (int v = 0; v < kV; ++v) store8(dst + 8 * v, load8(dst + 8 * v) + qv[v] * wk);
+        for (int v = 0; v < kV; ++v) store8(dst + c + 8 * v, load8(dst + c + 8 * v) + qv[v] * wk);
+      } else if (mC == 1) {
+        for (int64_t e = c; e < n; ++e) dst[e] += q[e] * wk;
+      } else {
+        for (int64_t e = c; e < n; ++e) dst[e * mC] += q[e] * wk;
+      }
     }
   }
 }
@@ -361,27 +371,11 @@ ROIOPS_SIMD void backward_band(const RotatedPlan<T>& p, const scalar_t* g, int64
     }
     int64_t c = 0;
     if (mC == 1 && n <= 32) {
-      if (c + 32 <= n) band_lanes<4>(p, s0, s1, q, m, c, r0, r1), c += 32;
-      if (c + 16 <= n) band_lanes<2>(p, s0, s1, q, m, c, r0, r1), c += 16;
-      if (c + 8 <= n) band_lanes<1>(p, s0, s1, q, m, c, r0, r1), c += 8;
+      if (c + 32 <= n) add_band<4>(p, s0, s1, q, m, 1, c, n, r0, r1), c += 32;
+      if (c + 16 <= n) add_band<2>(p, s0, s1, q, m, 1, c, n, r0, r1), c += 16;
+      if (c + 8 <= n) add_band<1>(p, s0, s1, q, m, 1, c, n, r0, r1), c += 8;
     }
-    if (c == n) continue;
-    for (int64_t s = s0; s < s1; ++s) {
-      int k0, k1;
-      taps_in_band(p, s, r0, r1, k0, k1);
-      if (k0 >= k1) continue;
-      int64_t o[4];
-      m.taps(p, s, o);
-      for (int k = k0; k < k1; ++k) {
-        T* __restrict__ dst = m.base + o[k];
-        const T wk = p.w[4 * s + k];
-        if (mC == 1) {
-          for (int64_t e = c; e < n; ++e) dst[e] += q[e] * wk;
-        } else {
-          for (int64_t e = c; e < n; ++e) dst[e * mC] += q[e] * wk;
-        }
-      }
-    }
+    if (c < n) add_band<0>(p, s0, s1, q, m, mC, c, n, r0, r1);
   }
 }
 
