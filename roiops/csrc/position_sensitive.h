@@ -161,8 +161,9 @@ bool ps_use_tile(const PsTile& t, int64_t reads, int64_t nc) {
 template <typename T>
 class PsBinMajor {
  public:
-  static bool use(bool channels_last, int64_t reads, int64_t N, int64_t cells, int64_t C_out, int64_t bins) {
-    return channels_last && N * cells * bins * ((C_out + 7) / 8 * 8) <= reads * C_out;
+  // For a channels-last map whose boxes read `reads` cells over all bins.
+  static bool use(int64_t reads, int64_t N, int64_t cells, int64_t C_out, int64_t bins) {
+    return N * cells * bins * ((C_out + 7) / 8 * 8) <= reads * C_out;
   }
 
   // zero: all lanes start at 0 (a backward's accumulator); else load() fills them.

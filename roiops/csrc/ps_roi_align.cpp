@@ -172,7 +172,7 @@ void forward_impl(const at::Tensor& input, const at::Tensor& rois, double spatia
   const scalar_t* in = input.const_data_ptr<scalar_t>();
   PsOutput<scalar_t> result(out);
   std::optional<PsBinMajor<T>> bm;
-  if (PsBinMajor<T>::use(s.w != 1, total_reads(plans, ph, pw), N, H * W, C_out, bins)) {
+  if (s.w != 1 && PsBinMajor<T>::use(total_reads(plans, ph, pw), N, H * W, C_out, bins)) {
     bm.emplace(N, H, W, C_out, bins, input.options().dtype(c10::CppTypeToScalarType<T>::value), false);
     bm->load(in);
   }
@@ -213,7 +213,7 @@ void backward_impl(const at::Tensor& grad, const at::Tensor& rois, double spatia
   const scalar_t* grad_p = grad.const_data_ptr<scalar_t>();
   T* acc_p = args.acc.data_ptr<T>();
   std::optional<PsBinMajor<T>> bm;
-  if (PsBinMajor<T>::use(a.w != 1, total_reads(plans, ph, pw), N, H * W, C_out, bins)) {
+  if (a.w != 1 && PsBinMajor<T>::use(total_reads(plans, ph, pw), N, H * W, C_out, bins)) {
     bm.emplace(N, H, W, C_out, bins, args.acc.options(), true);
   }
   Scratch<T> scratch;
