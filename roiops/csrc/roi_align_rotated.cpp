@@ -562,7 +562,8 @@ at::Tensor roi_align_rotated_backward(const at::Tensor& grad_, const at::Tensor&
       parallel_tasks(N * bands * blocks, [&](int64_t t) {
         const int64_t n = t / (bands * blocks), r0 = (t / blocks % bands) * rows, r1 = std::min(H, r0 + rows);
         const int64_t c0 = (t % blocks) * cb_max, cb = std::min(C, c0 + cb_max) - c0;
-        std::vector<T> q(static_cast<size_t>(ph * pw * cb));
+        // NCHW grad (channels ph * pw apart) is transposed into q whole; else q holds one bin.
+        std::vector<T> q(static_cast<size_t>((gC != 1 ? ph * pw : 1) * cb));
         T* img = a + n * sN + c0 * sC;
         std::vector<T> tile;
         Cells<T> m{img + r0 * sH, sH, sW, r0, 0};
