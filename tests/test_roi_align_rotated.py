@@ -172,11 +172,12 @@ def test_matches_reference(backend, dtype, channels_last, sr, aligned, size):
     torch.testing.assert_close(grad, ref_grad, **tol(dtype))
 
 
-@pytest.mark.parametrize("c", [8, 32, 70])
+@pytest.mark.parametrize("c", [1, 8, 32, 70])
 @pytest.mark.parametrize("channels_last", [False, True])
 def test_cpu_channel_counts(c, channels_last):
     # The CPU kernels sum 8, 16 or 32 channels in registers, more in a buffer sample by
-    # sample, and the rest one by one: counts that reach each path.
+    # sample, and the rest one by one: counts that reach each path. One channels_last
+    # channel: its gradient is contiguous in both layouts.
     x, b = feature(F64, channels_last, c=c), boxes(F64)
     out, grad = run(x, b, (2, 3), 0, True, "cpu")
     ref_out, ref_grad = run(x, b, (2, 3), 0, True, "reference")
