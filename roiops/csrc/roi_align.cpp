@@ -715,8 +715,7 @@ void forward_impl(const at::Tensor& input, const at::Tensor& rois, double spatia
   if (is_channels_last(input)) {
     // Each box reads its cells in place, all channels at once; only when the boxes are
     // too few to share out do tasks take a block of a box's channels.
-    const int64_t blocks = std::max<int64_t>(1, std::min<int64_t>((8 * at::get_num_threads() + K - 1) / K, C / 32));
-    const int64_t cb = (C + blocks - 1) / blocks;
+    const int64_t cb = cl_box_channel_block(K, C), blocks = (C + cb - 1) / cb;
     parallel_tasks(K * blocks, [&](int64_t t) {
       const int64_t k = t / blocks, c0 = (t % blocks) * cb, nc = std::min(cb, C - c0);
       box(std::integral_constant<int64_t, 0>{}, k, c0, nc, in + plans[k].batch * sN + c0, sH, sW);

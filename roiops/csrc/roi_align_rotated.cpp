@@ -196,6 +196,21 @@ __attribute__((always_inline)) inline lanes8<T> load8_as(const S* src) {
   }
 }
 
+// Samples [s0, s1) of p summed for the one channel whose cells lie at ch + offset (a tap's
+// offset in m), in sample order.
+template <typename T, typename M, typename S>
+inline T channel_sum(const RotatedPlan<T>& p, const Cells<M>& m, const S* ch, int64_t s0, int64_t s1) {
+  T sum = 0;
+  for (int64_t s = s0; s < s1; ++s) {
+    int64_t o[4];
+    m.taps(p, s, o);
+    const T* w = &p.w[4 * s];
+    sum += w[0] * static_cast<T>(ch[o[0]]) + w[1] * static_cast<T>(ch[o[1]]) + w[2] * static_cast<T>(ch[o[2]]) +
+           w[3] * static_cast<T>(ch[o[3]]);
+  }
+  return sum;
+}
+
 // Samples [s0, s1) of p summed for channels [c, c + 8 * kV), kV vectors of sums kept in
 // registers; out[l * oC] = sum of channel c + l, divided by the count. Each lane computes
 // the scalar expression of its channel, so the bits are the scalar loop's.
@@ -225,7 +240,7 @@ __attribute__((always_inline)) inline void bin_lanes(const RotatedPlan<T>& p, co
 // sample w1*v1 + w2*v2 + w3*v3 + w4*v4, summed in sample order, divided by the count.
 // Channels at unit stride. Up to 32 (NCHW tiles): sums in registers, one pass over a bin's
 // samples per 32, 16 or 8 of them. More (channels_last): sums in acc (n), sample by
-// sample, each tap one long contiguous run, which the hardware prefetches.
+// sample, each tap one long contiguous run, the next sample's taps prefetched.
 template <typename scalar_t, typename S, typename T>
 ROIOPS_SIMD void forward_cells(const RotatedPlan<T>& p, const Cells<const S>& m, int64_t n, int64_t ph, int64_t pw,
                                T* __restrict__ acc, scalar_t* out, int64_t oC, int64_t oH, int64_t oW) {
@@ -255,17 +270,7 @@ ROIOPS_SIMD void forward_cells(const RotatedPlan<T>& p, const Cells<const S>& m,
       if (c + 16 <= n) bin_lanes<2>(p, m, s0, s1, c, o + c * oC, oC), c += 16;
       if (c + 8 <= n) bin_lanes<1>(p, m, s0, s1, c, o + c * oC, oC), c += 8;
     }
-    for (; c < n; ++c) {
-      T sum = 0;
-      for (int64_t s = s0; s < s1; ++s) {
-        int64_t t[4];
-        m.taps(p, s, t);
-        const T* w = &p.w[4 * s];
-        sum += w[0] * static_cast<T>(m.base[t[0] + c]) + w[1] * static_cast<T>(m.base[t[1] + c]) +
-               w[2] * static_cast<T>(m.base[t[2] + c]) + w[3] * static_cast<T>(m.base[t[3] + c]);
-      }
-      o[c * oC] = static_cast<scalar_t>(sum / p.count);
-    }
+    for (; c < n; ++c) o[c * oC] = static_cast<scalar_t>(channel_sum(p, m, m.base + c, s0, s1) / p.count);
   }
 }
 
@@ -275,16 +280,8 @@ template <typename scalar_t, typename T>
 void forward_planes(const RotatedPlan<T>& p, const Cells<const scalar_t>& m, int64_t sC, int64_t n, int64_t ph,
                     int64_t pw, scalar_t* out, int64_t oC, int64_t oH, int64_t oW) {
   for (int64_t c = 0; c < n; ++c) {
-    const scalar_t* plane = m.base + c * sC;
     for (int64_t b = 0; b < ph * pw; ++b) {
-      T sum = 0;
-      for (int64_t s = p.bin[b]; s < p.bin[b + 1]; ++s) {
-        int64_t o[4];
-        m.taps(p, s, o);
-        const T* w = &p.w[4 * s];
-        sum += w[0] * static_cast<T>(plane[o[0]]) + w[1] * static_cast<T>(plane[o[1]]) +
-               w[2] * static_cast<T>(plane[o[2]]) + w[3] * static_cast<T>(plane[o[3]]);
-      }
+      const T sum = channel_sum(p, m, m.base + c * sC, p.bin[b], p.bin[b + 1]);
       out[c * oC + (b / pw) * oH + (b % pw) * oW] = static_cast<scalar_t>(sum / p.count);
     }
   }
@@ -490,10 +487,8 @@ at::Tensor roi_align_rotated_forward(const at::Tensor& input_, const at::Tensor&
                   [&](int64_t k0, int64_t k1, const std::vector<RotatedPlan<T>>& plans,
                       const std::vector<std::vector<int64_t>>& boxes) {
       if (channels_last) {
-        const int64_t K = k1 - k0;
-        const int64_t want = std::max<int64_t>(1, std::min<int64_t>((8 * at::get_num_threads() + K - 1) / K, C / 32));
-        const int64_t cb = ((C + want - 1) / want + 7) / 8 * 8, parts = std::max<int64_t>(1, (C + cb - 1) / cb);
-        parallel_tasks(K * parts, [&](int64_t t) {
+        const int64_t cb = cl_box_channel_block(k1 - k0, C), parts = std::max<int64_t>(1, (C + cb - 1) / cb);
+        parallel_tasks((k1 - k0) * parts, [&](int64_t t) {
           const int64_t k = k0 + t / parts, c0 = (t % parts) * cb, nc = std::min(cb, C - c0);
           const RotatedPlan<T>& p = plans[k - k0];
           const Cells<const scalar_t> m{in + p.batch * sN + c0, sH, sW, 0, 0};
@@ -518,7 +513,7 @@ at::Tensor roi_align_rotated_forward(const at::Tensor& input_, const at::Tensor&
         planes_to_rect(img, sC, sH, cb, y0, y1, x0, x1, tile.data());
         const Cells<const T> m{tile.data(), (x1 - x0) * cb, cb, y0, x0};
         for (const int64_t k : boxes[n])
-          forward_cells(plans[k - k0], m, cb, ph, pw, static_cast<T*>(nullptr), o + k * oK + c0 * oC, oC, oH, oW);
+          forward_cells(plans[k - k0], m, cb, ph, pw, acc.get(cb), o + k * oK + c0 * oC, oC, oH, oW);
       });
     });
   });

@@ -407,6 +407,15 @@ inline int64_t channel_block(int64_t N, int64_t C, int64_t widest) {
   return std::max<int64_t>(cb, 1);
 }
 
+// Channels per task of a channels_last forward that runs each of K boxes in place: all C
+// of them, unless the boxes are too few to share out; then blocks of whole vectors of 8,
+// at least 32 channels each. Tasks: K * ceil(C / block).
+inline int64_t cl_box_channel_block(int64_t K, int64_t C) {
+  const int64_t spread = (8 * static_cast<int64_t>(at::get_num_threads()) + K - 1) / std::max<int64_t>(K, 1);
+  const int64_t want = std::max<int64_t>(1, std::min<int64_t>(spread, C / 32));
+  return want == 1 ? std::max<int64_t>(C, 1) : ((C + want - 1) / want + 7) / 8 * 8;
+}
+
 // Is a tile around rect = {y0, y1, x0, x1} worth filling, for boxes whose own reads
 // cover `area` cells (with overlaps)? It must not be much larger than that, and fit a
 // sane amount of memory.
