@@ -140,9 +140,9 @@ def test_bit_exact_with_torchvision_dense_and_sparse_boxes(op, sr, channels_last
 @pytest.mark.parametrize("channels_last", [False, True])
 def test_bit_exact_with_torchvision_packed_boxes(op, sr, c_out, channels_last):
     """Boxes that read every cell of every bin several times: the kernels then work on the
-    map rearranged so that a bin's output channels are contiguous (per task for NCHW, once
-    for the whole map in channels_last). 70 output channels: two channel blocks, the last
-    one short of a whole vector."""
+    map rearranged so that a bin's output channels are contiguous (per task for NCHW; in
+    channels_last once for the whole map, or per band of rows for PSRoIPool's backward).
+    70 output channels: two channel blocks, the last one short of a whole vector."""
     g = torch.Generator().manual_seed(4)
     x = torch.randn(1, c_out * 9, 20, 30, generator=g)
     x = x.contiguous(memory_format=torch.channels_last) if channels_last else x
@@ -220,8 +220,9 @@ def test_gradcheck(op):
 
 
 @pytest.mark.parametrize("op", list(OPS))
-def test_backward_deterministic_across_threads(op):
-    x, boxes = feature((7, 7), c_out=21), boxes_for()
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_backward_deterministic_across_threads(op, channels_last):
+    x, boxes = feature((7, 7), c_out=21, channels_last=channels_last), boxes_for()
     threads = torch.get_num_threads()
     try:
         results = []

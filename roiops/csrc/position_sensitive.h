@@ -83,17 +83,29 @@ class PsOutput {
     if (out.size(1) == 1 || out.stride(1) == 1) {  // bin b at b * stride(3) (outputs are dense)
       base_ = out.data_ptr<scalar_t>(), sK_ = out.stride(0), sB_ = out.stride(3);
     } else {
-      buffer_ = at::empty({out.size(2), out.size(3), K, C_out},
-                          out.options().memory_format(at::MemoryFormat::Contiguous));
+      // 7 elements of padding: finish() reads whole vectors past a box's C_out values.
+      buffer_ = at::empty({out.size(2) * out.size(3) * K * C_out + 7}, out.options());
       base_ = buffer_.data_ptr<scalar_t>(), sK_ = C_out, sB_ = K * C_out;
     }
   }
   scalar_t* row(int64_t bin, int64_t k) const { return base_ + k * sK_ + bin * sB_; }
   void finish() {
-    if (buffer_.defined()) out_.copy_(buffer_.permute({2, 3, 0, 1}));
+    if (!buffer_.defined()) return;
+    const scalar_t* src = buffer_.const_data_ptr<scalar_t>();
+    scalar_t* dst = out_.data_ptr<scalar_t>();
+    at::parallel_for(0, out_.size(0), 16, [&](int64_t k0, int64_t k1) { boxes_out(src, dst, k0, k1); });
   }
 
  private:
+  // Boxes [k0, k1): each a bins x C_out block of the buffer (rows K * C_out apart) to its
+  // C_out x bins block of the NCHW output, in 8 x 8 register transposes.
+  ROIOPS_SIMD void boxes_out(const scalar_t* src, scalar_t* dst, int64_t k0, int64_t k1) const {
+    const int64_t K = out_.size(0), C_out = out_.size(1), bins = out_.size(2) * out_.size(3);
+    for (int64_t k = k0; k < k1; ++k) {
+      transpose_block<false, true>(src + k * C_out, K * C_out, bins, C_out, dst + k * C_out * bins, bins);
+    }
+  }
+
   at::Tensor& out_;
   at::Tensor buffer_;
   scalar_t* base_;
@@ -266,8 +278,8 @@ struct PsForward {
 
 // A backward's checked arguments: grad in the gradient's layout, rois contiguous, and the
 // opmath accumulator of the [N, C, H, W] gradient (result() gives it the grad's dtype),
-// zeroed when channels_last; NCHW planes are zeroed by the task that owns them (start()),
-// which then finds them in cache.
+// not zeroed: channels_last kernels that add in place call clear(); NCHW planes are zeroed
+// by the task that owns them (start()), which then finds them in cache.
 struct PsBackward {
   at::Tensor grad, rois, acc;
 
@@ -285,7 +297,11 @@ struct PsBackward {
     grad = grad_.contiguous(format_of(channels_last));
     const at::ScalarType opmath = grad.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
     acc = empty_output({N, C, H, W}, grad.options().dtype(opmath).memory_format(format_of(channels_last)));
-    if (channels_last) acc.zero_();
+  }
+
+  // Zeroes a channels_last accumulator for kernels that add into it in place.
+  void clear() const {
+    if (is_channels_last(acc)) acc.zero_();
   }
 
   // A task's first step: zero its nc NCHW planes (cs apart) of H * W elements at base,

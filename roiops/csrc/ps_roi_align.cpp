@@ -208,6 +208,7 @@ void backward_impl(const at::Tensor& grad, const at::Tensor& rois, double spatia
   using T = at::opmath_type<scalar_t>;
   const int64_t C_out = grad.size(1), bins = ph * pw;
   const std::vector<AlignPlan<T>> plans = build_plans<T>(rois, spatial_scale, ph, pw, sampling_ratio, H, W);
+  args.clear();
   const Strides a(args.acc);
   const Strides gs(grad);  // grad read where it lies: a bin's channels gs.c apart
   const scalar_t* grad_p = grad.const_data_ptr<scalar_t>();

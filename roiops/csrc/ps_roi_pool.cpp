@@ -20,45 +20,56 @@
 namespace roiops {
 namespace {
 
-// Bins of one box: bin i covers rows [h0[i], h1[i]), columns [w0[j], w1[j]), clipped to the map.
-struct PsPoolPlan {
-  int64_t batch = 0;
-  std::vector<int64_t> h0, h1, w0, w1;
+// The bins of all boxes, clipped to the map, in one array (built serially: a few hundred
+// boxes take microseconds, less than waking the threads). Bin (i, j) of box k covers
+// rows [y0, y1) and columns [x0, x1).
+class PsPoolBins {
+ public:
+  struct Bin {
+    int64_t y0, y1, x0, x1;
+    bool empty() const { return y1 <= y0 || x1 <= x0; }
+    int64_t area() const { return (y1 - y0) * (x1 - x0); }
+  };
 
+  // rois of the kernel's opmath type T.
   template <typename T>
-  void build(const T* roi, T scale, int64_t ph, int64_t pw, int64_t H, int64_t W) {
-    batch = static_cast<int64_t>(roi[0]);
-    const int64_t x1 = round_half_away(roi[1] * scale), y1 = round_half_away(roi[2] * scale);
-    const int64_t x2 = round_half_away(roi[3] * scale), y2 = round_half_away(roi[4] * scale);
-    edges<T>(y1, std::max<int64_t>(y2 - y1, 1), ph, H, h0, h1);
-    edges<T>(x1, std::max<int64_t>(x2 - x1, 1), pw, W, w0, w1);
+  static PsPoolBins build(const at::Tensor& rois, double spatial_scale, int64_t ph, int64_t pw, int64_t H,
+                          int64_t W) {
+    PsPoolBins b(rois.size(0), ph, pw);
+    const T* roi = rois.const_data_ptr<T>();
+    const T scale = static_cast<T>(spatial_scale);
+    for (int64_t k = 0; k < rois.size(0); ++k, roi += 5) {
+      const int64_t x1 = round_half_away(roi[1] * scale), y1 = round_half_away(roi[2] * scale);
+      const int64_t x2 = round_half_away(roi[3] * scale), y2 = round_half_away(roi[4] * scale);
+      int64_t* e = b.box(k);
+      axis<T>(y1, std::max<int64_t>(y2 - y1, 1), ph, H, e);
+      axis<T>(x1, std::max<int64_t>(x2 - x1, 1), pw, W, e + 2 * ph);
+    }
+    return b;
+  }
+
+  int64_t size() const { return static_cast<int64_t>(edges_.size()) / (2 * (ph_ + pw_)); }
+  Bin bin(int64_t k, int64_t i, int64_t j) const {
+    const int64_t* e = box(k);
+    return {e[i], e[ph_ + i], e[2 * ph_ + j], e[2 * ph_ + pw_ + j]};
   }
 
  private:
+  PsPoolBins(int64_t K, int64_t ph, int64_t pw) : ph_(ph), pw_(pw), edges_(static_cast<size_t>(K * 2 * (ph + pw))) {}
+  // Lower edges of the `pooled` bins at e, upper edges at e + pooled.
   template <typename T>
-  static void edges(int64_t start, int64_t size, int64_t pooled, int64_t limit, std::vector<int64_t>& lo,
-                    std::vector<int64_t>& hi) {
-    lo.resize(pooled);
-    hi.resize(pooled);
+  static void axis(int64_t start, int64_t size, int64_t pooled, int64_t limit, int64_t* e) {
     const T bin = static_cast<T>(size) / static_cast<T>(pooled);
     for (int64_t p = 0; p < pooled; ++p) {
-      pool_bin_edges(static_cast<T>(start), bin, p, limit, /*continuous=*/false, lo[p], hi[p]);
+      pool_bin_edges(static_cast<T>(start), bin, p, limit, /*continuous=*/false, e[p], e[pooled + p]);
     }
   }
-};
+  int64_t* box(int64_t k) { return edges_.data() + k * 2 * (ph_ + pw_); }
+  const int64_t* box(int64_t k) const { return edges_.data() + k * 2 * (ph_ + pw_); }
 
-template <typename T>
-std::vector<PsPoolPlan> build_plans(const at::Tensor& rois, double spatial_scale, int64_t ph, int64_t pw, int64_t H,
-                                    int64_t W) {
-  const int64_t K = rois.size(0);
-  std::vector<PsPoolPlan> plans(static_cast<size_t>(K));
-  const T* roi = rois.const_data_ptr<T>();
-  const T scale = static_cast<T>(spatial_scale);
-  at::parallel_for(0, K, 64, [&](int64_t k0, int64_t k1) {
-    for (int64_t k = k0; k < k1; ++k) plans[k].build(roi + 5 * k, scale, ph, pw, H, W);
-  });
-  return plans;
-}
+  int64_t ph_, pw_;
+  std::vector<int64_t> edges_;  // per box: row starts, row ends, column starts, column ends
+};
 
 // acc[c] = sum of rows [y0, y1) x columns [x0, x1) of the channel at base + c * cs.
 template <typename scalar_t, typename T>
@@ -95,15 +106,14 @@ ROIOPS_SIMD void pool_bin_backward(const T* __restrict__ d, T* __restrict__ base
 }
 
 // The cells that bin (i, j) of `boxes` reads, in tile t, and how many reads they take.
-inline int64_t cover_bin(const std::vector<PsPoolPlan>& plans, const std::vector<int64_t>& boxes, int64_t i,
-                         int64_t j, PsTile& t) {
+inline int64_t cover_bin(const PsPoolBins& bins, const std::vector<int64_t>& boxes, int64_t i, int64_t j,
+                         PsTile& t) {
   int64_t reads = 0;
   for (const int64_t k : boxes) {
-    const PsPoolPlan& p = plans[k];
-    const int64_t y0 = p.h0[i], y1 = p.h1[i], x0 = p.w0[j], x1 = p.w1[j];
-    if (y1 <= y0 || x1 <= x0) continue;
-    t.cover(y0, y1);
-    reads += (y1 - y0) * (x1 - x0);
+    const PsPoolBins::Bin b = bins.bin(k, i, j);
+    if (b.empty()) continue;
+    t.cover(b.y0, b.y1);
+    reads += b.area();
   }
   return reads;
 }
@@ -133,13 +143,19 @@ ROIOPS_SIMD void pool_bin_lanes_backward(const T* __restrict__ d, const PsLanes<
   }
 }
 
-// Cells read by all boxes of `plans` over all bins (the reads of a forward).
-inline int64_t total_reads(const std::vector<PsPoolPlan>& plans) {
+// Cells read by all boxes over all bins (the reads of a forward).
+inline int64_t total_reads(const PsPoolBins& bins, int64_t ph, int64_t pw) {
   int64_t reads = 0;
-  for (const PsPoolPlan& p : plans) {
+  for (int64_t k = 0; k < bins.size(); ++k) {
     int64_t rows = 0, cols = 0;
-    for (size_t i = 0; i < p.h0.size(); ++i) rows += std::max<int64_t>(p.h1[i] - p.h0[i], 0);
-    for (size_t j = 0; j < p.w0.size(); ++j) cols += std::max<int64_t>(p.w1[j] - p.w0[j], 0);
+    for (int64_t i = 0; i < ph; ++i) {
+      const PsPoolBins::Bin b = bins.bin(k, i, 0);
+      rows += std::max<int64_t>(b.y1 - b.y0, 0);
+    }
+    for (int64_t j = 0; j < pw; ++j) {
+      const PsPoolBins::Bin b = bins.bin(k, 0, j);
+      cols += std::max<int64_t>(b.x1 - b.x0, 0);
+    }
     reads += rows * cols;
   }
   return reads;
@@ -150,12 +166,12 @@ void forward_impl(const at::Tensor& input, const at::Tensor& rois, double spatia
                   int64_t C_out, at::Tensor& out) {
   using T = at::opmath_type<scalar_t>;
   const int64_t N = input.size(0), H = input.size(2), W = input.size(3), bins = ph * pw;
-  const std::vector<PsPoolPlan> plans = build_plans<T>(rois, spatial_scale, ph, pw, H, W);
+  const PsPoolBins boxes_bins = PsPoolBins::build<T>(rois, spatial_scale, ph, pw, H, W);
   const Strides s(input);
   const scalar_t* in = input.const_data_ptr<scalar_t>();
   PsOutput<scalar_t> result(out);
   std::optional<PsBinMajor<T>> bm;
-  if (s.w != 1 && PsBinMajor<T>::use(total_reads(plans), N, H * W, C_out, bins)) {
+  if (s.w != 1 && PsBinMajor<T>::use(total_reads(boxes_bins, ph, pw), N, H * W, C_out, bins)) {
     bm.emplace(N, H, W, C_out, bins, input.options().dtype(c10::CppTypeToScalarType<T>::value), false);
     bm->load(in);
   }
@@ -165,11 +181,10 @@ void forward_impl(const at::Tensor& input, const at::Tensor& rois, double spatia
     const scalar_t* base = in + n * s.n + (c0 * bins + bin) * s.c;
     PsTile t(nc, W);
     PsLanes<const T> v{};
-    const bool lanes = bm || (s.w == 1 && ps_use_tile<T>(t, cover_bin(plans, boxes, i, j, t), nc));
+    const bool lanes = bm || (s.w == 1 && ps_use_tile<T>(t, cover_bin(boxes_bins, boxes, i, j, t), nc));
     T* acc = ps_forward_storage(bm, lanes, t, base, bins * s.c, n, bin, c0, nc, scratch, v);
     for (const int64_t k : boxes) {
-      const PsPoolPlan& p = plans[k];
-      const int64_t y0 = p.h0[i], y1 = p.h1[i], x0 = p.w0[j], x1 = p.w1[j];
+      const auto [y0, y1, x0, x1] = boxes_bins.bin(k, i, j);
       scalar_t* r = result.row(bin, k) + c0;
       if (y1 <= y0 || x1 <= x0) {
         for (int64_t c = 0; c < nc; ++c) r[c] = scalar_t(0);
@@ -188,31 +203,109 @@ void forward_impl(const at::Tensor& input, const at::Tensor& rois, double spatia
   result.finish();
 }
 
+// Bytes of a band task's buffer (kept in L2) in backward_bands.
+constexpr int64_t kPsBandBytes = int64_t(512) << 10;
+
+// One task of backward_bands: boxes (in increasing k) of image n, rows [r0, r1), output
+// channels [c0, c0 + nc); gn points at image n of the gradient (channel c0 * bins),
+// buf at the task's zeroed buffer with d (lanes values, padding 0) after it.
+template <typename scalar_t, typename T>
+ROIOPS_SIMD void band_task(const PsPoolBins& bb, const std::vector<int64_t>& boxes, const scalar_t* grad_p,
+                           const Strides& gs, int64_t ph, int64_t pw, int64_t r0, int64_t r1, int64_t W, int64_t c0,
+                           int64_t nc, int64_t lanes, T* __restrict__ buf, T* __restrict__ d, T* gn,
+                           const Strides& a) {
+  const int64_t bins = ph * pw, cell_stride = bins * lanes;
+  for (const int64_t k : boxes) {
+    for (int64_t i = 0; i < ph; ++i) {
+      for (int64_t j = 0; j < pw; ++j) {
+        const auto [y0, y1, x0, x1] = bb.bin(k, i, j);
+        const int64_t ya = std::max(y0, r0), yb = std::min(y1, r1);
+        if (ya >= yb) break;  // the same rows for every j
+        if (x1 <= x0) continue;
+        const T area = static_cast<T>((y1 - y0) * (x1 - x0));
+        const scalar_t* gk = grad_p + k * gs.n + c0 * gs.c + i * gs.h + j * gs.w;
+        for (int64_t c = 0; c < nc; ++c) d[c] = static_cast<T>(gk[c * gs.c]) / area;
+        for (int64_t y = ya; y < yb; ++y) {
+          T* row = buf + ((y - r0) * W) * cell_stride + (i * pw + j) * lanes;
+          for (int64_t x = x0; x < x1; ++x) {
+            T* q = row + x * cell_stride;
+            for (int64_t c = 0; c < lanes; c += 8) store8(q + c, load8(q + c) + load8(d + c));
+          }
+        }
+      }
+    }
+  }
+  for (int64_t y = r0; y < r1; ++y) {
+    for (int64_t x = 0; x < W; ++x) {
+      transpose_block</*kPadRows=*/false, /*kReadPastCols=*/true>(buf + ((y - r0) * W + x) * cell_stride, lanes,
+                                                                  bins, nc, gn + y * a.h + x * a.w, bins);
+    }
+  }
+}
+
+// The backward into a channels_last gradient, by bands of rows: a task (image, band of
+// rows, block of output channels) adds its boxes' bins into a zeroed buffer holding each
+// cell's bins x lanes (bin b's lane c is input channel (c0 + c) * bins + b), then
+// transposes each cell's block into the gradient. In the gradient itself a cell's channels
+// of one bin are bins apart (one scalar add each); here they are whole vectors, and every
+// element of the gradient is written once, with no zeroing pass.
+template <typename scalar_t>
+void backward_bands(const at::Tensor& grad, const PsPoolBins& bb, const std::vector<int64_t>& batch, int64_t ph,
+                    int64_t pw, int64_t N, int64_t H, int64_t W, const at::Tensor& acc) {
+  using T = at::opmath_type<scalar_t>;
+  if (acc.numel() == 0) return;
+  const int64_t C_out = grad.size(1), bins = ph * pw;
+  const Strides a(acc), gs(grad);
+  const std::vector<std::vector<int64_t>> by_image = boxes_by_image(batch, N);
+  const int64_t cb = ps_channel_block(N * H, C_out), blocks = (C_out + cb - 1) / cb;
+  // Rows per band: the buffer within kPsBandBytes (at least one row), and tasks for all threads.
+  const int64_t row_bytes = W * bins * ((cb + 7) / 8 * 8) * static_cast<int64_t>(sizeof(T));
+  int64_t R = std::clamp<int64_t>(kPsBandBytes / row_bytes, 1, H);
+  while (R > 1 && N * blocks * ((H + R - 1) / R) < 2 * at::get_num_threads()) R = (R + 1) / 2;
+  const int64_t bands = (H + R - 1) / R;
+  const scalar_t* grad_p = grad.const_data_ptr<scalar_t>();
+  T* acc_p = acc.data_ptr<T>();
+  Scratch<T> scratch;
+  parallel_tasks(N * bands * blocks, [&](int64_t t) {
+    const int64_t n = t / (bands * blocks), r0 = t / blocks % bands * R, r1 = std::min(H, r0 + R);
+    const int64_t c0 = t % blocks * cb, nc = std::min(cb, C_out - c0), lanes = (nc + 7) / 8 * 8;
+    const int64_t size = (r1 - r0) * W * bins * lanes;
+    T* buf = scratch.get(size + lanes);
+    std::fill_n(buf, size, T(0));
+    std::fill_n(buf + size + nc, lanes - nc, T(0));
+    band_task(bb, by_image[n], grad_p, gs, ph, pw, r0, r1, W, c0, nc, lanes, buf, buf + size,
+              acc_p + n * a.n + c0 * bins * a.c, a);
+  });
+}
+
 template <typename scalar_t>
 void backward_impl(const at::Tensor& grad, const at::Tensor& rois, double spatial_scale, int64_t ph, int64_t pw,
                    int64_t N, int64_t H, int64_t W, const PsBackward& args) {
   using T = at::opmath_type<scalar_t>;
   const int64_t C_out = grad.size(1), bins = ph * pw;
-  const std::vector<PsPoolPlan> plans = build_plans<T>(rois, spatial_scale, ph, pw, H, W);
+  const PsPoolBins boxes_bins = PsPoolBins::build<T>(rois, spatial_scale, ph, pw, H, W);
+  // Channels contiguous in a cell (channels_last): by bands where their buffers' lanes (each
+  // about a third of an add in place, as for tiles) are no more than kPsCopyGain per add.
+  if (args.acc.stride(1) == 1 &&
+      N * H * W * bins * ((C_out + 7) / 8 * 8) <= kPsCopyGain * total_reads(boxes_bins, ph, pw) * C_out) {
+    backward_bands<scalar_t>(grad, boxes_bins, ps_batch(rois), ph, pw, N, H, W, args.acc);
+    return;
+  }
+  args.clear();
   const Strides a(args.acc);
   const Strides gs(grad);  // grad read where it lies: a bin's channels gs.c apart
   const scalar_t* grad_p = grad.const_data_ptr<scalar_t>();
   T* acc_p = args.acc.data_ptr<T>();
-  std::optional<PsBinMajor<T>> bm;
-  if (a.w != 1 && PsBinMajor<T>::use(total_reads(plans), N, H * W, C_out, bins)) {
-    bm.emplace(N, H, W, C_out, bins, args.acc.options(), true);
-  }
   Scratch<T> scratch;
   const auto task = [&](int64_t n, int64_t bin, int64_t c0, int64_t nc, const std::vector<int64_t>& boxes) {
     const int64_t i = bin / pw, j = bin % pw;
     T* base = acc_p + n * a.n + (c0 * bins + bin) * a.c;
     PsTile t(nc, W);
     PsLanes<T> v{};
-    const bool lanes = bm || (a.w == 1 && ps_use_tile<T>(t, cover_bin(plans, boxes, i, j, t), nc));
-    T* d = args.storage(bm, lanes, t, base, bins * a.c, n, bin, c0, nc, nc, scratch, v);
+    const bool lanes = a.w == 1 && ps_use_tile<T>(t, cover_bin(boxes_bins, boxes, i, j, t), nc);
+    T* d = args.storage<T>(std::nullopt, lanes, t, base, bins * a.c, n, bin, c0, nc, nc, scratch, v);
     for (const int64_t k : boxes) {
-      const PsPoolPlan& p = plans[k];
-      const int64_t y0 = p.h0[i], y1 = p.h1[i], x0 = p.w0[j], x1 = p.w1[j];
+      const auto [y0, y1, x0, x1] = boxes_bins.bin(k, i, j);
       if (y1 <= y0 || x1 <= x0) continue;
       const T area = static_cast<T>((y1 - y0) * (x1 - x0));
       const scalar_t* gk = grad_p + k * gs.n + c0 * gs.c + i * gs.h + j * gs.w;
@@ -223,10 +316,9 @@ void backward_impl(const at::Tensor& grad, const at::Tensor& rois, double spatia
         pool_bin_backward(d, base, bins * a.c, a.h, a.w, y0, y1, x0, x1, nc);
       }
     }
-    if (lanes && !bm) ps_store_tile(v.data, t, nc, base, bins * a.c);
+    if (lanes) ps_store_tile(v.data, t, nc, base, bins * a.c);
   };
   ps_tasks(ps_batch(rois), N, C_out, bins, task);
-  if (bm) bm->store(acc_p);
 }
 
 }  // namespace
