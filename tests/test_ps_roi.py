@@ -141,7 +141,7 @@ def test_bit_exact_with_torchvision_dense_and_sparse_boxes(op, sr, channels_last
 def test_bit_exact_with_torchvision_packed_boxes(op, sr, c_out, channels_last):
     """Boxes that read every cell of every bin several times: the kernels then work on the
     map rearranged so that a bin's output channels are contiguous (per task for NCHW; in
-    channels_last once for the whole map, or per band of rows for PSRoIPool's backward).
+    channels_last once for the whole map forward, per band of rows backward).
     70 output channels: two channel blocks, the last one short of a whole vector."""
     g = torch.Generator().manual_seed(4)
     x = torch.randn(1, c_out * 9, 20, 30, generator=g)

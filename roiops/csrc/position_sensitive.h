@@ -7,10 +7,12 @@
 // block: each lane is one channel, summed in torchvision's order, so vectorising changes
 // no bit. Where the boxes read each cell about once or more, the kernels first rearrange
 // the map so that those lanes are contiguous (PsTile per task for NCHW, PsBinMajor once
-// for channels_last) and then load, sum and scatter whole vectors.
+// for a channels_last forward, PsBand per band of rows for a channels_last backward) and
+// then load, sum and scatter whole vectors.
 //
 // Tasks (ps_tasks) are one bin of a block of output channels of one image; backward ones
 // add the image's boxes in increasing k: deterministic, no atomics, any thread count.
+// Band tasks (ps_backward_bands) own rows of all bins instead, also adding in increasing k.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -165,11 +167,11 @@ bool ps_use_tile(const PsTile& t, int64_t reads, int64_t nc) {
 // A channels-last map as bin-major lanes: channel (c * bins + b) of cell e of image n at
 // ((n * bins + b) * cells + e) * S + c, S = C_out rounded up to whole vectors (padding
 // lanes 0). In a channels-last map a bin's output channels are bins channels apart; here
-// they are contiguous lanes, so a task reads (forward) or accumulates (backward) whole
-// vectors in place. Copied in and out once for all tasks, each cell's C_out x bins block
-// transposed in registers; used when the boxes read each cell of each bin about once or
-// more (use(), which counts padding lanes as ps_use_tile does, but no cheaper than a
-// gathered lane: a cell's C_out x bins block is rarely whole 8 x 8 blocks).
+// they are contiguous lanes, so a forward task reads whole vectors. Copied in once for all
+// tasks, each cell's C_out x bins block transposed in registers; used when the boxes read
+// each cell of each bin about once or more (use(), which counts padding lanes as
+// ps_use_tile does, but no cheaper than a gathered lane: a cell's C_out x bins block is
+// rarely whole 8 x 8 blocks).
 template <typename T>
 class PsBinMajor {
  public:
@@ -178,47 +180,31 @@ class PsBinMajor {
     return N * cells * bins * ((C_out + 7) / 8 * 8) <= reads * C_out;
   }
 
-  // zero: all lanes start at 0 (a backward's accumulator); else load() fills them.
-  PsBinMajor(int64_t N, int64_t H, int64_t W, int64_t C_out, int64_t bins, at::TensorOptions options, bool zero)
-      : N_(N), W_(W), cells_(H * W), C_out_(C_out), bins_(bins), S_((C_out + 7) / 8 * 8),
-        buf_(zero ? at::zeros({N * bins * H * W * S_}, options) : at::empty({N * bins * H * W * S_}, options)) {}
-
-  PsLanes<T> lanes(int64_t n, int64_t bin, int64_t c0, int64_t nc) const {
-    return {buf_.data_ptr<T>() + (n * bins_ + bin) * cells_ * S_ + c0, 0, W_ * S_, S_, (nc + 7) / 8 * 8};
-  }
-
-  // From the channels-last map `in` (its cells C_out * bins channels apart), padding lanes 0.
+  // The lanes of the channels-last map `in` (its cells C_out * bins channels apart).
   template <typename scalar_t>
-  void load(const scalar_t* in) {
+  PsBinMajor(const scalar_t* in, int64_t N, int64_t H, int64_t W, int64_t C_out, int64_t bins,
+             at::TensorOptions options)
+      : W_(W), cells_(H * W), C_out_(C_out), bins_(bins), S_((C_out + 7) / 8 * 8),
+        buf_(at::empty({N * bins * H * W * S_}, options)) {
     T* out = buf_.data_ptr<T>();
-    at::parallel_for(0, N_ * cells_, 64, [&](int64_t g0, int64_t g1) { cells_in(in, out, g0, g1); });
+    at::parallel_for(0, N * cells_, 64, [&](int64_t g0, int64_t g1) { cells_in(in, out, g0, g1); });
   }
 
-  // Into the channels-last gradient `out` (every element written).
-  void store(T* out) const {
-    const T* in = buf_.const_data_ptr<T>();
-    at::parallel_for(0, N_ * cells_, 64, [&](int64_t g0, int64_t g1) { cells_out(in, out, g0, g1); });
+  PsLanes<const T> lanes(int64_t n, int64_t bin, int64_t c0, int64_t nc) const {
+    return {buf_.const_data_ptr<T>() + (n * bins_ + bin) * cells_ * S_ + c0, 0, W_ * S_, S_, (nc + 7) / 8 * 8};
   }
 
  private:
-  // Cell g = n * cells + e: its C_out x bins channels to the bins x S lanes, and back.
+  // Cell g = n * cells + e: its C_out x bins channels to the bins x S lanes.
   template <typename scalar_t>
   ROIOPS_SIMD void cells_in(const scalar_t* in, T* out, int64_t g0, int64_t g1) const {
     for (int64_t g = g0; g < g1; ++g) {
-      transpose_block<true, false>(in + g * C_out_ * bins_, bins_, C_out_, bins_, at_cell(out, g), cells_ * S_);
+      T* cell = out + ((g / cells_) * bins_ * cells_ + g % cells_) * S_;
+      transpose_block<true, false>(in + g * C_out_ * bins_, bins_, C_out_, bins_, cell, cells_ * S_);
     }
-  }
-  ROIOPS_SIMD void cells_out(const T* in, T* out, int64_t g0, int64_t g1) const {
-    for (int64_t g = g0; g < g1; ++g) {
-      transpose_block<false, true>(at_cell(in, g), cells_ * S_, bins_, C_out_, out + g * C_out_ * bins_, bins_);
-    }
-  }
-  template <typename P>
-  P* at_cell(P* base, int64_t g) const {
-    return base + ((g / cells_) * bins_ * cells_ + g % cells_) * S_;
   }
 
-  int64_t N_, W_, cells_, C_out_, bins_, S_;
+  int64_t W_, cells_, C_out_, bins_, S_;
   at::Tensor buf_;
 };
 
@@ -242,7 +228,7 @@ T* ps_forward_storage(const std::optional<PsBinMajor<T>>& bm, bool lanes, const 
                       int64_t cs, int64_t n, int64_t bin, int64_t c0, int64_t nc, Scratch<T>& scratch,
                       PsLanes<const T>& v) {
   if (bm) {
-    v = bm->lanes(n, bin, c0, nc).as_const();
+    v = bm->lanes(n, bin, c0, nc);
     return scratch.get(v.L);
   }
   if (!lanes) return scratch.get(nc);
@@ -317,31 +303,98 @@ struct PsBackward {
     }
   }
 
-  // Where a backward task accumulates: on lanes (with bm, its block of the bin-major map;
-  // else, when `lanes`, a zeroed tile t of its planes at base + c * cs, which ps_store_tile
-  // writes back) or on its planes in place. Zeroes the task's planes that no tile covers.
-  // Sets v to the lanes; returns scratch for the task's grad values: v.L lanes with the
-  // padding zeroed, or `in_place` values in place.
+  // Where a backward task accumulates on NCHW planes: when `lanes`, a zeroed tile t of its
+  // planes at base + c * cs, which ps_store_tile writes back, else on its planes in place.
+  // Zeroes the task's planes that no tile covers. Sets v to the tile's lanes; returns
+  // scratch for the task's grad values: v.L lanes with the padding zeroed, or `in_place`
+  // values in place.
   template <typename T>
-  T* storage(const std::optional<PsBinMajor<T>>& bm, bool lanes, const PsTile& t, T* base, int64_t cs, int64_t n,
-             int64_t bin, int64_t c0, int64_t nc, int64_t in_place, Scratch<T>& scratch, PsLanes<T>& v) const {
-    T* g;
-    if (bm) {
-      v = bm->lanes(n, bin, c0, nc), g = scratch.get(v.L);
-    } else if (lanes) {
-      start(base, cs, nc, t.y0, t.y1);
-      T* tile = scratch.get(t.size() + t.lanes);
-      std::fill_n(tile, t.size(), T(0));
-      v = t.view(tile), g = tile + t.size();
-    } else {
+  T* storage(bool lanes, const PsTile& t, T* base, int64_t cs, int64_t nc, int64_t in_place, Scratch<T>& scratch,
+             PsLanes<T>& v) const {
+    if (!lanes) {
       start(base, cs, nc);
       return scratch.get(in_place);
     }
+    start(base, cs, nc, t.y0, t.y1);
+    T* tile = scratch.get(t.size() + t.lanes);
+    std::fill_n(tile, t.size(), T(0));
+    v = t.view(tile);
+    T* g = tile + t.size();
     std::fill_n(g + nc, v.L - nc, T(0));
     return g;
   }
 
   at::Tensor result() const { return acc.scalar_type() == grad.scalar_type() ? acc : acc.to(grad.scalar_type()); }
 };
+
+// A task of ps_backward_bands: image n, rows [r0, r1), output channels [c0, c0 + nc) in
+// `lanes` lanes (whole vectors). Its buffer holds, for each cell (y, x) of its rows, bins x
+// lanes values: bin b's lane c (input channel (c0 + c) * bins + b) at
+// ((y - r0) * W + x) * cell + b * lanes + c, cell = bins * lanes.
+struct PsBand {
+  int64_t n, r0, r1, c0, nc, lanes, W, bins;
+  int64_t cell() const { return bins * lanes; }
+  int64_t size() const { return (r1 - r0) * W * cell(); }
+  // Where bin b's lanes of cell (y, x) lie in buf (y within the band).
+  template <typename T>
+  T* at(T* buf, int64_t y, int64_t x, int64_t b) const {
+    return buf + ((y - r0) * W + x) * cell() + b * lanes;
+  }
+};
+
+// Bytes of a band's buffer (kept in L2), unless one row needs more.
+constexpr int64_t kPsBandBytes = int64_t(512) << 10;
+
+// Whether a channels_last backward goes by bands (ps_backward_bands): the buffers' lanes
+// (each about a third of an add in place, like a tile's copy) are no more than kPsCopyGain
+// per channel that the boxes' `reads` (cells or taps, over all bins) add in place.
+inline bool ps_use_bands(const at::Tensor& acc, int64_t reads, int64_t C_out, int64_t bins) {
+  return acc.stride(1) == 1 &&
+         acc.size(0) * acc.size(2) * acc.size(3) * bins * ((C_out + 7) / 8 * 8) <= kPsCopyGain * reads * C_out;
+}
+
+// Band b's buffer into the channels-last gradient gn (image n, channel c0 * bins): each
+// cell's bins x nc values transposed in registers into its nc * bins contiguous channels.
+template <typename T>
+ROIOPS_SIMD void ps_store_band(const T* buf, const PsBand& b, T* gn, int64_t sH, int64_t sW) {
+  for (int64_t y = b.r0; y < b.r1; ++y) {
+    for (int64_t x = 0; x < b.W; ++x) {
+      transpose_block</*kPadRows=*/false, /*kReadPastCols=*/true>(b.at(buf, y, x, 0), b.lanes, b.bins, b.nc,
+                                                                  gn + y * sH + x * sW, b.bins);
+    }
+  }
+}
+
+// The backward into a channels_last gradient acc ([N, C_out * bins, H, W], every element
+// written), by bands of rows: add(band, boxes of its image, buf, g) adds the boxes' terms,
+// in increasing k, into the band's zeroed buffer (PsBand), g being scratch for lanes values
+// with the padding zeroed; then each cell's block is transposed into the gradient. In the
+// gradient itself a cell's channels of one bin are bins apart (one scalar add each); in
+// the buffer they are whole vectors, and no pass zeroes the gradient. Each element is
+// summed by one task, in increasing k: deterministic for any thread count.
+template <typename T, typename F>
+void ps_backward_bands(const std::vector<int64_t>& batch, int64_t C_out, int64_t bins, const at::Tensor& acc,
+                       const F& add) {
+  if (acc.numel() == 0) return;
+  const int64_t N = acc.size(0), H = acc.size(2), W = acc.size(3);
+  const std::vector<std::vector<int64_t>> by_image = boxes_by_image(batch, N);
+  const int64_t cb = ps_channel_block(N * H, C_out), blocks = (C_out + cb - 1) / cb;
+  // Rows per band: the buffer within kPsBandBytes (at least one row), and tasks for all threads.
+  const int64_t row_bytes = W * bins * ((cb + 7) / 8 * 8) * static_cast<int64_t>(sizeof(T));
+  int64_t R = std::clamp<int64_t>(kPsBandBytes / row_bytes, 1, H);
+  while (R > 1 && N * blocks * ((H + R - 1) / R) < 2 * at::get_num_threads()) R = (R + 1) / 2;
+  const int64_t bands = (H + R - 1) / R;
+  const Strides a(acc);
+  T* acc_p = acc.data_ptr<T>();
+  Scratch<T> scratch;
+  parallel_tasks(N * bands * blocks, [&](int64_t t) {
+    PsBand b{t / (bands * blocks), t / blocks % bands * R, 0, t % blocks * cb, 0, 0, W, bins};
+    b.r1 = std::min(H, b.r0 + R), b.nc = std::min(cb, C_out - b.c0), b.lanes = (b.nc + 7) / 8 * 8;
+    T* buf = scratch.get(b.size() + b.lanes);
+    std::fill_n(buf, b.size() + b.lanes, T(0));
+    add(b, by_image[b.n], buf, buf + b.size());
+    ps_store_band(buf, b, acc_p + b.n * a.n + b.c0 * bins * a.c, a.h, a.w);
+  });
+}
 
 }  // namespace roiops

@@ -152,6 +152,65 @@ ROIOPS_SIMD void align_bin_lanes_backward(const AlignPlan<T>& p, int64_t i, int6
   });
 }
 
+// A band's terms (ps_backward_bands): each sample of each bin of `boxes` (in increasing k)
+// adds (grad * w) / count to those of its four neighbours in the band's rows, in the order
+// of align_bin_lanes_backward (a power-of-2 count: times its exact reciprocal).
+template <typename scalar_t, typename T>
+ROIOPS_SIMD void add_band(const PsBand& band, const std::vector<AlignPlan<T>>& plans,
+                          const std::vector<int64_t>& boxes, const scalar_t* grad_p, const Strides& gs, int64_t ph,
+                          int64_t pw, T* __restrict__ buf, T* __restrict__ g) {
+  const int64_t L = band.lanes, cell = band.cell();
+  for (const int64_t k : boxes) {
+    const AlignPlan<T>& p = plans[k];
+    if (p.empty()) continue;
+    const T count = p.count, inv = T(1) / count;
+    int exp;
+    const bool pow2 = std::frexp(count, &exp) == T(0.5);
+    const AxisPlan<T>&ys = p.ys, &xs = p.xs;
+    for (int64_t i = 0; i < ph; ++i) {
+      const int64_t ya = ys.begin[i], yb = ys.begin[i + 1];
+      // Positions are monotonic: the extreme rows are those of the first and last samples.
+      if (ya == yb || std::max(ys.hi[ya], ys.hi[yb - 1]) < band.r0 ||
+          std::min(ys.lo[ya], ys.lo[yb - 1]) >= band.r1) {
+        continue;
+      }
+      for (int64_t j = 0; j < pw; ++j) {
+        if (xs.begin[j] == xs.begin[j + 1]) continue;
+        const scalar_t* gk = grad_p + k * gs.n + band.c0 * gs.c + i * gs.h + j * gs.w;
+        for (int64_t c = 0; c < band.nc; ++c) g[c] = static_cast<T>(gk[c * gs.c]);
+        for (int64_t ty = ya; ty < yb; ++ty) {
+          const int64_t ylo = ys.lo[ty], yhi = ys.hi[ty];
+          const bool in_lo = ylo >= band.r0 && ylo < band.r1, in_hi = yhi >= band.r0 && yhi < band.r1;
+          if (!in_lo && !in_hi) continue;
+          const T ly = ys.l[ty], hy = ys.h[ty];
+          T* rlo = band.at(buf, in_lo ? ylo : band.r0, 0, i * pw + j);
+          T* rhi = band.at(buf, in_hi ? yhi : band.r0, 0, i * pw + j);
+          for (int64_t tx = xs.begin[j]; tx < xs.begin[j + 1]; ++tx) {
+            const int64_t xlo = xs.lo[tx] * cell, xhi = xs.hi[tx] * cell;
+            const T lx = xs.l[tx], hx = xs.h[tx];
+            const T w1 = hy * hx, w2 = hy * lx, w3 = ly * hx, w4 = ly * lx;
+            for (int64_t c = 0; c < L; c += 8) {
+              const lanes8<T> gc = load8(g + c);
+              if (in_lo) {  // one neighbour at a time: neighbours may coincide at the border
+                const lanes8<T> d1 = pow2 ? gc * w1 * inv : gc * w1 / count;
+                store8(rlo + xlo + c, load8(rlo + xlo + c) + d1);
+                const lanes8<T> d2 = pow2 ? gc * w2 * inv : gc * w2 / count;
+                store8(rlo + xhi + c, load8(rlo + xhi + c) + d2);
+              }
+              if (in_hi) {
+                const lanes8<T> d3 = pow2 ? gc * w3 * inv : gc * w3 / count;
+                store8(rhi + xlo + c, load8(rhi + xlo + c) + d3);
+                const lanes8<T> d4 = pow2 ? gc * w4 * inv : gc * w4 / count;
+                store8(rhi + xhi + c, load8(rhi + xhi + c) + d4);
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
 // Taps of all boxes of `plans` over all bins (the reads of a forward).
 template <typename T>
 int64_t total_reads(const std::vector<AlignPlan<T>>& plans, int64_t ph, int64_t pw) {
@@ -173,8 +232,7 @@ void forward_impl(const at::Tensor& input, const at::Tensor& rois, double spatia
   PsOutput<scalar_t> result(out);
   std::optional<PsBinMajor<T>> bm;
   if (s.w != 1 && PsBinMajor<T>::use(total_reads(plans, ph, pw), N, H * W, C_out, bins)) {
-    bm.emplace(N, H, W, C_out, bins, input.options().dtype(c10::CppTypeToScalarType<T>::value), false);
-    bm->load(in);
+    bm.emplace(in, N, H, W, C_out, bins, input.options().dtype(c10::CppTypeToScalarType<T>::value));
   }
   Scratch<T> scratch;
   const auto task = [&](int64_t n, int64_t bin, int64_t c0, int64_t nc, const std::vector<int64_t>& boxes) {
@@ -208,23 +266,26 @@ void backward_impl(const at::Tensor& grad, const at::Tensor& rois, double spatia
   using T = at::opmath_type<scalar_t>;
   const int64_t C_out = grad.size(1), bins = ph * pw;
   const std::vector<AlignPlan<T>> plans = build_plans<T>(rois, spatial_scale, ph, pw, sampling_ratio, H, W);
-  args.clear();
-  const Strides a(args.acc);
   const Strides gs(grad);  // grad read where it lies: a bin's channels gs.c apart
   const scalar_t* grad_p = grad.const_data_ptr<scalar_t>();
-  T* acc_p = args.acc.data_ptr<T>();
-  std::optional<PsBinMajor<T>> bm;
-  if (a.w != 1 && PsBinMajor<T>::use(total_reads(plans, ph, pw), N, H * W, C_out, bins)) {
-    bm.emplace(N, H, W, C_out, bins, args.acc.options(), true);
+  if (ps_use_bands(args.acc, total_reads(plans, ph, pw), C_out, bins)) {
+    ps_backward_bands<T>(ps_batch(rois), C_out, bins, args.acc,
+                         [&](const PsBand& band, const std::vector<int64_t>& boxes, T* buf, T* g) {
+                           add_band(band, plans, boxes, grad_p, gs, ph, pw, buf, g);
+                         });
+    return;
   }
+  args.clear();
+  const Strides a(args.acc);
+  T* acc_p = args.acc.data_ptr<T>();
   Scratch<T> scratch;
   const auto task = [&](int64_t n, int64_t bin, int64_t c0, int64_t nc, const std::vector<int64_t>& boxes) {
     const int64_t i = bin / pw, j = bin % pw;
     T* base = acc_p + n * a.n + (c0 * bins + bin) * a.c;
     PsTile t(nc, W);
     PsLanes<T> v{};
-    const bool lanes = bm || (a.w == 1 && ps_use_tile<T>(t, cover_bin(plans, boxes, i, j, t), nc));
-    T* gv = args.storage(bm, lanes, t, base, bins * a.c, n, bin, c0, nc, 5 * nc, scratch, v);
+    const bool lanes = a.w == 1 && ps_use_tile<T>(t, cover_bin(plans, boxes, i, j, t), nc);
+    T* gv = args.storage(lanes, t, base, bins * a.c, nc, 5 * nc, scratch, v);
     for (const int64_t k : boxes) {
       const AlignPlan<T>& p = plans[k];
       if (p.empty()) continue;
@@ -239,10 +300,9 @@ void backward_impl(const at::Tensor& grad, const at::Tensor& rois, double spatia
         align_bin_lanes_backward<false>(p, i, j, gv, v);
       }
     }
-    if (lanes && !bm) ps_store_tile(v.data, t, nc, base, bins * a.c);
+    if (lanes) ps_store_tile(v.data, t, nc, base, bins * a.c);
   };
   ps_tasks(ps_batch(rois), N, C_out, bins, task);
-  if (bm) bm->store(acc_p);
 }
 
 }  // namespace

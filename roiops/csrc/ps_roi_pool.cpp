@@ -172,8 +172,7 @@ void forward_impl(const at::Tensor& input, const at::Tensor& rois, double spatia
   PsOutput<scalar_t> result(out);
   std::optional<PsBinMajor<T>> bm;
   if (s.w != 1 && PsBinMajor<T>::use(total_reads(boxes_bins, ph, pw), N, H * W, C_out, bins)) {
-    bm.emplace(N, H, W, C_out, bins, input.options().dtype(c10::CppTypeToScalarType<T>::value), false);
-    bm->load(in);
+    bm.emplace(in, N, H, W, C_out, bins, input.options().dtype(c10::CppTypeToScalarType<T>::value));
   }
   Scratch<T> scratch;
   const auto task = [&](int64_t n, int64_t bin, int64_t c0, int64_t nc, const std::vector<int64_t>& boxes) {
@@ -203,79 +202,32 @@ void forward_impl(const at::Tensor& input, const at::Tensor& rois, double spatia
   result.finish();
 }
 
-// Bytes of a band task's buffer (kept in L2) in backward_bands.
-constexpr int64_t kPsBandBytes = int64_t(512) << 10;
-
-// One task of backward_bands: boxes (in increasing k) of image n, rows [r0, r1), output
-// channels [c0, c0 + nc); gn points at image n of the gradient (channel c0 * bins),
-// buf at the task's zeroed buffer with d (lanes values, padding 0) after it.
+// A band's terms (ps_backward_bands): each bin of `boxes` (in increasing k) adds grad / area
+// to its cells in the band's rows.
 template <typename scalar_t, typename T>
-ROIOPS_SIMD void band_task(const PsPoolBins& bb, const std::vector<int64_t>& boxes, const scalar_t* grad_p,
-                           const Strides& gs, int64_t ph, int64_t pw, int64_t r0, int64_t r1, int64_t W, int64_t c0,
-                           int64_t nc, int64_t lanes, T* __restrict__ buf, T* __restrict__ d, T* gn,
-                           const Strides& a) {
-  const int64_t bins = ph * pw, cell_stride = bins * lanes;
+ROIOPS_SIMD void add_band(const PsBand& band, const PsPoolBins& bb, const std::vector<int64_t>& boxes,
+                          const scalar_t* grad_p, const Strides& gs, int64_t ph, int64_t pw, T* __restrict__ buf,
+                          T* __restrict__ d) {
   for (const int64_t k : boxes) {
     for (int64_t i = 0; i < ph; ++i) {
       for (int64_t j = 0; j < pw; ++j) {
         const auto [y0, y1, x0, x1] = bb.bin(k, i, j);
-        const int64_t ya = std::max(y0, r0), yb = std::min(y1, r1);
+        const int64_t ya = std::max(y0, band.r0), yb = std::min(y1, band.r1);
         if (ya >= yb) break;  // the same rows for every j
         if (x1 <= x0) continue;
         const T area = static_cast<T>((y1 - y0) * (x1 - x0));
-        const scalar_t* gk = grad_p + k * gs.n + c0 * gs.c + i * gs.h + j * gs.w;
-        for (int64_t c = 0; c < nc; ++c) d[c] = static_cast<T>(gk[c * gs.c]) / area;
+        const scalar_t* gk = grad_p + k * gs.n + band.c0 * gs.c + i * gs.h + j * gs.w;
+        for (int64_t c = 0; c < band.nc; ++c) d[c] = static_cast<T>(gk[c * gs.c]) / area;
         for (int64_t y = ya; y < yb; ++y) {
-          T* row = buf + ((y - r0) * W) * cell_stride + (i * pw + j) * lanes;
+          T* row = band.at(buf, y, 0, i * pw + j);
           for (int64_t x = x0; x < x1; ++x) {
-            T* q = row + x * cell_stride;
-            for (int64_t c = 0; c < lanes; c += 8) store8(q + c, load8(q + c) + load8(d + c));
+            T* q = row + x * band.cell();
+            for (int64_t c = 0; c < band.lanes; c += 8) store8(q + c, load8(q + c) + load8(d + c));
           }
         }
       }
     }
   }
-  for (int64_t y = r0; y < r1; ++y) {
-    for (int64_t x = 0; x < W; ++x) {
-      transpose_block</*kPadRows=*/false, /*kReadPastCols=*/true>(buf + ((y - r0) * W + x) * cell_stride, lanes,
-                                                                  bins, nc, gn + y * a.h + x * a.w, bins);
-    }
-  }
-}
-
-// The backward into a channels_last gradient, by bands of rows: a task (image, band of
-// rows, block of output channels) adds its boxes' bins into a zeroed buffer holding each
-// cell's bins x lanes (bin b's lane c is input channel (c0 + c) * bins + b), then
-// transposes each cell's block into the gradient. In the gradient itself a cell's channels
-// of one bin are bins apart (one scalar add each); here they are whole vectors, and every
-// element of the gradient is written once, with no zeroing pass.
-template <typename scalar_t>
-void backward_bands(const at::Tensor& grad, const PsPoolBins& bb, const std::vector<int64_t>& batch, int64_t ph,
-                    int64_t pw, int64_t N, int64_t H, int64_t W, const at::Tensor& acc) {
-  using T = at::opmath_type<scalar_t>;
-  if (acc.numel() == 0) return;
-  const int64_t C_out = grad.size(1), bins = ph * pw;
-  const Strides a(acc), gs(grad);
-  const std::vector<std::vector<int64_t>> by_image = boxes_by_image(batch, N);
-  const int64_t cb = ps_channel_block(N * H, C_out), blocks = (C_out + cb - 1) / cb;
-  // Rows per band: the buffer within kPsBandBytes (at least one row), and tasks for all threads.
-  const int64_t row_bytes = W * bins * ((cb + 7) / 8 * 8) * static_cast<int64_t>(sizeof(T));
-  int64_t R = std::clamp<int64_t>(kPsBandBytes / row_bytes, 1, H);
-  while (R > 1 && N * blocks * ((H + R - 1) / R) < 2 * at::get_num_threads()) R = (R + 1) / 2;
-  const int64_t bands = (H + R - 1) / R;
-  const scalar_t* grad_p = grad.const_data_ptr<scalar_t>();
-  T* acc_p = acc.data_ptr<T>();
-  Scratch<T> scratch;
-  parallel_tasks(N * bands * blocks, [&](int64_t t) {
-    const int64_t n = t / (bands * blocks), r0 = t / blocks % bands * R, r1 = std::min(H, r0 + R);
-    const int64_t c0 = t % blocks * cb, nc = std::min(cb, C_out - c0), lanes = (nc + 7) / 8 * 8;
-    const int64_t size = (r1 - r0) * W * bins * lanes;
-    T* buf = scratch.get(size + lanes);
-    std::fill_n(buf, size, T(0));
-    std::fill_n(buf + size + nc, lanes - nc, T(0));
-    band_task(bb, by_image[n], grad_p, gs, ph, pw, r0, r1, W, c0, nc, lanes, buf, buf + size,
-              acc_p + n * a.n + c0 * bins * a.c, a);
-  });
 }
 
 template <typename scalar_t>
@@ -284,17 +236,17 @@ void backward_impl(const at::Tensor& grad, const at::Tensor& rois, double spatia
   using T = at::opmath_type<scalar_t>;
   const int64_t C_out = grad.size(1), bins = ph * pw;
   const PsPoolBins boxes_bins = PsPoolBins::build<T>(rois, spatial_scale, ph, pw, H, W);
-  // Channels contiguous in a cell (channels_last): by bands where their buffers' lanes (each
-  // about a third of an add in place, as for tiles) are no more than kPsCopyGain per add.
-  if (args.acc.stride(1) == 1 &&
-      N * H * W * bins * ((C_out + 7) / 8 * 8) <= kPsCopyGain * total_reads(boxes_bins, ph, pw) * C_out) {
-    backward_bands<scalar_t>(grad, boxes_bins, ps_batch(rois), ph, pw, N, H, W, args.acc);
+  const Strides gs(grad);  // grad read where it lies: a bin's channels gs.c apart
+  const scalar_t* grad_p = grad.const_data_ptr<scalar_t>();
+  if (ps_use_bands(args.acc, total_reads(boxes_bins, ph, pw), C_out, bins)) {
+    ps_backward_bands<T>(ps_batch(rois), C_out, bins, args.acc,
+                         [&](const PsBand& band, const std::vector<int64_t>& boxes, T* buf, T* d) {
+                           add_band(band, boxes_bins, boxes, grad_p, gs, ph, pw, buf, d);
+                         });
     return;
   }
   args.clear();
   const Strides a(args.acc);
-  const Strides gs(grad);  // grad read where it lies: a bin's channels gs.c apart
-  const scalar_t* grad_p = grad.const_data_ptr<scalar_t>();
   T* acc_p = args.acc.data_ptr<T>();
   Scratch<T> scratch;
   const auto task = [&](int64_t n, int64_t bin, int64_t c0, int64_t nc, const std::vector<int64_t>& boxes) {
@@ -303,7 +255,7 @@ void backward_impl(const at::Tensor& grad, const at::Tensor& rois, double spatia
     PsTile t(nc, W);
     PsLanes<T> v{};
     const bool lanes = a.w == 1 && ps_use_tile<T>(t, cover_bin(boxes_bins, boxes, i, j, t), nc);
-    T* d = args.storage<T>(std::nullopt, lanes, t, base, bins * a.c, n, bin, c0, nc, nc, scratch, v);
+    T* d = args.storage(lanes, t, base, bins * a.c, nc, nc, scratch, v);
     for (const int64_t k : boxes) {
       const auto [y0, y1, x0, x1] = boxes_bins.bin(k, i, j);
       if (y1 <= y0 || x1 <= x0) continue;
