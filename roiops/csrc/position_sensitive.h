@@ -366,33 +366,34 @@ ROIOPS_SIMD void ps_store_band(const T* buf, const PsBand& b, T* gn, int64_t sH,
 }
 
 // The backward into a channels_last gradient acc ([N, C_out * bins, H, W], every element
-// written), by bands of rows: add(band, boxes of its image, buf, g) adds the boxes' terms,
-// in increasing k, into the band's zeroed buffer (PsBand), g being scratch for lanes values
-// with the padding zeroed; then each cell's block is transposed into the gradient. In the
-// gradient itself a cell's channels of one bin are bins apart (one scalar add each); in
-// the buffer they are whole vectors, and no pass zeroes the gradient. Each element is
-// summed by one task, in increasing k: deterministic for any thread count.
+// written), by bands of rows: add(band, boxes, buf, g) adds the terms of `boxes` (those of
+// the band's image whose rows span[k] meet the band, in increasing k) into the band's
+// zeroed buffer (PsBand), g being scratch for lanes values with the padding zeroed; then
+// each cell's block is transposed into the gradient. In the gradient itself a cell's
+// channels of one bin are bins apart (one scalar add each); in the buffer they are whole
+// vectors, and no pass zeroes the gradient. Each element is summed by one task, in
+// increasing k: deterministic for any thread count.
 template <typename T, typename F>
-void ps_backward_bands(const std::vector<int64_t>& batch, int64_t C_out, int64_t bins, const at::Tensor& acc,
-                       const F& add) {
+void ps_backward_bands(const std::vector<int64_t>& batch, const std::vector<std::pair<int64_t, int64_t>>& spans,
+                       int64_t C_out, int64_t bins, const at::Tensor& acc, const F& add) {
   if (acc.numel() == 0) return;
   const int64_t N = acc.size(0), H = acc.size(2), W = acc.size(3);
-  const std::vector<std::vector<int64_t>> by_image = boxes_by_image(batch, N);
   const int64_t cb = ps_channel_block(N * H, C_out), blocks = (C_out + cb - 1) / cb;
   // Rows per band: the buffer within kPsBandBytes (at least one row), and tasks for all threads.
   const int64_t row_bytes = W * bins * ((cb + 7) / 8 * 8) * static_cast<int64_t>(sizeof(T));
   int64_t R = std::clamp<int64_t>(kPsBandBytes / row_bytes, 1, H);
   while (R > 1 && N * blocks * ((H + R - 1) / R) < 2 * at::get_num_threads()) R = (R + 1) / 2;
-  const int64_t bands = (H + R - 1) / R;
+  const Bands bands(N, H, row_bytes, R * row_bytes, batch, spans);
   const Strides a(acc);
   T* acc_p = acc.data_ptr<T>();
   Scratch<T> scratch;
-  parallel_tasks(N * bands * blocks, [&](int64_t t) {
-    PsBand b{t / (bands * blocks), t / blocks % bands * R, 0, t % blocks * cb, 0, 0, W, bins};
-    b.r1 = std::min(H, b.r0 + R), b.nc = std::min(cb, C_out - b.c0), b.lanes = (b.nc + 7) / 8 * 8;
+  parallel_tasks(static_cast<int64_t>(bands.boxes.size()) * blocks, [&](int64_t t) {
+    const int64_t nb = t / blocks;
+    PsBand b{nb / bands.per_image, nb % bands.per_image * bands.rows, 0, t % blocks * cb, 0, 0, W, bins};
+    b.r1 = std::min(H, b.r0 + bands.rows), b.nc = std::min(cb, C_out - b.c0), b.lanes = (b.nc + 7) / 8 * 8;
     T* buf = scratch.get(b.size() + b.lanes);
     std::fill_n(buf, b.size() + b.lanes, T(0));
-    add(b, by_image[b.n], buf, buf + b.size());
+    add(b, bands.boxes[nb], buf, buf + b.size());
     ps_store_band(buf, b, acc_p + b.n * a.n + b.c0 * bins * a.c, a.h, a.w);
   });
 }

@@ -269,7 +269,9 @@ void backward_impl(const at::Tensor& grad, const at::Tensor& rois, double spatia
   const Strides gs(grad);  // grad read where it lies: a bin's channels gs.c apart
   const scalar_t* grad_p = grad.const_data_ptr<scalar_t>();
   if (ps_use_bands(args.acc, total_reads(plans, ph, pw), C_out, bins)) {
-    ps_backward_bands<T>(ps_batch(rois), C_out, bins, args.acc,
+    std::vector<std::pair<int64_t, int64_t>> spans(plans.size());
+    for (size_t k = 0; k < plans.size(); ++k) spans[k] = plans[k].row_span();
+    ps_backward_bands<T>(ps_batch(rois), spans, C_out, bins, args.acc,
                          [&](const PsBand& band, const std::vector<int64_t>& boxes, T* buf, T* g) {
                            add_band(band, plans, boxes, grad_p, gs, ph, pw, buf, g);
                          });

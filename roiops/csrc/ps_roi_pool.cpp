@@ -49,6 +49,8 @@ class PsPoolBins {
   }
 
   int64_t size() const { return static_cast<int64_t>(edges_.size()) / (2 * (ph_ + pw_)); }
+  // {first row, last row} of box k's bins (first > last: none).
+  std::pair<int64_t, int64_t> row_span(int64_t k) const { return {box(k)[0], box(k)[2 * ph_ - 1] - 1}; }
   Bin bin(int64_t k, int64_t i, int64_t j) const {
     const int64_t* e = box(k);
     return {e[i], e[ph_ + i], e[2 * ph_ + j], e[2 * ph_ + pw_ + j]};
@@ -183,9 +185,10 @@ void forward_impl(const at::Tensor& input, const at::Tensor& rois, double spatia
     const bool lanes = bm || (s.w == 1 && ps_use_tile<T>(t, cover_bin(boxes_bins, boxes, i, j, t), nc));
     T* acc = ps_forward_storage(bm, lanes, t, base, bins * s.c, n, bin, c0, nc, scratch, v);
     for (const int64_t k : boxes) {
-      const auto [y0, y1, x0, x1] = boxes_bins.bin(k, i, j);
+      const PsPoolBins::Bin b = boxes_bins.bin(k, i, j);
+      const auto [y0, y1, x0, x1] = b;
       scalar_t* r = result.row(bin, k) + c0;
-      if (y1 <= y0 || x1 <= x0) {
+      if (b.empty()) {
         for (int64_t c = 0; c < nc; ++c) r[c] = scalar_t(0);
         continue;
       }
@@ -194,7 +197,7 @@ void forward_impl(const at::Tensor& input, const at::Tensor& rois, double spatia
       } else {
         pool_bin(base, bins * s.c, s.h, s.w, y0, y1, x0, x1, nc, acc);
       }
-      const T area = static_cast<T>((y1 - y0) * (x1 - x0));
+      const T area = static_cast<T>(b.area());
       for (int64_t c = 0; c < nc; ++c) r[c] = static_cast<scalar_t>(acc[c] / area);
     }
   };
@@ -211,16 +214,16 @@ ROIOPS_SIMD void add_band(const PsBand& band, const PsPoolBins& bb, const std::v
   for (const int64_t k : boxes) {
     for (int64_t i = 0; i < ph; ++i) {
       for (int64_t j = 0; j < pw; ++j) {
-        const auto [y0, y1, x0, x1] = bb.bin(k, i, j);
-        const int64_t ya = std::max(y0, band.r0), yb = std::min(y1, band.r1);
+        const PsPoolBins::Bin b = bb.bin(k, i, j);
+        const int64_t ya = std::max(b.y0, band.r0), yb = std::min(b.y1, band.r1);
         if (ya >= yb) break;  // the same rows for every j
-        if (x1 <= x0) continue;
-        const T area = static_cast<T>((y1 - y0) * (x1 - x0));
+        if (b.empty()) continue;
+        const T area = static_cast<T>(b.area());
         const scalar_t* gk = grad_p + k * gs.n + band.c0 * gs.c + i * gs.h + j * gs.w;
         for (int64_t c = 0; c < band.nc; ++c) d[c] = static_cast<T>(gk[c * gs.c]) / area;
         for (int64_t y = ya; y < yb; ++y) {
           T* row = band.at(buf, y, 0, i * pw + j);
-          for (int64_t x = x0; x < x1; ++x) {
+          for (int64_t x = b.x0; x < b.x1; ++x) {
             T* q = row + x * band.cell();
             for (int64_t c = 0; c < band.lanes; c += 8) store8(q + c, load8(q + c) + load8(d + c));
           }
@@ -239,7 +242,9 @@ void backward_impl(const at::Tensor& grad, const at::Tensor& rois, double spatia
   const Strides gs(grad);  // grad read where it lies: a bin's channels gs.c apart
   const scalar_t* grad_p = grad.const_data_ptr<scalar_t>();
   if (ps_use_bands(args.acc, total_reads(boxes_bins, ph, pw), C_out, bins)) {
-    ps_backward_bands<T>(ps_batch(rois), C_out, bins, args.acc,
+    std::vector<std::pair<int64_t, int64_t>> spans(static_cast<size_t>(boxes_bins.size()));
+    for (int64_t k = 0; k < boxes_bins.size(); ++k) spans[k] = boxes_bins.row_span(k);
+    ps_backward_bands<T>(ps_batch(rois), spans, C_out, bins, args.acc,
                          [&](const PsBand& band, const std::vector<int64_t>& boxes, T* buf, T* d) {
                            add_band(band, boxes_bins, boxes, grad_p, gs, ph, pw, buf, d);
                          });
@@ -257,9 +262,10 @@ void backward_impl(const at::Tensor& grad, const at::Tensor& rois, double spatia
     const bool lanes = a.w == 1 && ps_use_tile<T>(t, cover_bin(boxes_bins, boxes, i, j, t), nc);
     T* d = args.storage(lanes, t, base, bins * a.c, nc, nc, scratch, v);
     for (const int64_t k : boxes) {
-      const auto [y0, y1, x0, x1] = boxes_bins.bin(k, i, j);
-      if (y1 <= y0 || x1 <= x0) continue;
-      const T area = static_cast<T>((y1 - y0) * (x1 - x0));
+      const PsPoolBins::Bin b = boxes_bins.bin(k, i, j);
+      if (b.empty()) continue;
+      const auto [y0, y1, x0, x1] = b;
+      const T area = static_cast<T>(b.area());
       const scalar_t* gk = grad_p + k * gs.n + c0 * gs.c + i * gs.h + j * gs.w;
       for (int64_t c = 0; c < nc; ++c) d[c] = static_cast<T>(gk[c * gs.c]) / area;
       if (lanes) {
