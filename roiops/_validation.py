@@ -6,15 +6,16 @@ argument (and for box values, the first offending row).
 
 from __future__ import annotations
 
+import functools
 import math
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TypeGuard, Union
 
 import torch
 from torch import Tensor
 
-from . import config
+from . import _backend, config
 from ._geometry import (MAX_ARGMAX_GRID, MAX_COORDINATE, MAX_MAP_SIDE, MAX_OUTPUT_SIZE, MAX_SAMPLING_RATIO, MAX_SCALE,
                         MIN_SCALE)
 
@@ -172,20 +173,52 @@ def _box_tensor(b: object, input: Tensor, width: int, name: str, hints: dict[int
 
 
 def _check_values(rois: Tensor, batch_size: int, scale: float) -> None:
+    """Rows ``(batch_index, 4 coordinates[, angle])``: the index an integer in
+    ``[0, batch_size)``, coordinates finite and within 2^24 cells after ``scale``, the angle
+    finite."""
     if rois.shape[0] == 0 or rois.device.type == "meta":  # meta tensors hold no values
         return
-    index, coords = rois[:, 0], rois[:, 1:]
+    scan = _row_scan() if rois.device.type == "cpu" else None
+    k, column = scan(rois, batch_size, scale) if scan else _first_invalid(rois, batch_size, scale)
+    if k < 0:
+        return
+    row = rois[k].tolist()
+    if column == 0:
+        raise ValueError(f"boxes row {k} {row}: batch index {row[0]} is not an integer in [0, {batch_size})")
+    if column == 5:
+        raise ValueError(f"boxes row {k} {row}: the angle must be finite")
+    raise ValueError(f"boxes row {k} {row}: coordinates must be finite and within 2^24 feature-map cells "
+                     f"after spatial_scale")
+
+
+@functools.cache
+def _row_scan() -> Callable[[Tensor, int, float], tuple[int, int]] | None:
+    """The C++ kernels' own row check, if they load: its scan of a CPU tensor takes a
+    microsecond, where the dozen tensor ops of _first_invalid take tens."""
+    try:
+        return _backend._cpu_kernels().first_invalid
+    except ImportError:
+        return None
+
+
+def _first_invalid(rois: Tensor, batch_size: int, scale: float) -> tuple[int, int]:
+    """``(row, column)`` of the first invalid value, ``(-1, -1)`` if none; in tensor ops, for
+    any device (the C++ first_invalid is the same rule)."""
+    index, coords = rois[:, 0], rois[:, 1:5]
     # NaN and infinities fail these comparisons: no test of their own (each op costs time
     # on every call). Coordinates in the kernels' arithmetic (x * scale in their type).
     ok_index = (index == index.floor()) & (index >= 0) & (index < batch_size)
-    ok = ok_index & ((coords * scale).abs() <= MAX_COORDINATE).all(dim=1)
-    if not bool(ok.all()):  # a device sync on GPU tensors: see config.check_box_values
-        k = int((~ok).nonzero()[0, 0])
-        row = rois[k].tolist()
-        if not bool(ok_index[k]):
-            raise ValueError(f"boxes row {k} {row}: batch index {row[0]} is not an integer in [0, {batch_size})")
-        raise ValueError(f"boxes row {k} {row}: coordinates must be finite and within 2^24 feature-map cells "
-                         f"after spatial_scale")
+    ok_coords = (coords * scale).abs() <= MAX_COORDINATE
+    ok = ok_index & ok_coords.all(dim=1)
+    if rois.shape[1] > 5:
+        ok &= torch.isfinite(rois[:, 5])
+    if bool(ok.all()):  # a device sync on GPU tensors: see config.check_box_values
+        return -1, -1
+    k = int((~ok).nonzero()[0, 0])
+    if not bool(ok_index[k]):
+        return k, 0
+    bad = (~ok_coords[k]).nonzero()
+    return k, 1 + int(bad[0, 0]) if bad.numel() else 5
 
 
 def _check_max_grid(rois: Tensor, scale: float, h: int, w: int, ratio: int, aligned: bool) -> None:
@@ -256,11 +289,7 @@ def rotated_rois(input: Tensor, boxes: BoxesType, scale: float, degrees: bool, c
         rows = torch.cat([rows.narrow(1, 0, 5), -turn if clockwise else turn], dim=1)
     out = rows.to(_coord_type(input)).contiguous()
     if _checking_values(out):
-        _check_values(out.narrow(1, 0, 5), input.shape[0], scale)
-        bad = ~torch.isfinite(out[:, 5])
-        if bool(bad.any()):
-            k = int(bad.nonzero()[0, 0])
-            raise ValueError(f"boxes row {k} {out[k].tolist()}: the angle must be finite")
+        _check_values(out, input.shape[0], scale)
     return out
 
 

@@ -411,3 +411,50 @@ def test_max_backward_beyond_the_sample_table_budget():
     got = OPS._roi_align_max_backward(grad, am, rois, 1.0, 14, 14, 1, 2, 20, 20, 4, True, False)
     want = ref.roi_align_max_backward(grad, am, rois, 1.0, 14, 14, 1, 2, 20, 20, 4, True, False)
     torch.testing.assert_close(got, want, **tol(torch.float64))
+
+
+# Rows (batch_index, x1, y1, x2, y2[, angle]) for 2 images at spatial_scale 1/16, with the
+# first invalid (row, column): a batch index that is not an integer in [0, 2), a coordinate
+# that is not finite or beyond 2^24 cells after the scale, an angle that is not finite.
+BAD_ROWS = [
+    ([[0, 1, 1, 9, 9], [1, 2, 2, 8, 8]], (-1, -1)),
+    ([[0, 1, 1, 9, 9], [2, 2, 2, 8, 8]], (1, 0)),
+    ([[0, 1, 1, 9, 9], [-1, 2, 2, 8, 8]], (1, 0)),
+    ([[0.5, 1, 1, 9, 9]], (0, 0)),
+    ([[float("nan"), 1, 1, 9, 9]], (0, 0)),
+    ([[0, 1, 1, 9, 9], [1, 2, float("inf"), 8, 8], [7, 0, 0, 1, 1]], (1, 2)),
+    ([[1, 2, 2, 8, float("nan")]], (0, 4)),
+    ([[0, 1, 1, 2.0**28, 9]], (-1, -1)),  # 2^24 cells after 1/16: allowed
+    ([[0, 1, 1, 2.0**28 + 2**5, 9]], (0, 3)),
+    ([[0, 1, 1, 9, 9, 0.5], [1, 1, 1, 9, 9, float("-inf")]], (1, 5)),
+    ([[0, 1, 1, 9, 9, float("nan")], [1, 1, 1, 1e30, 9, 0]], (0, 5)),
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("rows, want", BAD_ROWS)
+def test_row_scan_and_tensor_check_agree(rows, want, dtype):
+    """The validation layer scans CPU boxes with the C++ kernels' own check; on other
+    devices it runs the same rule in tensor ops. Both find the same first invalid value."""
+    cpu = pytest.importorskip("roiops._C")
+    from roiops import _validation as v
+    rois = torch.tensor(rows, dtype=torch.float64).to(dtype)
+    assert tuple(cpu.first_invalid(rois, 2, 1 / 16)) == want
+    assert v._first_invalid(rois, 2, 1 / 16) == want
+    first5 = rois[:, :5].t().contiguous().t()  # strided rows
+    assert tuple(cpu.first_invalid(first5, 2, 1 / 16)) == v._first_invalid(first5, 2, 1 / 16)
+
+
+@pytest.mark.parametrize("rows, want", [r for r in BAD_ROWS if r[1][0] >= 0])
+def test_box_errors_are_the_same_without_the_row_scan(rows, want, monkeypatch):
+    from roiops import _validation as v
+    x = torch.randn(2, 4, 8, 8)
+    rois = torch.tensor(rows, dtype=torch.float32)
+    call = ((lambda: roiops.roi_align_rotated(x, rois, 2, 1 / 16, angle="radians")) if rois.shape[1] == 6 else
+            (lambda: roiops.roi_align(x, rois, 2, 1 / 16)))
+    with pytest.raises(ValueError, match=rf"boxes row {want[0]} ") as scanned:
+        call()
+    monkeypatch.setattr(v, "_row_scan", lambda: None)
+    with pytest.raises(ValueError) as in_tensor_ops:
+        call()
+    assert str(scanned.value) == str(in_tensor_ops.value)

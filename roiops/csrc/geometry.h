@@ -42,24 +42,39 @@ constexpr int64_t kMaxArgmaxGrid = INT32_MAX;
 // x * spatial_scale in float32, where 1e39 would be inf and 1e-46 zero.
 constexpr double kMinScale = 0x1p-64, kMaxScale = 0x1p64;
 
-// The coordinates are checked as the kernels compute them, x * scale in T (an infinite or
-// NaN product fails the comparison). check_coords false: batch indices only (RoIPool's
-// backward reads only them; its argmax values are checked instead).
+// The first invalid value of rois [K, 5] or [K, 6] (rotated), any strides, as {row,
+// column}, or {-1, -1} if there is none: a batch index (column 0) that is not an integer
+// in [0, N), a coordinate (columns 1 to 4) that is not finite or lies beyond
+// kMaxCoordinate cells as the kernels compute it, x * scale in T (an infinite or NaN
+// product fails the comparison), or a rotated box's angle (column 5) that is not finite.
+// check_coords false: batch indices only (RoIPool's backward reads only them; its argmax
+// values are checked instead).
 template <typename T>
-void check_rois_typed(const at::Tensor& rois, int64_t batch_size, double spatial_scale, bool check_coords) {
+std::pair<int64_t, int64_t> first_invalid_typed(const at::Tensor& rois, int64_t batch_size, double spatial_scale,
+                                                bool check_coords) {
   const T* r = rois.const_data_ptr<T>();
-  const T scale = static_cast<T>(spatial_scale);
-  for (int64_t k = 0; k < rois.size(0); ++k, r += 5) {
+  const int64_t sk = rois.stride(0), sc = rois.stride(1), cols = check_coords ? rois.size(1) : 1;
+  const T scale = static_cast<T>(spatial_scale), limit = static_cast<T>(kMaxCoordinate);
+  for (int64_t k = 0; k < rois.size(0); ++k, r += sk) {
     const T b = r[0];
-    TORCH_CHECK_VALUE(std::isfinite(b) && b == std::floor(b) && b >= 0 && b < batch_size,
-                      "roiops: rois row ", k, " has batch index ", b,
-                      ", which is not an integer in [0, ", batch_size, ")");
-    for (int i = 1; check_coords && i < 5; ++i) {
-      TORCH_CHECK_VALUE(std::isfinite(r[i]) && std::abs(r[i] * scale) <= static_cast<T>(kMaxCoordinate),
-                        "roiops: rois row ", k, " has coordinate ", r[i],
-                        " (not finite, or beyond 2^24 feature-map cells after spatial_scale)");
+    if (!(std::isfinite(b) && b == std::floor(b) && b >= 0 && b < batch_size)) return {k, 0};
+    for (int64_t i = 1; i < cols; ++i) {
+      const T v = r[i * sc];
+      if (i < 5 ? !(std::abs(v * scale) <= limit) : !std::isfinite(v)) return {k, i};
     }
   }
+  return {-1, -1};
+}
+
+inline std::pair<int64_t, int64_t> first_invalid(const at::Tensor& rois, int64_t batch_size, double spatial_scale,
+                                                 bool check_coords = true) {
+  TORCH_CHECK_VALUE(rois.dim() == 2 && (rois.size(1) == 5 || rois.size(1) == 6) && rois.device().is_cpu(),
+                    "roiops: rois must be a CPU tensor [K, 5] or [K, 6], got ", rois.sizes());
+  std::pair<int64_t, int64_t> bad;
+  AT_DISPATCH_FLOATING_TYPES(rois.scalar_type(), "roiops_first_invalid", [&] {
+    bad = first_invalid_typed<scalar_t>(rois, batch_size, spatial_scale, check_coords);
+  });
+  return bad;
 }
 
 // Cheap checks of a direct op call; the Python layer has already given friendlier errors.
@@ -90,10 +105,16 @@ inline void check_input(const at::Tensor& input) {
   TORCH_CHECK_VALUE(input.device().is_cpu(), "roiops: CPU kernel called with non-CPU tensors");
 }
 
-// Checks every row of a [K, 5] rois tensor of the opmath type.
+// Checks every row of a rois tensor of the opmath type ([K, 5], or [K, 6] rotated).
 inline void check_rois(const at::Tensor& rois, int64_t batch_size, double spatial_scale, bool check_coords = true) {
-  AT_DISPATCH_FLOATING_TYPES(rois.scalar_type(), "roiops_check_rois",
-                             [&] { check_rois_typed<scalar_t>(rois, batch_size, spatial_scale, check_coords); });
+  const auto [k, column] = first_invalid(rois, batch_size, spatial_scale, check_coords);
+  if (k < 0) return;
+  const double v = rois[k][column].item<double>();
+  TORCH_CHECK_VALUE(column != 0, "roiops: rois row ", k, " has batch index ", v, ", which is not an integer in [0, ",
+                    batch_size, ")");
+  TORCH_CHECK_VALUE(column == 5, "roiops: rois row ", k, " has coordinate ", v,
+                    " (not finite, or beyond 2^24 feature-map cells after spatial_scale)");
+  TORCH_CHECK_VALUE(false, "roiops: rois row ", k, " has angle ", v, ", which is not finite");
 }
 
 // The kernels' layout rule: channels_last strides, unless they are also NCHW-contiguous

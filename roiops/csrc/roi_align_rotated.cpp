@@ -398,15 +398,9 @@ inline void check_rotated(const at::Tensor& rois, at::ScalarType input_type, int
   TORCH_CHECK_VALUE(rois.dim() == 2 && rois.size(1) == 6,
                     "roiops: rois must be [K, 6] (batch_index, cx, cy, w, h, theta), got ", rois.sizes());
   // The [K, 5] checks on the first five columns; the angle must be finite.
-  const at::Tensor first5 = rois.narrow(1, 0, 5).contiguous();
-  check_args(first5, input_type, H, W, spatial_scale, ph, pw);
+  check_args(rois.narrow(1, 0, 5), input_type, H, W, spatial_scale, ph, pw);
   check_sampling_ratio(sampling_ratio);
-  check_rois(first5, N, spatial_scale);
-  const at::Tensor bad = rois.select(1, 5).isfinite().logical_not();
-  if (bad.any().item<bool>()) {
-    const int64_t k = bad.nonzero()[0][0].item<int64_t>();
-    TORCH_CHECK_VALUE(false, "roiops: rois row ", k, " has angle ", rois[k][5].item<double>(), ", which is not finite");
-  }
+  check_rois(rois, N, spatial_scale);
 }
 
 // Plans of one call are built in chunks of boxes, in order, until their samples reach this
