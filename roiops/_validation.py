@@ -178,8 +178,7 @@ def _check_values(rois: Tensor, batch_size: int, scale: float) -> None:
     finite."""
     if rois.shape[0] == 0 or rois.device.type == "meta":  # meta tensors hold no values
         return
-    scan = _row_scan() if rois.device.type == "cpu" else None
-    k, column = scan(rois, batch_size, scale) if scan else _first_invalid(rois, batch_size, scale)
+    k, column = _scan(rois, batch_size, scale)
     if k < 0:
         return
     row = rois[k].tolist()
@@ -191,12 +190,24 @@ def _check_values(rois: Tensor, batch_size: int, scale: float) -> None:
                      f"after spatial_scale")
 
 
+def _scan(rois: Tensor, batch_size: int, scale: float) -> tuple[int, int]:
+    """The first invalid ``(row, column)``, ``(-1, -1)`` if none: for CPU boxes the C++
+    kernels' own check (a microsecond, where the dozen tensor ops of _first_invalid take
+    tens), unless their storage cannot be read (functorch transforms, fake tensors)."""
+    scan = _row_scan() if rois.device.type == "cpu" else None
+    if scan is not None:
+        try:
+            return scan(rois, batch_size, scale)
+        except RuntimeError:  # no readable storage
+            pass
+    return _first_invalid(rois, batch_size, scale)
+
+
 @functools.cache
 def _row_scan() -> Callable[[Tensor, int, float], tuple[int, int]] | None:
-    """The C++ kernels' own row check, if they load: its scan of a CPU tensor takes a
-    microsecond, where the dozen tensor ops of _first_invalid take tens."""
+    """The C++ row check, if the kernels load (a build that lacks it: none)."""
     try:
-        return _backend._cpu_kernels().first_invalid
+        return getattr(_backend._cpu_kernels(), "first_invalid", None)
     except ImportError:
         return None
 
@@ -205,8 +216,8 @@ def _first_invalid(rois: Tensor, batch_size: int, scale: float) -> tuple[int, in
     """``(row, column)`` of the first invalid value, ``(-1, -1)`` if none; in tensor ops, for
     any device (the C++ first_invalid is the same rule)."""
     index, coords = rois[:, 0], rois[:, 1:5]
-    # NaN and infinities fail these comparisons: no test of their own (each op costs time
-    # on every call). Coordinates in the kernels' arithmetic (x * scale in their type).
+    # NaN and infinities fail these comparisons, which need no test of their own.
+    # Coordinates in the kernels' arithmetic (x * scale in their type).
     ok_index = (index == index.floor()) & (index >= 0) & (index < batch_size)
     ok_coords = (coords * scale).abs() <= MAX_COORDINATE
     ok = ok_index & ok_coords.all(dim=1)

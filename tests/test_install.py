@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import roiops
-from roiops import _backend
+from roiops import _backend, _validation
 
 ROOT = Path(__file__).resolve().parents[1]
 _spec = importlib.util.spec_from_file_location("build_backend", ROOT / "build_backend.py")
@@ -26,8 +26,10 @@ RELEASE = torch.__version__.split("+")[0]
 @pytest.fixture
 def fresh_kernel_lookup():
     _backend._cpu_kernels.cache_clear()
+    _validation._row_scan.cache_clear()
     yield
     _backend._cpu_kernels.cache_clear()
+    _validation._row_scan.cache_clear()
 
 
 def test_build_records_the_torch_it_was_built_against():

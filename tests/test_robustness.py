@@ -445,9 +445,37 @@ def test_row_scan_and_tensor_check_agree(rows, want, dtype):
     assert tuple(cpu.first_invalid(first5, 2, 1 / 16)) == v._first_invalid(first5, 2, 1 / 16)
 
 
+def test_row_check_computes_in_the_boxes_type():
+    """x * scale in float32 for float32 boxes, as the kernels compute it: 167772160 * 0.1f
+    rounds to 2^24 (allowed), though 0.1f is a little more than 0.1; the next float32
+    coordinate gives 16777218 (refused)."""
+    cpu = pytest.importorskip("roiops._C")
+    from roiops import _validation as v
+    for x1, want in ((167772160.0, (-1, -1)), (167772176.0, (0, 1))):
+        rois = torch.tensor([[0, x1, 1, 2, 2]], dtype=torch.float32)
+        assert tuple(cpu.first_invalid(rois, 1, 0.1)) == want
+        assert v._first_invalid(rois, 1, 0.1) == want
+
+
+def test_direct_rotated_call_names_the_angle():
+    rois = torch.tensor([[0, 4.0, 4, 2, 2, 0], [0, 4.0, 4, 2, 2, float("inf")]])
+    with pytest.raises(ValueError, match="rois row 1 has angle inf, which is not finite"):
+        OPS.roi_align_rotated(torch.randn(1, 2, 8, 8), rois, 1.0, 2, 2, 0, True)
+
+
+def test_box_check_under_functorch_transforms():
+    """Boxes without readable storage (torch.func) are checked with tensor ops."""
+    x = torch.randn(1, 2, 8, 8)
+    grad = torch.func.grad(lambda b: roiops.roi_align(x, b, 2, 1.0).sum())(torch.tensor([[0, 1.0, 1, 5, 5]]))
+    assert grad.shape == (1, 5)
+    with pytest.raises(ValueError, match=r"boxes row 0 .*batch index 3.0"):
+        torch.func.grad(lambda b: roiops.roi_align(x, b, 2, 1.0).sum())(torch.tensor([[3, 1.0, 1, 5, 5]]))
+
+
 @pytest.mark.parametrize("rows, want", [r for r in BAD_ROWS if r[1][0] >= 0])
 def test_box_errors_are_the_same_without_the_row_scan(rows, want, monkeypatch):
     from roiops import _validation as v
+    assert v._row_scan() is not None, "the C++ row check did not load"
     x = torch.randn(2, 4, 8, 8)
     rois = torch.tensor(rows, dtype=torch.float32)
     call = ((lambda: roiops.roi_align_rotated(x, rois, 2, 1 / 16, angle="radians")) if rois.shape[1] == 6 else

@@ -397,7 +397,7 @@ inline void check_rotated(const at::Tensor& rois, at::ScalarType input_type, int
                           double spatial_scale, int64_t ph, int64_t pw, int64_t sampling_ratio) {
   TORCH_CHECK_VALUE(rois.dim() == 2 && rois.size(1) == 6,
                     "roiops: rois must be [K, 6] (batch_index, cx, cy, w, h, theta), got ", rois.sizes());
-  // The [K, 5] checks on the first five columns; the angle must be finite.
+  // The [K, 5] argument checks on the first five columns; check_rois also checks angles.
   check_args(rois.narrow(1, 0, 5), input_type, H, W, spatial_scale, ph, pw);
   check_sampling_ratio(sampling_ratio);
   check_rois(rois, N, spatial_scale);
