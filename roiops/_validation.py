@@ -181,13 +181,16 @@ def _check_values(rois: Tensor, batch_size: int, scale: float) -> None:
     k, column = _scan(rois, batch_size, scale)
     if k < 0:
         return
-    row = rois[k].tolist()
+    try:
+        row = rois[k].tolist()
+        where, index = f"boxes row {k} {row}", f" {row[0]}"
+    except RuntimeError:  # no readable storage (torch.func before torch 2.7)
+        where, index = f"boxes row {k}", ""
     if column == 0:
-        raise ValueError(f"boxes row {k} {row}: batch index {row[0]} is not an integer in [0, {batch_size})")
+        raise ValueError(f"{where}: batch index{index} is not an integer in [0, {batch_size})")
     if column == 5:
-        raise ValueError(f"boxes row {k} {row}: the angle must be finite")
-    raise ValueError(f"boxes row {k} {row}: coordinates must be finite and within 2^24 feature-map cells "
-                     f"after spatial_scale")
+        raise ValueError(f"{where}: the angle must be finite")
+    raise ValueError(f"{where}: coordinates must be finite and within 2^24 feature-map cells after spatial_scale")
 
 
 def _scan(rois: Tensor, batch_size: int, scale: float) -> tuple[int, int]:
