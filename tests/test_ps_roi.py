@@ -136,17 +136,19 @@ def test_bit_exact_with_torchvision_dense_and_sparse_boxes(op, sr, channels_last
 
 
 @pytest.mark.parametrize("op, sr", [("align", 2), ("align", -1), ("pool", 2)])
-@pytest.mark.parametrize("c_out", [11, 70])
+@pytest.mark.parametrize("c_out, dtype", [(11, torch.float32), (70, torch.float32), (11, torch.float64)])
 @pytest.mark.parametrize("channels_last", [False, True])
-def test_bit_exact_with_torchvision_packed_boxes(op, sr, c_out, channels_last):
+def test_bit_exact_with_torchvision_packed_boxes(op, sr, c_out, dtype, channels_last):
     """Boxes that read every cell of every bin several times: the kernels then work on the
-    map rearranged so that a bin's output channels are contiguous (per task for NCHW; in
-    channels_last once for the whole map forward, per band of rows backward).
-    70 output channels: two channel blocks, the last one short of a whole vector."""
+    map rearranged so that a bin's output channels are contiguous (per task for NCHW, per
+    band of rows for channels_last, whose forward bands sum whole bin rows that may reach
+    into the next band). 70 output channels: several channel blocks, the last one short of
+    a whole vector. One box lies off the map (its bins are empty)."""
     g = torch.Generator().manual_seed(4)
-    x = torch.randn(1, c_out * 9, 20, 30, generator=g)
+    x = torch.randn(1, c_out * 9, 20, 30, generator=g, dtype=dtype)
     x = x.contiguous(memory_format=torch.channels_last) if channels_last else x
-    boxes = random_boxes(1, 600, 56.0, 36.0, g)  # image pixels, SCALE 0.5; off the last row and column
+    boxes = random_boxes(1, 600, 56.0, 36.0, g, dtype)  # image pixels, SCALE 0.5; off the last row and column
+    boxes = torch.cat([boxes, torch.tensor([[0, -30.0, -24.0, -10.0, -6.0]], dtype=dtype)])
     out, grad = run(OPS[op], x, boxes, 3, sr)
     ref, ref_grad = run(TV[op], x, boxes, 3, sr)
     assert torch.equal(out, ref) and torch.equal(grad, ref_grad)

@@ -6,13 +6,13 @@
 // one accumulator per output channel of a block and run their innermost loops along the
 // block: each lane is one channel, summed in torchvision's order, so vectorising changes
 // no bit. Where the boxes read each cell about once or more, the kernels first rearrange
-// the map so that those lanes are contiguous (PsTile per task for NCHW, PsBinMajor once
-// for a channels_last forward, PsBand per band of rows for a channels_last backward) and
-// then load, sum and scatter whole vectors.
+// the map so that those lanes are contiguous (PsTile per task for NCHW, PsBand per band of
+// rows for channels_last) and then load, sum and scatter whole vectors.
 //
 // Tasks (ps_tasks) are one bin of a block of output channels of one image; backward ones
 // add the image's boxes in increasing k: deterministic, no atomics, any thread count.
-// Band tasks (ps_backward_bands) own rows of all bins instead, also adding in increasing k.
+// Band tasks own rows of all bins instead: a forward one sums whole bin rows
+// (ps_forward_bands), a backward one adds into its rows in increasing k (ps_backward_bands).
 #pragma once
 
 #include <ATen/ATen.h>
@@ -20,7 +20,6 @@
 #include <algorithm>
 #include <climits>
 #include <cstdint>
-#include <optional>
 #include <type_traits>
 #include <vector>
 
@@ -42,8 +41,7 @@ inline int64_t ps_channel_block(int64_t groups, int64_t C_out) {
   const int64_t want = 2 * static_cast<int64_t>(at::get_num_threads());
   int64_t cb = std::min<int64_t>(C_out, 64);
   while (cb > 8 && groups * ((C_out + cb - 1) / cb) < want) cb = (cb + 1) / 2;
-  // Whole vectors of lanes per block, so that blocks of a shared bin-major map
-  // (PsBinMajor) own disjoint lanes.
+  // Whole vectors of lanes per block: only the last block's tiles have padding lanes.
   return cb < C_out ? (cb + 7) / 8 * 8 : std::max<int64_t>(cb, 1);
 }
 
@@ -114,6 +112,16 @@ class PsOutput {
   int64_t sK_, sB_;
 };
 
+// The first n lanes of v (all 8 if n > 8) to r, converted to scalar_t. Always inlined, so
+// that it is compiled for the instruction set of the ROIOPS_SIMD caller.
+template <typename T, typename scalar_t>
+__attribute__((always_inline)) inline void ps_store_lanes(lanes8<T> v, int64_t n, scalar_t* r) {
+  if constexpr (std::is_same_v<T, scalar_t>) {
+    if (n >= 8) return store8(r, v);
+  }
+  for (int64_t l = 0; l < std::min<int64_t>(n, 8); ++l) r[l] = static_cast<scalar_t>(v[l]);
+}
+
 // Where a task's lanes lie: the L lanes (channels c0 ... of its block, contiguous) of cell
 // (y, x) at data + y * sH + x * sW - org.
 template <typename T>
@@ -164,50 +172,6 @@ bool ps_use_tile(const PsTile& t, int64_t reads, int64_t nc) {
          t.size() * static_cast<int64_t>(sizeof(T)) <= kPsTileBytes;
 }
 
-// A channels-last map as bin-major lanes: channel (c * bins + b) of cell e of image n at
-// ((n * bins + b) * cells + e) * S + c, S = C_out rounded up to whole vectors (padding
-// lanes 0). In a channels-last map a bin's output channels are bins channels apart; here
-// they are contiguous lanes, so a forward task reads whole vectors. Copied in once for all
-// tasks, each cell's C_out x bins block transposed in registers; used when the boxes read
-// each cell of each bin about once or more (use(), which counts padding lanes as
-// ps_use_tile does, but no cheaper than a gathered lane: a cell's C_out x bins block is
-// rarely whole 8 x 8 blocks).
-template <typename T>
-class PsBinMajor {
- public:
-  // For a channels-last map whose boxes read `reads` cells over all bins.
-  static bool use(int64_t reads, int64_t N, int64_t cells, int64_t C_out, int64_t bins) {
-    return N * cells * bins * ((C_out + 7) / 8 * 8) <= reads * C_out;
-  }
-
-  // The lanes of the channels-last map `in` (its cells C_out * bins channels apart).
-  template <typename scalar_t>
-  PsBinMajor(const scalar_t* in, int64_t N, int64_t H, int64_t W, int64_t C_out, int64_t bins,
-             at::TensorOptions options)
-      : W_(W), cells_(H * W), C_out_(C_out), bins_(bins), S_((C_out + 7) / 8 * 8),
-        buf_(at::empty({N * bins * H * W * S_}, options)) {
-    T* out = buf_.data_ptr<T>();
-    at::parallel_for(0, N * cells_, 64, [&](int64_t g0, int64_t g1) { cells_in(in, out, g0, g1); });
-  }
-
-  PsLanes<const T> lanes(int64_t n, int64_t bin, int64_t c0, int64_t nc) const {
-    return {buf_.const_data_ptr<T>() + (n * bins_ + bin) * cells_ * S_ + c0, 0, W_ * S_, S_, (nc + 7) / 8 * 8};
-  }
-
- private:
-  // Cell g = n * cells + e: its C_out x bins channels to the bins x S lanes.
-  template <typename scalar_t>
-  ROIOPS_SIMD void cells_in(const scalar_t* in, T* out, int64_t g0, int64_t g1) const {
-    for (int64_t g = g0; g < g1; ++g) {
-      T* cell = out + ((g / cells_) * bins_ * cells_ + g % cells_) * S_;
-      transpose_block<true, false>(in + g * C_out_ * bins_, bins_, C_out_, bins_, cell, cells_ * S_);
-    }
-  }
-
-  int64_t W_, cells_, C_out_, bins_, S_;
-  at::Tensor buf_;
-};
-
 // Tile t of the nc channel planes at base + c * cs (contiguous H x W planes).
 template <typename scalar_t, typename T>
 ROIOPS_SIMD void ps_load_tile(const scalar_t* base, int64_t cs, int64_t nc, const PsTile& t, T* __restrict__ tile) {
@@ -220,22 +184,17 @@ ROIOPS_SIMD void ps_store_tile(const T* __restrict__ tile, const PsTile& t, int6
   transpose_block</*kPadRows=*/false, /*kReadPastCols=*/true>(tile, t.lanes, t.cells(), nc, base + t.y0 * t.W, cs);
 }
 
-// Where a forward task sums: on lanes (with bm, its block of the bin-major map; else, when
-// `lanes`, tile t of its planes at base + c * cs, loaded here) or on the map in place. Sets
-// v to the lanes; returns the task's accumulator (v.L lanes, or nc in place).
+// Where a forward task sums: when `lanes`, on tile t of its planes at base + c * cs, loaded
+// here (sets v to its lanes and returns nullptr: lane sums keep theirs in registers), else
+// on the map in place (returns scratch for its nc accumulators).
 template <typename scalar_t, typename T>
-T* ps_forward_storage(const std::optional<PsBinMajor<T>>& bm, bool lanes, const PsTile& t, const scalar_t* base,
-                      int64_t cs, int64_t n, int64_t bin, int64_t c0, int64_t nc, Scratch<T>& scratch,
+T* ps_forward_storage(bool lanes, const PsTile& t, const scalar_t* base, int64_t cs, int64_t nc, Scratch<T>& scratch,
                       PsLanes<const T>& v) {
-  if (bm) {
-    v = bm->lanes(n, bin, c0, nc);
-    return scratch.get(v.L);
-  }
   if (!lanes) return scratch.get(nc);
-  T* tile = scratch.get(t.size() + t.lanes);
+  T* tile = scratch.get(t.size());
   ps_load_tile(base, cs, nc, t, tile);
   v = t.view<const T>(tile);
-  return tile + t.size();
+  return nullptr;
 }
 
 // Strides of an [N, C, H, W] tensor (or of [K, C_out, ph, pw]).
@@ -340,6 +299,11 @@ struct PsBand {
   T* at(T* buf, int64_t y, int64_t x, int64_t b) const {
     return buf + ((y - r0) * W + x) * cell() + b * lanes;
   }
+  // Bin b's lanes in buf, as a task's lanes (y within the band).
+  template <typename T>
+  PsLanes<T> view(T* buf, int64_t b) const {
+    return {buf + b * lanes, r0 * W * cell(), W * cell(), cell(), lanes};
+  }
 };
 
 // Bytes of a band's buffer (kept in L2), unless one row needs more.
@@ -361,6 +325,26 @@ ROIOPS_SIMD void ps_store_band(const T* buf, const PsBand& b, T* gn, int64_t sH,
     for (int64_t x = 0; x < b.W; ++x) {
       transpose_block</*kPadRows=*/false, /*kReadPastCols=*/true>(b.at(buf, y, x, 0), b.lanes, b.bins, b.nc,
                                                                   gn + y * sH + x * sW, b.bins);
+    }
+  }
+}
+
+// Band b's rows of the channels-last map xn (image n, channel c0 * bins) into its buffer:
+// each cell's nc * bins channels transposed in registers into bins x lanes values. The
+// runs are a cell's stride apart, often a page: too far for the hardware prefetchers to
+// follow, so each cell asks for the one two ahead.
+template <typename scalar_t, typename T>
+ROIOPS_SIMD void ps_load_band(const scalar_t* xn, int64_t sH, int64_t sW, const PsBand& b, T* buf) {
+  constexpr int64_t kAhead = 2, kLine = 64 / sizeof(scalar_t);
+  for (int64_t y = b.r0; y < b.r1; ++y) {
+    for (int64_t x = 0; x < b.W; ++x) {
+      const int64_t e = y * b.W + x + kAhead;
+      if (e < b.r1 * b.W) {
+        const scalar_t* next = xn + e / b.W * sH + e % b.W * sW;
+        for (int64_t o = 0; o < b.nc * b.bins; o += kLine) __builtin_prefetch(next + o);
+      }
+      transpose_block</*kPadRows=*/true, /*kReadPastCols=*/false>(xn + y * sH + x * sW, b.bins, b.nc, b.bins,
+                                                                 b.at(buf, y, x, 0), b.lanes);
     }
   }
 }
@@ -396,6 +380,59 @@ void ps_backward_bands(const std::vector<int64_t>& batch, const std::vector<std:
     add(b, bands.boxes[nb], buf, buf + b.size());
     ps_store_band(buf, b, acc_p + b.n * a.n + b.c0 * bins * a.c, a.h, a.w);
   });
+}
+
+// A forward band pays when it copies no more than this many lanes per lane the boxes would
+// gather from a channels_last map, where each lane is a cache line of its own. On the
+// R-FCN 21-class pool workload bands were 25-35% faster at 3 and 10% slower at 9.
+constexpr int64_t kPsBandGain = 6;
+
+// The forward from a channels_last map by bands of rows. Bin row i of box k reads rows
+// rows(k, i) = {first, last} (first > last: none) and belongs to the band of its first
+// row. A task (image n, band, block of 8 output channels) copies the rows its bin rows
+// read into PsBand's layout, each cell's nc x bins block transposed in registers, then
+// calls sum(band, buf, k, i) for each of its bin rows in increasing k. In the map a bin's
+// output channels are bins apart, a cache line each; in the buffer they are whole
+// vectors, and each cell is copied about once instead of being gathered by every bin that
+// reads it. A bin row is summed whole by one task, so sums keep their order. Returns false, running nothing, when the copies would cost more
+// than the boxes' `reads` (cells or taps, over all bins) gathered in place.
+template <typename T, typename scalar_t, typename Rows, typename Sum>
+bool ps_forward_bands(const at::Tensor& input, const std::vector<int64_t>& batch, int64_t C_out, int64_t ph,
+                      int64_t pw, int64_t reads, const Rows& rows, const Sum& sum) {
+  const int64_t N = input.size(0), H = input.size(2), W = input.size(3), bins = ph * pw, K = batch.size();
+  const int64_t cb = std::min<int64_t>(C_out, 8), blocks = (C_out + cb - 1) / cb;
+  // Rows per band: the buffer within kPsBandBytes (at least one row), and tasks for all threads.
+  const int64_t row_bytes = W * bins * 8 * static_cast<int64_t>(sizeof(T));
+  int64_t R = std::clamp<int64_t>(kPsBandBytes / row_bytes, 1, std::max<int64_t>(H, 1));
+  while (R > 1 && N * blocks * ((H + R - 1) / R) < 2 * at::get_num_threads()) R = (R + 1) / 2;
+  const int64_t per_image = (H + R - 1) / R;
+  std::vector<std::vector<std::pair<int64_t, int64_t>>> parts(static_cast<size_t>(N * per_image));
+  std::vector<std::pair<int64_t, int64_t>> span(parts.size(), {H, 0});  // rows [first, end) a band copies
+  for (int64_t k = 0; k < K; ++k) {
+    for (int64_t i = 0; i < ph; ++i) {
+      const auto [first, last] = rows(k, i);
+      const size_t b = static_cast<size_t>(batch[k] * per_image + (first > last ? 0 : first / R));
+      parts[b].emplace_back(k, i);
+      if (first <= last) span[b] = {std::min(span[b].first, first), std::max(span[b].second, last + 1)};
+    }
+  }
+  int64_t copied = 0;
+  for (const auto& [first, end] : span) copied += std::max<int64_t>(end - first, 0) * W;
+  if (copied * bins * blocks * 8 > kPsBandGain * reads * C_out) return false;
+  const Strides s(input);
+  const scalar_t* in = input.const_data_ptr<scalar_t>();
+  Scratch<T> scratch;
+  parallel_tasks(static_cast<int64_t>(parts.size()) * blocks, [&](int64_t t) {
+    const size_t nb = static_cast<size_t>(t / blocks);
+    if (parts[nb].empty()) return;
+    const int64_t c0 = t % blocks * cb;
+    PsBand b{static_cast<int64_t>(nb) / per_image, span[nb].first, std::max(span[nb].first, span[nb].second),
+             c0, std::min(cb, C_out - c0), 8, W, bins};
+    T* buf = scratch.get(std::max<int64_t>(b.size(), 1));
+    ps_load_band(in + b.n * s.n + c0 * bins * s.c, s.h, s.w, b, buf);
+    for (const auto& [k, i] : parts[nb]) sum(b, static_cast<const T*>(buf), k, i);
+  });
+  return true;
 }
 
 }  // namespace roiops

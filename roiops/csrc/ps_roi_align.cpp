@@ -11,7 +11,6 @@
 #include <ATen/Parallel.h>
 
 #include <cmath>
-#include <optional>
 #include <vector>
 
 #include "geometry.h"
@@ -113,20 +112,19 @@ int64_t cover_bin(const std::vector<AlignPlan<T>>& plans, const std::vector<int6
   return reads;
 }
 
-// align_bin on a task's lanes: acc (v.L lanes) = the bin's sum.
-template <typename T>
-ROIOPS_SIMD void align_bin_lanes(const AlignPlan<T>& p, int64_t i, int64_t j, const PsLanes<const T>& v,
-                                 T* __restrict__ acc) {
-  const int64_t L = v.L;
-  for (int64_t c = 0; c < L; c += 8) store8(acc + c, lanes8<T>{});
-  for_each_sample(p, i, j, v.sH, v.sW, [&](int64_t o1, int64_t o2, int64_t o3, int64_t o4, T w1, T w2, T w3, T w4) {
-    const T *q1 = v.data + (o1 - v.org), *q2 = v.data + (o2 - v.org), *q3 = v.data + (o3 - v.org),
-            *q4 = v.data + (o4 - v.org);
-    for (int64_t c = 0; c < L; c += 8) {
-      store8(acc + c, load8(acc + c) + (w1 * load8(q1 + c) + w2 * load8(q2 + c) + w3 * load8(q3 + c) +
-                                        w4 * load8(q4 + c)));
-    }
-  });
+// align_bin on a task's lanes, divided by the sample count: r[c] = the mean of lane c over
+// the bin's samples, for c < nc.
+template <typename T, typename scalar_t>
+ROIOPS_SIMD void align_bin_lanes(const AlignPlan<T>& p, int64_t i, int64_t j, const PsLanes<const T>& v, int64_t nc,
+                                 scalar_t* __restrict__ r) {
+  for (int64_t c = 0; c < nc; c += 8) {
+    lanes8<T> sum{};
+    for_each_sample(p, i, j, v.sH, v.sW, [&](int64_t o1, int64_t o2, int64_t o3, int64_t o4, T w1, T w2, T w3, T w4) {
+      const T* q = v.data + c - v.org;
+      sum += w1 * load8(q + o1) + w2 * load8(q + o2) + w3 * load8(q + o3) + w4 * load8(q + o4);
+    });
+    ps_store_lanes<T>(sum / p.count, nc - c, r + c);
+  }
 }
 
 // align_bin_backward on a task's lanes; g has v.L lanes. kPow2: the count is a power of 2,
@@ -230,9 +228,29 @@ void forward_impl(const at::Tensor& input, const at::Tensor& rois, double spatia
   const Strides s(input);
   const scalar_t* in = input.const_data_ptr<scalar_t>();
   PsOutput<scalar_t> result(out);
-  std::optional<PsBinMajor<T>> bm;
-  if (s.w != 1 && PsBinMajor<T>::use(total_reads(plans, ph, pw), N, H * W, C_out, bins)) {
-    bm.emplace(in, N, H, W, C_out, bins, input.options().dtype(c10::CppTypeToScalarType<T>::value));
+  const std::vector<int64_t> batch = ps_batch(rois);
+  const auto rows = [&](int64_t k, int64_t i) {
+    const AlignPlan<T>& p = plans[k];
+    const int64_t ya = p.ys.begin[i], yb = p.ys.begin[i + 1];
+    if (p.empty() || ya == yb) return std::pair<int64_t, int64_t>(1, 0);
+    // Positions are monotonic: the extreme rows are those of the first and last samples.
+    return std::pair<int64_t, int64_t>(std::min(p.ys.lo[ya], p.ys.lo[yb - 1]),
+                                       std::max(p.ys.hi[ya], p.ys.hi[yb - 1]));
+  };
+  const auto sum_row = [&](const PsBand& band, const T* buf, int64_t k, int64_t i) {
+    const AlignPlan<T>& p = plans[k];
+    for (int64_t j = 0; j < pw; ++j) {
+      scalar_t* r = result.row(i * pw + j, k) + band.c0;
+      if (p.empty()) {
+        for (int64_t c = 0; c < band.nc; ++c) r[c] = static_cast<scalar_t>(T(0) / p.count);
+      } else {
+        align_bin_lanes(p, i, j, band.view(buf, i * pw + j), band.nc, r);
+      }
+    }
+  };
+  if (s.w != 1 &&
+      ps_forward_bands<T, scalar_t>(input, batch, C_out, ph, pw, total_reads(plans, ph, pw), rows, sum_row)) {
+    return;
   }
   Scratch<T> scratch;
   const auto task = [&](int64_t n, int64_t bin, int64_t c0, int64_t nc, const std::vector<int64_t>& boxes) {
@@ -240,23 +258,22 @@ void forward_impl(const at::Tensor& input, const at::Tensor& rois, double spatia
     const scalar_t* base = in + n * s.n + (c0 * bins + bin) * s.c;
     PsTile t(nc, W);
     PsLanes<const T> v{};
-    const bool lanes = bm || (s.w == 1 && ps_use_tile<T>(t, cover_bin(plans, boxes, i, j, t), nc));
-    T* acc = ps_forward_storage(bm, lanes, t, base, bins * s.c, n, bin, c0, nc, scratch, v);
+    const bool lanes = s.w == 1 && ps_use_tile<T>(t, cover_bin(plans, boxes, i, j, t), nc);
+    T* acc = ps_forward_storage(lanes, t, base, bins * s.c, nc, scratch, v);
     for (const int64_t k : boxes) {
       const AlignPlan<T>& p = plans[k];
+      scalar_t* r = result.row(bin, k) + c0;
       if (p.empty()) {
-        for (int64_t c = 0; c < nc; ++c) acc[c] = T(0);
+        for (int64_t c = 0; c < nc; ++c) r[c] = static_cast<scalar_t>(T(0) / p.count);
       } else if (lanes) {
-        align_bin_lanes(p, i, j, v, acc);
+        align_bin_lanes(p, i, j, v, nc, r);
       } else {
         align_bin(p, i, j, base, bins * s.c, s.h, s.w, nc, acc);
+        for (int64_t c = 0; c < nc; ++c) r[c] = static_cast<scalar_t>(acc[c] / p.count);
       }
-      scalar_t* r = result.row(bin, k) + c0;
-      const T count = p.count;
-      for (int64_t c = 0; c < nc; ++c) r[c] = static_cast<scalar_t>(acc[c] / count);
     }
   };
-  ps_tasks(ps_batch(rois), N, C_out, bins, task);
+  ps_tasks(batch, N, C_out, bins, task);
   result.finish();
 }
 

@@ -9,7 +9,6 @@
 #include <ATen/Parallel.h>
 
 #include <cmath>
-#include <optional>
 #include <vector>
 
 #include "geometry.h"
@@ -120,16 +119,17 @@ inline int64_t cover_bin(const PsPoolBins& bins, const std::vector<int64_t>& box
   return reads;
 }
 
-// pool_bin on a task's lanes: acc (v.L lanes) = sum of rows [y0, y1) x columns [x0, x1).
-template <typename T>
-ROIOPS_SIMD void pool_bin_lanes(const PsLanes<const T>& v, int64_t y0, int64_t y1, int64_t x0, int64_t x1,
-                                T* __restrict__ acc) {
-  for (int64_t c = 0; c < v.L; c += 8) {
+// pool_bin on a task's lanes, divided by the bin's area: r[c] = the mean of lane c over rows
+// [y0, y1) x columns [x0, x1), for c < nc.
+template <typename T, typename scalar_t>
+ROIOPS_SIMD void pool_bin_lanes(const PsLanes<const T>& v, int64_t y0, int64_t y1, int64_t x0, int64_t x1, T area,
+                                int64_t nc, scalar_t* __restrict__ r) {
+  for (int64_t c = 0; c < nc; c += 8) {
     lanes8<T> sum{};
     for (int64_t y = y0; y < y1; ++y) {
       for (int64_t x = x0; x < x1; ++x) sum += load8(v.data + (y * v.sH + x * v.sW - v.org) + c);
     }
-    store8(acc + c, sum);
+    ps_store_lanes<T>(sum / area, nc - c, r + c);
   }
 }
 
@@ -172,9 +172,25 @@ void forward_impl(const at::Tensor& input, const at::Tensor& rois, double spatia
   const Strides s(input);
   const scalar_t* in = input.const_data_ptr<scalar_t>();
   PsOutput<scalar_t> result(out);
-  std::optional<PsBinMajor<T>> bm;
-  if (s.w != 1 && PsBinMajor<T>::use(total_reads(boxes_bins, ph, pw), N, H * W, C_out, bins)) {
-    bm.emplace(in, N, H, W, C_out, bins, input.options().dtype(c10::CppTypeToScalarType<T>::value));
+  const std::vector<int64_t> batch = ps_batch(rois);
+  const auto rows = [&](int64_t k, int64_t i) {
+    const PsPoolBins::Bin b = boxes_bins.bin(k, i, 0);
+    return std::pair<int64_t, int64_t>(b.y0, b.y1 - 1);
+  };
+  const auto sum_row = [&](const PsBand& band, const T* buf, int64_t k, int64_t i) {
+    for (int64_t j = 0; j < pw; ++j) {
+      const PsPoolBins::Bin b = boxes_bins.bin(k, i, j);
+      scalar_t* r = result.row(i * pw + j, k) + band.c0;
+      if (b.empty()) {
+        for (int64_t c = 0; c < band.nc; ++c) r[c] = scalar_t(0);
+        continue;
+      }
+      pool_bin_lanes(band.view(buf, i * pw + j), b.y0, b.y1, b.x0, b.x1, static_cast<T>(b.area()), band.nc, r);
+    }
+  };
+  if (s.w != 1 && ps_forward_bands<T, scalar_t>(input, batch, C_out, ph, pw, total_reads(boxes_bins, ph, pw), rows,
+                                                sum_row)) {
+    return;
   }
   Scratch<T> scratch;
   const auto task = [&](int64_t n, int64_t bin, int64_t c0, int64_t nc, const std::vector<int64_t>& boxes) {
@@ -182,8 +198,8 @@ void forward_impl(const at::Tensor& input, const at::Tensor& rois, double spatia
     const scalar_t* base = in + n * s.n + (c0 * bins + bin) * s.c;
     PsTile t(nc, W);
     PsLanes<const T> v{};
-    const bool lanes = bm || (s.w == 1 && ps_use_tile<T>(t, cover_bin(boxes_bins, boxes, i, j, t), nc));
-    T* acc = ps_forward_storage(bm, lanes, t, base, bins * s.c, n, bin, c0, nc, scratch, v);
+    const bool lanes = s.w == 1 && ps_use_tile<T>(t, cover_bin(boxes_bins, boxes, i, j, t), nc);
+    T* acc = ps_forward_storage(lanes, t, base, bins * s.c, nc, scratch, v);
     for (const int64_t k : boxes) {
       const PsPoolBins::Bin b = boxes_bins.bin(k, i, j);
       const auto [y0, y1, x0, x1] = b;
@@ -192,16 +208,16 @@ void forward_impl(const at::Tensor& input, const at::Tensor& rois, double spatia
         for (int64_t c = 0; c < nc; ++c) r[c] = scalar_t(0);
         continue;
       }
-      if (lanes) {
-        pool_bin_lanes(v, y0, y1, x0, x1, acc);
-      } else {
-        pool_bin(base, bins * s.c, s.h, s.w, y0, y1, x0, x1, nc, acc);
-      }
       const T area = static_cast<T>(b.area());
+      if (lanes) {
+        pool_bin_lanes(v, y0, y1, x0, x1, area, nc, r);
+        continue;
+      }
+      pool_bin(base, bins * s.c, s.h, s.w, y0, y1, x0, x1, nc, acc);
       for (int64_t c = 0; c < nc; ++c) r[c] = static_cast<scalar_t>(acc[c] / area);
     }
   };
-  ps_tasks(ps_batch(rois), N, C_out, bins, task);
+  ps_tasks(batch, N, C_out, bins, task);
   result.finish();
 }
 
