@@ -309,6 +309,15 @@ struct PsBand {
 // Bytes of a band's buffer (kept in L2), unless one row needs more.
 constexpr int64_t kPsBandBytes = int64_t(512) << 10;
 
+// Rows per band of an H-row map whose rows take row_bytes of buffer each: the buffer
+// within kPsBandBytes (at least one row), and enough tasks for all threads when each
+// band makes `per_band` of them.
+inline int64_t ps_band_rows(int64_t H, int64_t row_bytes, int64_t per_band) {
+  int64_t R = std::clamp<int64_t>(kPsBandBytes / row_bytes, 1, std::max<int64_t>(H, 1));
+  while (R > 1 && per_band * ((H + R - 1) / R) < 2 * at::get_num_threads()) R = (R + 1) / 2;
+  return R;
+}
+
 // Whether a channels_last backward goes by bands (ps_backward_bands): the buffers' lanes
 // (each about a third of an add in place, like a tile's copy) are no more than kPsCopyGain
 // per channel that the boxes' `reads` (cells or taps, over all bins) add in place.
@@ -363,10 +372,8 @@ void ps_backward_bands(const std::vector<int64_t>& batch, const std::vector<std:
   if (acc.numel() == 0) return;
   const int64_t N = acc.size(0), H = acc.size(2), W = acc.size(3);
   const int64_t cb = ps_channel_block(N * H, C_out), blocks = (C_out + cb - 1) / cb;
-  // Rows per band: the buffer within kPsBandBytes (at least one row), and tasks for all threads.
   const int64_t row_bytes = W * bins * ((cb + 7) / 8 * 8) * static_cast<int64_t>(sizeof(T));
-  int64_t R = std::clamp<int64_t>(kPsBandBytes / row_bytes, 1, H);
-  while (R > 1 && N * blocks * ((H + R - 1) / R) < 2 * at::get_num_threads()) R = (R + 1) / 2;
+  const int64_t R = ps_band_rows(H, row_bytes, N * blocks);
   const Bands bands(N, H, row_bytes, R * row_bytes, batch, spans);
   const Strides a(acc);
   T* acc_p = acc.data_ptr<T>();
@@ -394,17 +401,15 @@ constexpr int64_t kPsBandGain = 6;
 // calls sum(band, buf, k, i) for each of its bin rows in increasing k. In the map a bin's
 // output channels are bins apart, a cache line each; in the buffer they are whole
 // vectors, and each cell is copied about once instead of being gathered by every bin that
-// reads it. A bin row is summed whole by one task, so sums keep their order. Returns false, running nothing, when the copies would cost more
-// than the boxes' `reads` (cells or taps, over all bins) gathered in place.
+// reads it. A bin row is summed whole by one task, so sums keep their order. Returns
+// false, running nothing, when the copies would cost more than the boxes' `reads` (cells
+// or taps, over all bins) gathered in place.
 template <typename T, typename scalar_t, typename Rows, typename Sum>
 bool ps_forward_bands(const at::Tensor& input, const std::vector<int64_t>& batch, int64_t C_out, int64_t ph,
                       int64_t pw, int64_t reads, const Rows& rows, const Sum& sum) {
   const int64_t N = input.size(0), H = input.size(2), W = input.size(3), bins = ph * pw, K = batch.size();
   const int64_t cb = std::min<int64_t>(C_out, 8), blocks = (C_out + cb - 1) / cb;
-  // Rows per band: the buffer within kPsBandBytes (at least one row), and tasks for all threads.
-  const int64_t row_bytes = W * bins * 8 * static_cast<int64_t>(sizeof(T));
-  int64_t R = std::clamp<int64_t>(kPsBandBytes / row_bytes, 1, std::max<int64_t>(H, 1));
-  while (R > 1 && N * blocks * ((H + R - 1) / R) < 2 * at::get_num_threads()) R = (R + 1) / 2;
+  const int64_t R = ps_band_rows(H, W * bins * 8 * static_cast<int64_t>(sizeof(T)), N * blocks);
   const int64_t per_image = (H + R - 1) / R;
   std::vector<std::vector<std::pair<int64_t, int64_t>>> parts(static_cast<size_t>(N * per_image));
   std::vector<std::pair<int64_t, int64_t>> span(parts.size(), {H, 0});  // rows [first, end) a band copies

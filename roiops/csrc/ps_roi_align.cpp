@@ -100,14 +100,10 @@ int64_t cover_bin(const std::vector<AlignPlan<T>>& plans, const std::vector<int6
   int64_t reads = 0;
   for (const int64_t k : boxes) {
     const AlignPlan<T>& p = plans[k];
-    if (p.empty()) continue;
-    const AxisPlan<T>&ys = p.ys, &xs = p.xs;
-    const int64_t ya = ys.begin[i], yb = ys.begin[i + 1], xa = xs.begin[j], xb = xs.begin[j + 1];
-    if (ya == yb || xa == xb) continue;
-    // Positions are monotonic: the extreme rows are those of the first and last samples.
-    const int64_t r0 = std::min(ys.lo[ya], ys.lo[yb - 1]), r1 = std::max(ys.hi[ya], ys.hi[yb - 1]);
+    const auto [r0, r1] = p.bin_rows(i);
+    if (r0 > r1 || p.xs.begin[j] == p.xs.begin[j + 1]) continue;
     t.cover(r0, r1 + 1);
-    reads += 4 * (yb - ya) * (xb - xa);
+    reads += 4 * (p.ys.begin[i + 1] - p.ys.begin[i]) * (p.xs.begin[j + 1] - p.xs.begin[j]);
   }
   return reads;
 }
@@ -167,11 +163,8 @@ ROIOPS_SIMD void add_band(const PsBand& band, const std::vector<AlignPlan<T>>& p
     const AxisPlan<T>&ys = p.ys, &xs = p.xs;
     for (int64_t i = 0; i < ph; ++i) {
       const int64_t ya = ys.begin[i], yb = ys.begin[i + 1];
-      // Positions are monotonic: the extreme rows are those of the first and last samples.
-      if (ya == yb || std::max(ys.hi[ya], ys.hi[yb - 1]) < band.r0 ||
-          std::min(ys.lo[ya], ys.lo[yb - 1]) >= band.r1) {
-        continue;
-      }
+      const auto [r0, r1] = p.bin_rows(i);
+      if (r0 > r1 || r1 < band.r0 || r0 >= band.r1) continue;
       for (int64_t j = 0; j < pw; ++j) {
         if (xs.begin[j] == xs.begin[j + 1]) continue;
         const scalar_t* gk = grad_p + k * gs.n + band.c0 * gs.c + i * gs.h + j * gs.w;
@@ -229,14 +222,7 @@ void forward_impl(const at::Tensor& input, const at::Tensor& rois, double spatia
   const scalar_t* in = input.const_data_ptr<scalar_t>();
   PsOutput<scalar_t> result(out);
   const std::vector<int64_t> batch = ps_batch(rois);
-  const auto rows = [&](int64_t k, int64_t i) {
-    const AlignPlan<T>& p = plans[k];
-    const int64_t ya = p.ys.begin[i], yb = p.ys.begin[i + 1];
-    if (p.empty() || ya == yb) return std::pair<int64_t, int64_t>(1, 0);
-    // Positions are monotonic: the extreme rows are those of the first and last samples.
-    return std::pair<int64_t, int64_t>(std::min(p.ys.lo[ya], p.ys.lo[yb - 1]),
-                                       std::max(p.ys.hi[ya], p.ys.hi[yb - 1]));
-  };
+  const auto rows = [&](int64_t k, int64_t i) { return plans[k].bin_rows(i); };
   const auto sum_row = [&](const PsBand& band, const T* buf, int64_t k, int64_t i) {
     const AlignPlan<T>& p = plans[k];
     for (int64_t j = 0; j < pw; ++j) {

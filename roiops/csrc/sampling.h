@@ -243,6 +243,14 @@ struct AlignPlan {
   std::pair<int64_t, int64_t> row_span() const {
     return empty() ? std::make_pair<int64_t, int64_t>(1, 0) : std::make_pair(ys.cell_lo, ys.cell_hi);
   }
+
+  // The same for the taps of bin row i. Positions are monotonic: the extreme rows are
+  // those of the row's first and last samples.
+  std::pair<int64_t, int64_t> bin_rows(int64_t i) const {
+    if (empty() || ys.begin[i] == ys.begin[i + 1]) return {1, 0};
+    const int64_t ya = ys.begin[i], yb = ys.begin[i + 1];
+    return {std::min(ys.lo[ya], ys.lo[yb - 1]), std::max(ys.hi[ya], ys.hi[yb - 1])};
+  }
 };
 
 // Caffe (Fast R-CNN, torchvision) or mmdetection (continuous) RoIPool bins of one box.
