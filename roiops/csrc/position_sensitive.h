@@ -181,7 +181,8 @@ ROIOPS_SIMD void ps_load_tile(const scalar_t* base, int64_t cs, int64_t nc, cons
 // Tile t back to the nc channel planes at base + c * cs (contiguous H x W planes).
 template <typename T>
 ROIOPS_SIMD void ps_store_tile(const T* __restrict__ tile, const PsTile& t, int64_t nc, T* base, int64_t cs) {
-  transpose_block</*kPadRows=*/false, /*kReadPastCols=*/true>(tile, t.lanes, t.cells(), nc, base + t.y0 * t.W, cs);
+  transpose_block</*kPadRows=*/false, /*kReadPastCols=*/true, /*kColsOuter=*/true>(tile, t.lanes, t.cells(), nc,
+                                                                                   base + t.y0 * t.W, cs);
 }
 
 // Where a forward task sums: when `lanes`, on tile t of its planes at base + c * cs, loaded

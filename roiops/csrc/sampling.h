@@ -536,34 +536,44 @@ inline void transpose8(const lanes8<T> (&r)[8], lanes8<T> (&out)[8]) {
 // dst[j * ds + i] = src[i * ss + j] for i < rows, j < cols: a matrix transposed, by 8 x 8
 // blocks in registers for float and double (values are only moved or converted).
 // kPadRows: dst rows have room for rows rounded up to a multiple of 8, which get zeros.
-// kReadPastCols: src rows may be read up to cols rounded up to a multiple of 8. Always
-// inlined, so that it is compiled for the instruction set of the ROIOPS_SIMD caller.
-template <bool kPadRows, bool kReadPastCols, typename S, typename D>
+// kReadPastCols: src rows may be read up to cols rounded up to a multiple of 8.
+// kColsOuter: blocks go along src rows within each block of 8 columns, so that dst is
+// written 8 rows at a time from start to end; for dst rows that are long and far apart
+// (planes), 8 sequential write streams instead of one per column, which measured 5-25%
+// faster PS backwards. Always inlined, so that it is compiled for the instruction set of
+// the ROIOPS_SIMD caller.
+template <bool kPadRows, bool kReadPastCols, bool kColsOuter = false, typename S, typename D>
 __attribute__((always_inline)) inline void transpose_block(const S* src, int64_t ss, int64_t rows, int64_t cols,
                                                          D* dst, int64_t ds) {
   if constexpr (std::is_same_v<S, D> && std::is_floating_point_v<D>) {
-    for (int64_t i = 0; i < rows; i += 8) {
-      const int64_t ni = std::min<int64_t>(8, rows - i);
-      for (int64_t j = 0; j < cols; j += 8) {
-        const int64_t nj = std::min<int64_t>(8, cols - j);
-        if (nj < 8 && !kReadPastCols) {
-          for (int64_t k = 0; k < nj; ++k) {
-            for (int64_t l = 0; l < 8; ++l) {
-              if (l < ni || kPadRows) dst[(j + k) * ds + i + l] = l < ni ? src[(i + l) * ss + j + k] : D(0);
-            }
-          }
-          continue;
-        }
-        lanes8<D> r[8], o[8];
-        for (int l = 0; l < 8; ++l) r[l] = l < ni ? load8(src + (i + l) * ss + j) : lanes8<D>{};
-        transpose8<D>(r, o);
+    const auto block = [&](int64_t i, int64_t j) __attribute__((always_inline)) {
+      const int64_t ni = std::min<int64_t>(8, rows - i), nj = std::min<int64_t>(8, cols - j);
+      if (nj < 8 && !kReadPastCols) {
         for (int64_t k = 0; k < nj; ++k) {
-          if (ni == 8 || kPadRows) {
-            store8(dst + (j + k) * ds + i, o[k]);
-          } else {
-            for (int64_t l = 0; l < ni; ++l) dst[(j + k) * ds + i + l] = o[k][l];
+          for (int64_t l = 0; l < 8; ++l) {
+            if (l < ni || kPadRows) dst[(j + k) * ds + i + l] = l < ni ? src[(i + l) * ss + j + k] : D(0);
           }
         }
+        return;
+      }
+      lanes8<D> r[8], o[8];
+      for (int l = 0; l < 8; ++l) r[l] = l < ni ? load8(src + (i + l) * ss + j) : lanes8<D>{};
+      transpose8<D>(r, o);
+      for (int64_t k = 0; k < nj; ++k) {
+        if (ni == 8 || kPadRows) {
+          store8(dst + (j + k) * ds + i, o[k]);
+        } else {
+          for (int64_t l = 0; l < ni; ++l) dst[(j + k) * ds + i + l] = o[k][l];
+        }
+      }
+    };
+    if constexpr (kColsOuter) {
+      for (int64_t j = 0; j < cols; j += 8) {
+        for (int64_t i = 0; i < rows; i += 8) block(i, j);
+      }
+    } else {
+      for (int64_t i = 0; i < rows; i += 8) {
+        for (int64_t j = 0; j < cols; j += 8) block(i, j);
       }
     }
   } else {
