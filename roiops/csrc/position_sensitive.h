@@ -287,10 +287,10 @@ struct PsBackward {
   at::Tensor result() const { return acc.scalar_type() == grad.scalar_type() ? acc : acc.to(grad.scalar_type()); }
 };
 
-// A task of ps_backward_bands: image n, rows [r0, r1), output channels [c0, c0 + nc) in
-// `lanes` lanes (whole vectors). Its buffer holds, for each cell (y, x) of its rows, bins x
-// lanes values: bin b's lane c (input channel (c0 + c) * bins + b) at
-// ((y - r0) * W + x) * cell + b * lanes + c, cell = bins * lanes.
+// A band task (ps_forward_bands, ps_backward_bands): image n, rows [r0, r1), output
+// channels [c0, c0 + nc) in `lanes` lanes (whole vectors). Its buffer holds, for each cell
+// (y, x) of its rows, bins x lanes values: bin b's lane c (input channel
+// (c0 + c) * bins + b) at ((y - r0) * W + x) * cell + b * lanes + c, cell = bins * lanes.
 struct PsBand {
   int64_t n, r0, r1, c0, nc, lanes, W, bins;
   int64_t cell() const { return bins * lanes; }
