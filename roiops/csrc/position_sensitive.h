@@ -119,7 +119,27 @@ __attribute__((always_inline)) inline void ps_store_lanes(lanes8<T> v, int64_t n
   if constexpr (std::is_same_v<T, scalar_t>) {
     if (n >= 8) return store8(r, v);
   }
-  for (int64_t l = 0; l < std::min<int64_t>(n, 8); ++l) r[l] = static_cast<scalar_t>(v[l]);
+  // Unrolled with a test per lane: a plain copy loop would become a call to memcpy.
+#pragma GCC unroll 8
+  for (int l = 0; l < 8; ++l) {
+    if (l < n) r[l] = static_cast<scalar_t>(v[l]);
+  }
+}
+
+// f(V, c) for lanes [c, c + 8 * V) of nc lanes, V (a std::integral_constant) whole
+// vectors of up to 4, covering the nc lanes: a lane sum walks a bin once per 4 vectors, with
+// V independent add chains, instead of once per vector. Always inlined, so that it is
+// compiled for the instruction set of the ROIOPS_SIMD caller.
+template <typename F>
+__attribute__((always_inline)) inline void ps_lane_blocks(int64_t nc, const F& f) {
+  int64_t c = 0;
+  for (; nc - c > 24; c += 32) f(std::integral_constant<int, 4>{}, c);
+  switch ((nc - c + 7) / 8) {
+    case 3: return f(std::integral_constant<int, 3>{}, c);
+    case 2: return f(std::integral_constant<int, 2>{}, c);
+    case 1: return f(std::integral_constant<int, 1>{}, c);
+    default: return;
+  }
 }
 
 // Where a task's lanes lie: the L lanes (channels c0 ... of its block, contiguous) of cell

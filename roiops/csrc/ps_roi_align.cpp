@@ -108,18 +108,42 @@ int64_t cover_bin(const std::vector<AlignPlan<T>>& plans, const std::vector<int6
   return reads;
 }
 
-// align_bin on a task's lanes, divided by the sample count: r[c] = the mean of lane c over
-// the bin's samples, for c < nc.
+// One bin for align_bins_lanes: box plan p's bin (i, j), the lanes it reads, where its nc
+// means go.
 template <typename T, typename scalar_t>
-ROIOPS_SIMD void align_bin_lanes(const AlignPlan<T>& p, int64_t i, int64_t j, const PsLanes<const T>& v, int64_t nc,
-                                 scalar_t* __restrict__ r) {
-  for (int64_t c = 0; c < nc; c += 8) {
-    lanes8<T> sum{};
-    for_each_sample(p, i, j, v.sH, v.sW, [&](int64_t o1, int64_t o2, int64_t o3, int64_t o4, T w1, T w2, T w3, T w4) {
+struct LanesBin {
+  const AlignPlan<T>* p;
+  int64_t i, j;
+  PsLanes<const T> v;
+  scalar_t* r;
+};
+
+// n bins, at(m) the m-th (a LanesBin): r[c] = the mean of lane c over the bin's samples, c <
+// nc (0 / count for an empty box). A whole task's (or bin row's) bins per call, so that the
+// loop over them is compiled for the ROIOPS_SIMD instruction set too and the sums stay in
+// registers.
+template <typename T, typename scalar_t, typename At>
+ROIOPS_SIMD void align_bins_lanes(int64_t n, int64_t nc, const At& at) {
+  for (int64_t m = 0; m < n; ++m) {
+    const LanesBin<T, scalar_t> e = at(m);
+    const AlignPlan<T>& p = *e.p;
+    if (p.empty()) {
+      for (int64_t c = 0; c < nc; ++c) e.r[c] = static_cast<scalar_t>(T(0) / p.count);
+      continue;
+    }
+    const PsLanes<const T>& v = e.v;
+    ps_lane_blocks(nc, [&](auto V, int64_t c) __attribute__((always_inline)) {
+      lanes8<T> sum[V] = {};
       const T* q = v.data + c - v.org;
-      sum += w1 * load8(q + o1) + w2 * load8(q + o2) + w3 * load8(q + o3) + w4 * load8(q + o4);
+      for_each_sample(p, e.i, e.j, v.sH, v.sW,
+                      [&](int64_t o1, int64_t o2, int64_t o3, int64_t o4, T w1, T w2, T w3, T w4) {
+                        for (int u = 0; u < V; ++u) {
+                          sum[u] += w1 * load8(q + o1 + 8 * u) + w2 * load8(q + o2 + 8 * u) +
+                                    w3 * load8(q + o3 + 8 * u) + w4 * load8(q + o4 + 8 * u);
+                        }
+                      });
+      for (int u = 0; u < V; ++u) ps_store_lanes<T>(sum[u] / p.count, nc - c - 8 * u, e.r + c + 8 * u);
     });
-    ps_store_lanes<T>(sum / p.count, nc - c, r + c);
   }
 }
 
@@ -224,15 +248,9 @@ void forward_impl(const at::Tensor& input, const at::Tensor& rois, double spatia
   const std::vector<int64_t> batch = ps_batch(rois);
   const auto rows = [&](int64_t k, int64_t i) { return plans[k].bin_rows(i); };
   const auto sum_row = [&](const PsBand& band, const T* buf, int64_t k, int64_t i) {
-    const AlignPlan<T>& p = plans[k];
-    for (int64_t j = 0; j < pw; ++j) {
-      scalar_t* r = result.row(i * pw + j, k) + band.c0;
-      if (p.empty()) {
-        for (int64_t c = 0; c < band.nc; ++c) r[c] = static_cast<scalar_t>(T(0) / p.count);
-      } else {
-        align_bin_lanes(p, i, j, band.view(buf, i * pw + j), band.nc, r);
-      }
-    }
+    align_bins_lanes<T, scalar_t>(pw, band.nc, [&](int64_t j) {
+      return LanesBin<T, scalar_t>{&plans[k], i, j, band.view(buf, i * pw + j), result.row(i * pw + j, k) + band.c0};
+    });
   };
   if (s.w != 1 &&
       ps_forward_bands<T, scalar_t>(input, batch, C_out, ph, pw, total_reads(plans, ph, pw), rows, sum_row)) {
@@ -246,13 +264,18 @@ void forward_impl(const at::Tensor& input, const at::Tensor& rois, double spatia
     PsLanes<const T> v{};
     const bool lanes = s.w == 1 && ps_use_tile<T>(t, cover_bin(plans, boxes, i, j, t), nc);
     T* acc = ps_forward_storage(lanes, t, base, bins * s.c, nc, scratch, v);
+    if (lanes) {
+      align_bins_lanes<T, scalar_t>(static_cast<int64_t>(boxes.size()), nc, [&](int64_t m) {
+        const int64_t k = boxes[m];
+        return LanesBin<T, scalar_t>{&plans[k], i, j, v, result.row(bin, k) + c0};
+      });
+      return;
+    }
     for (const int64_t k : boxes) {
       const AlignPlan<T>& p = plans[k];
       scalar_t* r = result.row(bin, k) + c0;
       if (p.empty()) {
         for (int64_t c = 0; c < nc; ++c) r[c] = static_cast<scalar_t>(T(0) / p.count);
-      } else if (lanes) {
-        align_bin_lanes(p, i, j, v, nc, r);
       } else {
         align_bin(p, i, j, base, bins * s.c, s.h, s.w, nc, acc);
         for (int64_t c = 0; c < nc; ++c) r[c] = static_cast<scalar_t>(acc[c] / p.count);

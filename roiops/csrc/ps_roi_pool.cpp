@@ -119,17 +119,38 @@ inline int64_t cover_bin(const PsPoolBins& bins, const std::vector<int64_t>& box
   return reads;
 }
 
-// pool_bin on a task's lanes, divided by the bin's area: r[c] = the mean of lane c over rows
-// [y0, y1) x columns [x0, x1), for c < nc.
+// One bin for pool_bins_lanes: the lanes it reads, its cells, where its nc means go.
 template <typename T, typename scalar_t>
-ROIOPS_SIMD void pool_bin_lanes(const PsLanes<const T>& v, int64_t y0, int64_t y1, int64_t x0, int64_t x1, T area,
-                                int64_t nc, scalar_t* __restrict__ r) {
-  for (int64_t c = 0; c < nc; c += 8) {
-    lanes8<T> sum{};
-    for (int64_t y = y0; y < y1; ++y) {
-      for (int64_t x = x0; x < x1; ++x) sum += load8(v.data + (y * v.sH + x * v.sW - v.org) + c);
+struct LanesBin {
+  PsLanes<const T> v;
+  PsPoolBins::Bin b;
+  scalar_t* r;
+};
+
+// n bins, at(m) the m-th (a LanesBin): r[c] = the mean of lane c over the bin's cells (0 for
+// an empty bin), c < nc. A whole task's (or bin row's) bins per call, so that the loop over
+// them is compiled for the ROIOPS_SIMD instruction set too and the sums stay in registers.
+template <typename T, typename scalar_t, typename At>
+ROIOPS_SIMD void pool_bins_lanes(int64_t n, int64_t nc, const At& at) {
+  for (int64_t m = 0; m < n; ++m) {
+    const LanesBin<T, scalar_t> e = at(m);
+    const PsLanes<const T>& v = e.v;
+    const auto [y0, y1, x0, x1] = e.b;
+    if (e.b.empty()) {
+      std::fill_n(e.r, nc, scalar_t(0));
+      continue;
     }
-    ps_store_lanes<T>(sum / area, nc - c, r + c);
+    const T area = static_cast<T>(e.b.area());
+    ps_lane_blocks(nc, [&](auto V, int64_t c) __attribute__((always_inline)) {
+      lanes8<T> sum[V] = {};
+      for (int64_t y = y0; y < y1; ++y) {
+        for (int64_t x = x0; x < x1; ++x) {
+          const T* q = v.data + (y * v.sH + x * v.sW - v.org) + c;
+          for (int u = 0; u < V; ++u) sum[u] += load8(q + 8 * u);
+        }
+      }
+      for (int u = 0; u < V; ++u) ps_store_lanes<T>(sum[u] / area, nc - c - 8 * u, e.r + c + 8 * u);
+    });
   }
 }
 
@@ -178,15 +199,10 @@ void forward_impl(const at::Tensor& input, const at::Tensor& rois, double spatia
     return std::pair<int64_t, int64_t>(b.y0, b.y1 - 1);
   };
   const auto sum_row = [&](const PsBand& band, const T* buf, int64_t k, int64_t i) {
-    for (int64_t j = 0; j < pw; ++j) {
-      const PsPoolBins::Bin b = boxes_bins.bin(k, i, j);
-      scalar_t* r = result.row(i * pw + j, k) + band.c0;
-      if (b.empty()) {
-        for (int64_t c = 0; c < band.nc; ++c) r[c] = scalar_t(0);
-        continue;
-      }
-      pool_bin_lanes(band.view(buf, i * pw + j), b.y0, b.y1, b.x0, b.x1, static_cast<T>(b.area()), band.nc, r);
-    }
+    pool_bins_lanes<T, scalar_t>(pw, band.nc, [&](int64_t j) {
+      return LanesBin<T, scalar_t>{band.view(buf, i * pw + j), boxes_bins.bin(k, i, j),
+                                   result.row(i * pw + j, k) + band.c0};
+    });
   };
   if (s.w != 1 && ps_forward_bands<T, scalar_t>(input, batch, C_out, ph, pw, total_reads(boxes_bins, ph, pw), rows,
                                                 sum_row)) {
@@ -200,6 +216,13 @@ void forward_impl(const at::Tensor& input, const at::Tensor& rois, double spatia
     PsLanes<const T> v{};
     const bool lanes = s.w == 1 && ps_use_tile<T>(t, cover_bin(boxes_bins, boxes, i, j, t), nc);
     T* acc = ps_forward_storage(lanes, t, base, bins * s.c, nc, scratch, v);
+    if (lanes) {
+      pool_bins_lanes<T, scalar_t>(static_cast<int64_t>(boxes.size()), nc, [&](int64_t m) {
+        const int64_t k = boxes[m];
+        return LanesBin<T, scalar_t>{v, boxes_bins.bin(k, i, j), result.row(bin, k) + c0};
+      });
+      return;
+    }
     for (const int64_t k : boxes) {
       const PsPoolBins::Bin b = boxes_bins.bin(k, i, j);
       const auto [y0, y1, x0, x1] = b;
@@ -209,10 +232,6 @@ void forward_impl(const at::Tensor& input, const at::Tensor& rois, double spatia
         continue;
       }
       const T area = static_cast<T>(b.area());
-      if (lanes) {
-        pool_bin_lanes(v, y0, y1, x0, x1, area, nc, r);
-        continue;
-      }
       pool_bin(base, bins * s.c, s.h, s.w, y0, y1, x0, x1, nc, acc);
       for (int64_t c = 0; c < nc; ++c) r[c] = static_cast<scalar_t>(acc[c] / area);
     }
