@@ -205,17 +205,12 @@ ROIOPS_SIMD void ps_store_tile(const T* __restrict__ tile, const PsTile& t, int6
                                                                                    base + t.y0 * t.W, cs);
 }
 
-// Where a forward task sums: when `lanes`, on tile t of its planes at base + c * cs, loaded
-// here (sets v to its lanes and returns nullptr: lane sums keep theirs in registers), else
-// on the map in place (returns scratch for its nc accumulators).
+// A forward task's lanes: tile t of its nc planes at base + c * cs, loaded into scratch.
 template <typename scalar_t, typename T>
-T* ps_forward_storage(bool lanes, const PsTile& t, const scalar_t* base, int64_t cs, int64_t nc, Scratch<T>& scratch,
-                      PsLanes<const T>& v) {
-  if (!lanes) return scratch.get(nc);
+PsLanes<const T> ps_forward_tile(const PsTile& t, const scalar_t* base, int64_t cs, int64_t nc, Scratch<T>& scratch) {
   T* tile = scratch.get(t.size());
   ps_load_tile(base, cs, nc, t, tile);
-  v = t.view<const T>(tile);
-  return nullptr;
+  return t.view<const T>(tile);
 }
 
 // Strides of an [N, C, H, W] tensor (or of [K, C_out, ph, pw]).

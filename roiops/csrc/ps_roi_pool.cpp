@@ -213,16 +213,15 @@ void forward_impl(const at::Tensor& input, const at::Tensor& rois, double spatia
     const int64_t i = bin / pw, j = bin % pw;
     const scalar_t* base = in + n * s.n + (c0 * bins + bin) * s.c;
     PsTile t(nc, W);
-    PsLanes<const T> v{};
-    const bool lanes = s.w == 1 && ps_use_tile<T>(t, cover_bin(boxes_bins, boxes, i, j, t), nc);
-    T* acc = ps_forward_storage(lanes, t, base, bins * s.c, nc, scratch, v);
-    if (lanes) {
+    if (s.w == 1 && ps_use_tile<T>(t, cover_bin(boxes_bins, boxes, i, j, t), nc)) {
+      const PsLanes<const T> v = ps_forward_tile(t, base, bins * s.c, nc, scratch);
       pool_bins_lanes<T, scalar_t>(static_cast<int64_t>(boxes.size()), nc, [&](int64_t m) {
         const int64_t k = boxes[m];
         return LanesBin<T, scalar_t>{v, boxes_bins.bin(k, i, j), result.row(bin, k) + c0};
       });
       return;
     }
+    T* acc = scratch.get(nc);
     for (const int64_t k : boxes) {
       const PsPoolBins::Bin b = boxes_bins.bin(k, i, j);
       const auto [y0, y1, x0, x1] = b;
