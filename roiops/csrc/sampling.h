@@ -548,23 +548,24 @@ __attribute__((always_inline)) inline void transpose_block(const S* src, int64_t
   if constexpr (std::is_same_v<S, D> && std::is_floating_point_v<D>) {
     const auto block = [&](int64_t i, int64_t j) __attribute__((always_inline)) {
       const int64_t ni = std::min<int64_t>(8, rows - i), nj = std::min<int64_t>(8, cols - j);
-      if (nj < 8 && !kReadPastCols) {
+      // A block with rows or columns beyond what src or dst have: element by element.
+      if ((nj < 8 && !kReadPastCols) || (ni < 8 && !kPadRows)) {
         for (int64_t k = 0; k < nj; ++k) {
-          for (int64_t l = 0; l < 8; ++l) {
-            if (l < ni || kPadRows) dst[(j + k) * ds + i + l] = l < ni ? src[(i + l) * ss + j + k] : D(0);
+          for (int64_t l = 0; l < (kPadRows ? 8 : ni); ++l) {
+            dst[(j + k) * ds + i + l] = l < ni ? static_cast<D>(src[(i + l) * ss + j + k]) : D(0);
           }
         }
         return;
       }
+      // Unrolled, with a test per vector, so that the vectors stay in registers: a loop up
+      // to ni or nj would index them at run time, through the stack.
       lanes8<D> r[8], o[8];
+#pragma GCC unroll 8
       for (int l = 0; l < 8; ++l) r[l] = l < ni ? load8(src + (i + l) * ss + j) : lanes8<D>{};
       transpose8<D>(r, o);
-      for (int64_t k = 0; k < nj; ++k) {
-        if (ni == 8 || kPadRows) {
-          store8(dst + (j + k) * ds + i, o[k]);
-        } else {
-          for (int64_t l = 0; l < ni; ++l) dst[(j + k) * ds + i + l] = o[k][l];
-        }
+#pragma GCC unroll 8
+      for (int k = 0; k < 8; ++k) {
+        if (k < nj) store8(dst + (j + k) * ds + i, o[k]);
       }
     };
     if constexpr (kColsOuter) {
