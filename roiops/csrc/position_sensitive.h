@@ -216,7 +216,45 @@ PsLanes<const T> ps_forward_tile(const PsTile& t, const scalar_t* base, int64_t 
 // Strides of an [N, C, H, W] tensor (or of [K, C_out, ph, pw]).
 struct Strides {
   int64_t n, c, h, w;
-  explicit Strides(const at::Tensor& t) : n(t.stride(0)), c(t.stride(1)), h(t.stride(2)), w(t.stride(3)) {}
+  Strides(int64_t n_, int64_t c_, int64_t h_, int64_t w_) : n(n_), c(c_), h(h_), w(w_) {}
+  explicit Strides(const at::Tensor& t) : Strides(t.stride(0), t.stride(1), t.stride(2), t.stride(3)) {}
+};
+
+// The grad ([K, C_out, ph, pw]) as backward tasks read it: box k's value of output channel
+// c in bin (i, j) at data + k * s.n + c * s.c + i * s.h + j * s.w. A channels-last grad is
+// read where it lies; an NCHW one, whose channels of a bin are ph * pw apart (a cache line
+// each, read by every task of that bin), is first copied bin-major, [ph, pw, K, C_out rounded
+// up to whole vectors], so that a task reads each box's channels as one contiguous run.
+template <typename scalar_t>
+class PsGradRows {
+ public:
+  explicit PsGradRows(const at::Tensor& grad) : data(grad.const_data_ptr<scalar_t>()), s(grad) {
+    const int64_t K = grad.size(0), C_out = grad.size(1), pw = grad.size(3), bins = grad.size(2) * pw;
+    if (s.c == 1 || C_out == 1 || grad.numel() == 0 || !grad.is_contiguous()) return;
+    const int64_t row = (C_out + 7) / 8 * 8;
+    buffer_ = empty_output({bins * K * row}, grad.options());
+    const scalar_t* src = data;
+    scalar_t* dst = buffer_.data_ptr<scalar_t>();
+    at::parallel_for(0, K, 16, [&](int64_t k0, int64_t k1) { boxes_in(src, dst, K, C_out, bins, row, k0, k1); });
+    data = dst, s = Strides(row, 1, pw * K * row, K * row);
+  }
+
+  const scalar_t* data;
+  Strides s;
+
+ private:
+  // Boxes [k0, k1): each a C_out x bins block of the contiguous grad to its bins x C_out
+  // block of the buffer (rows K * row apart), in 8 x 8 register transposes; the rows'
+  // padding gets zeros.
+  ROIOPS_SIMD static void boxes_in(const scalar_t* src, scalar_t* dst, int64_t K, int64_t C_out, int64_t bins,
+                                   int64_t row, int64_t k0, int64_t k1) {
+    for (int64_t k = k0; k < k1; ++k) {
+      transpose_block</*kPadRows=*/true, /*kReadPastCols=*/false>(src + k * C_out * bins, bins, C_out, bins,
+                                                                  dst + k * row, K * row);
+    }
+  }
+
+  at::Tensor buffer_;
 };
 
 // A forward's checked arguments: input in its layout, rois contiguous, C_out, and the

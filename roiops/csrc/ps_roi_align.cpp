@@ -291,8 +291,9 @@ void backward_impl(const at::Tensor& grad, const at::Tensor& rois, double spatia
   using T = at::opmath_type<scalar_t>;
   const int64_t C_out = grad.size(1), bins = ph * pw;
   const std::vector<AlignPlan<T>> plans = build_plans<T>(rois, spatial_scale, ph, pw, sampling_ratio, H, W);
-  const Strides gs(grad);  // grad read where it lies: a bin's channels gs.c apart
-  const scalar_t* grad_p = grad.const_data_ptr<scalar_t>();
+  const PsGradRows<scalar_t> grad_rows(grad);
+  const scalar_t* grad_p = grad_rows.data;
+  const Strides& gs = grad_rows.s;
   if (ps_use_bands(args.acc, total_reads(plans, ph, pw), C_out, bins)) {
     std::vector<std::pair<int64_t, int64_t>> spans(plans.size());
     for (size_t k = 0; k < plans.size(); ++k) spans[k] = plans[k].row_span();

@@ -273,8 +273,9 @@ void backward_impl(const at::Tensor& grad, const at::Tensor& rois, double spatia
   using T = at::opmath_type<scalar_t>;
   const int64_t C_out = grad.size(1), bins = ph * pw;
   const PsPoolBins boxes_bins = PsPoolBins::build<T>(rois, spatial_scale, ph, pw, H, W);
-  const Strides gs(grad);  // grad read where it lies: a bin's channels gs.c apart
-  const scalar_t* grad_p = grad.const_data_ptr<scalar_t>();
+  const PsGradRows<scalar_t> grad_rows(grad);
+  const scalar_t* grad_p = grad_rows.data;
+  const Strides& gs = grad_rows.s;
   if (ps_use_bands(args.acc, total_reads(boxes_bins, ph, pw), C_out, bins)) {
     std::vector<std::pair<int64_t, int64_t>> spans(static_cast<size_t>(boxes_bins.size()));
     for (int64_t k = 0; k < boxes_bins.size(); ++k) spans[k] = boxes_bins.row_span(k);
