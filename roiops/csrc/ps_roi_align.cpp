@@ -328,7 +328,7 @@ void backward_impl(const at::Tensor& grad, const at::Tensor& rois, double spatia
         align_bin_lanes_backward<false>(p, i, j, gv, v);
       }
     }
-    if (lanes) ps_store_tile(v.data, t, nc, base, bins * a.c);
+    if (lanes) args.store(v.data, t, base, bins * a.c, nc);
   };
   ps_tasks(ps_batch(rois), N, C_out, bins, task);
 }

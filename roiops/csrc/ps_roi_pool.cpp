@@ -309,7 +309,7 @@ void backward_impl(const at::Tensor& grad, const at::Tensor& rois, double spatia
         pool_bin_backward(d, base, bins * a.c, a.h, a.w, y0, y1, x0, x1, nc);
       }
     }
-    if (lanes) ps_store_tile(v.data, t, nc, base, bins * a.c);
+    if (lanes) args.store(v.data, t, base, bins * a.c, nc);
   };
   ps_tasks(ps_batch(rois), N, C_out, bins, task);
 }
