@@ -388,10 +388,18 @@ inline bool ps_use_bands(const at::Tensor& acc, int64_t reads, int64_t C_out, in
 }
 
 // Band b's buffer into the channels-last gradient gn (image n, channel c0 * bins): each
-// cell's bins x nc values transposed in registers into its nc * bins contiguous channels.
+// cell's bins x nc values transposed in registers into its nc * bins contiguous channels,
+// after each row's channels were zeroed by memset (PsBackward::zero_planes says why; 10-25%
+// faster channels_last backwards).
 template <typename T>
 ROIOPS_SIMD void ps_store_band(const T* buf, const PsBand& b, T* gn, int64_t sH, int64_t sW) {
+  const int64_t run = b.nc * b.bins;
   for (int64_t y = b.r0; y < b.r1; ++y) {
+    if (sW == run) {  // the block is all channels: the row is one run
+      std::memset(gn + y * sH, 0, static_cast<size_t>(b.W * run) * sizeof(T));
+    } else {
+      for (int64_t x = 0; x < b.W; ++x) std::memset(gn + y * sH + x * sW, 0, static_cast<size_t>(run) * sizeof(T));
+    }
     for (int64_t x = 0; x < b.W; ++x) {
       transpose_block</*kPadRows=*/false, /*kReadPastCols=*/true>(b.at(buf, y, x, 0), b.lanes, b.bins, b.nc,
                                                                   gn + y * sH + x * sW, b.bins);
