@@ -53,8 +53,9 @@ struct AxisPlan {
   void build(T start_, T bin_, int64_t grid_, int64_t pooled, int64_t size_) {
     grid = grid_;
     start = start_, bin = bin_, size = size_;
-    lo.clear(), hi.clear(), l.clear(), h.clear();
-    begin.assign(1, 0);
+    // Each array is sized once: plans are built per box and call, and growing them sample
+    // by sample cost more in malloc and free than the samples themselves.
+    begin.assign(pooled + 1, 0);
     first_in.assign(pooled, 0);
     first_out.assign(pooled, -1);
     min_weight.assign(pooled, std::numeric_limits<T>::infinity());
@@ -86,20 +87,24 @@ struct AxisPlan {
         first_out[b] = s0 > 0 ? 0 : (s1 < grid ? s1 : -1);
         if (s1 > s0) first_in[b] = s0;
       }
-      for (int64_t s = s0; s < s1; ++s) {
-        Tap<T> t;
-        make_tap(at(b, s), size, t);  // inside by construction
-        lo.push_back(static_cast<int32_t>(t.lo));
-        hi.push_back(static_cast<int32_t>(t.hi));
-        l.push_back(t.l);
-        h.push_back(t.h);
-        cell_lo = std::min(cell_lo, t.lo);
-        cell_hi = std::max(cell_hi, t.hi);
-        for (const T w : {t.l, t.h}) {
+      begin[b + 1] = begin[b] + (s1 - s0);
+    }
+    const size_t n = static_cast<size_t>(begin[pooled]);
+    lo.resize(n), hi.resize(n), l.resize(n), h.resize(n);
+    for (int64_t b = 0; b < pooled; ++b) {
+      for (int64_t t = begin[b]; t < begin[b + 1]; ++t) {
+        Tap<T> tap;
+        make_tap(at(b, first_in[b] + t - begin[b]), size, tap);  // inside by construction
+        lo[t] = static_cast<int32_t>(tap.lo);
+        hi[t] = static_cast<int32_t>(tap.hi);
+        l[t] = tap.l;
+        h[t] = tap.h;
+        cell_lo = std::min(cell_lo, tap.lo);
+        cell_hi = std::max(cell_hi, tap.hi);
+        for (const T w : {tap.l, tap.h}) {
           if (w != T(0)) min_weight[b] = std::min(min_weight[b], w);
         }
       }
-      begin.push_back(static_cast<int64_t>(lo.size()));
     }
   }
 
