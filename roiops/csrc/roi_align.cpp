@@ -27,7 +27,7 @@ namespace roiops {
 namespace {
 
 template <typename T>
-using Plans = std::vector<AlignPlan<T>>;
+using Plans = AlignPlans<T>;
 
 // Plans of rois' rows; row0 numbers the first one in error messages (rois may be a chunk);
 // sample_table: also the per-sample tables of the max backward.
@@ -35,11 +35,10 @@ template <typename T>
 Plans<T> build_plans(const at::Tensor& rois, double spatial_scale, int64_t ph, int64_t pw, int64_t sampling_ratio,
                      bool aligned, int64_t H, int64_t W, bool max_mode, bool sample_table, int64_t row0) {
   const int64_t K = rois.size(0);
-  Plans<T> plans(static_cast<size_t>(K));
   const T* roi = rois.const_data_ptr<T>();
   const T scale = static_cast<T>(spatial_scale);
-  at::parallel_for(0, K, 16, [&](int64_t k0, int64_t k1) {
-    for (int64_t k = k0; k < k1; ++k) plans[k].build(roi + 5 * k, scale, ph, pw, sampling_ratio, aligned, H, W, max_mode);
+  Plans<T> plans(K, [&](AlignPlan<T>& p, int64_t k) {
+    p.build(roi + 5 * k, scale, ph, pw, sampling_ratio, aligned, H, W, max_mode);
   });
   if (sample_table) {
     // The max backward's per-sample tables (one lookup per argmax) for the first boxes up to

@@ -33,6 +33,55 @@
 
 namespace roiops {
 
+// Memory for the many small arrays of one call's plans, handed out in order and freed
+// all at once when the call ends. Through malloc and free (often by another thread than
+// the one that built them) the 16 arrays of each box's plan cost more than computing them.
+class Arena {
+ public:
+  void* allocate(size_t bytes) {
+    bytes = (bytes + 15) & ~size_t(15);  // new[] blocks are aligned for any scalar
+    if (bytes > left_) {
+      const size_t size = std::max(bytes, next_);
+      blocks_.emplace_back(new unsigned char[size]);
+      cur_ = blocks_.back().get(), left_ = size;
+      next_ = std::min(2 * next_, size_t(1) << 20);
+    }
+    void* p = cur_;
+    cur_ += bytes, left_ -= bytes;
+    return p;
+  }
+
+ private:
+  std::vector<std::unique_ptr<unsigned char[]>> blocks_;
+  unsigned char* cur_ = nullptr;
+  size_t left_ = 0, next_ = size_t(16) << 10;
+};
+
+// An allocator from an Arena, or from the heap when it has none.
+template <typename U>
+struct ArenaAllocator {
+  using value_type = U;
+  Arena* arena = nullptr;
+
+  ArenaAllocator() = default;
+  explicit ArenaAllocator(Arena* a) : arena(a) {}
+  template <typename V>
+  ArenaAllocator(const ArenaAllocator<V>& other) : arena(other.arena) {}
+  U* allocate(size_t n) {
+    return static_cast<U*>(arena ? arena->allocate(n * sizeof(U)) : ::operator new(n * sizeof(U)));
+  }
+  void deallocate(U* p, size_t) {
+    if (!arena) ::operator delete(p);
+  }
+  template <typename V>
+  bool operator==(const ArenaAllocator<V>& other) const { return arena == other.arena; }
+  template <typename V>
+  bool operator!=(const ArenaAllocator<V>& other) const { return arena != other.arena; }
+};
+
+template <typename U>
+using ArenaVector = std::vector<U, ArenaAllocator<U>>;
+
 // Sample positions of one box along one axis. Samples inside the map are kept bin by
 // bin in parallel arrays (lo, hi, l, h), so that loops over them vectorise; inside the
 // map a bin's samples are consecutive (positions are monotonic), so sample t of bin b has
@@ -40,15 +89,20 @@ namespace roiops {
 template <typename T>
 struct AxisPlan {
   int64_t grid = 0;                  // samples per bin (<= 0: the bins have none)
-  std::vector<int32_t> lo, hi;       // taps of the inside samples, bin-major
-  std::vector<T> l, h;
-  std::vector<int64_t> begin;        // inside samples of bin b: [begin[b], begin[b + 1])
-  std::vector<int64_t> first_in;     // per bin: index of its first inside sample
-  std::vector<int64_t> first_out;    // per bin: index of its first outside sample, or -1
-  std::vector<T> min_weight;         // per bin: smallest nonzero l or h of its samples (inf: none)
+  ArenaVector<int32_t> lo, hi;       // taps of the inside samples, bin-major
+  ArenaVector<T> l, h;
+  ArenaVector<int64_t> begin;        // inside samples of bin b: [begin[b], begin[b + 1])
+  ArenaVector<int64_t> first_in;     // per bin: index of its first inside sample
+  ArenaVector<int64_t> first_out;    // per bin: index of its first outside sample, or -1
+  ArenaVector<T> min_weight;         // per bin: smallest nonzero l or h of its samples (inf: none)
   int64_t cell_lo = 0, cell_hi = -1; // cells touched by any tap: [cell_lo, cell_hi]
   T start = 0, bin = 0;              // the bins: sample_position(start, bin, ...)
   int64_t size = 0;                  // the map's side
+
+  explicit AxisPlan(Arena* arena = nullptr)
+      : lo(ArenaAllocator<int32_t>(arena)), hi(ArenaAllocator<int32_t>(arena)), l(ArenaAllocator<T>(arena)),
+        h(ArenaAllocator<T>(arena)), begin(ArenaAllocator<int64_t>(arena)), first_in(ArenaAllocator<int64_t>(arena)),
+        first_out(ArenaAllocator<int64_t>(arena)), min_weight(ArenaAllocator<T>(arena)) {}
 
   void build(T start_, T bin_, int64_t grid_, int64_t pooled, int64_t size_) {
     grid = grid_;
@@ -169,6 +223,8 @@ struct AlignPlan {
   // that backward finds an argmax's neighbours and weights with one lookup.
   std::vector<MaxSample<T>> samples;
 
+  explicit AlignPlan(Arena* arena = nullptr) : ys(arena), xs(arena) {}
+
   void build(const T* roi, T scale, int64_t ph, int64_t pw, int64_t sampling_ratio, bool aligned,
              int64_t height, int64_t width, bool max_mode) {
     batch = static_cast<int64_t>(roi[0]);
@@ -257,6 +313,31 @@ struct AlignPlan {
     const int64_t ya = ys.begin[i], yb = ys.begin[i + 1];
     return {std::min(ys.lo[ya], ys.lo[yb - 1]), std::max(ys.hi[ya], ys.hi[yb - 1])};
   }
+};
+
+// The AlignPlans of K boxes: build(plan, k) for each, in parallel by chunks of boxes, each
+// chunk's arrays from an Arena of its own (one thread builds a chunk).
+template <typename T>
+class AlignPlans {
+ public:
+  template <typename F>
+  AlignPlans(int64_t K, const F& build) : arenas_(static_cast<size_t>((K + kChunk - 1) / kChunk)) {
+    plans_.reserve(static_cast<size_t>(K));
+    for (int64_t k = 0; k < K; ++k) plans_.emplace_back(&arenas_[static_cast<size_t>(k / kChunk)]);
+    at::parallel_for(0, static_cast<int64_t>(arenas_.size()), 1, [&](int64_t c0, int64_t c1) {
+      for (int64_t k = c0 * kChunk; k < std::min(K, c1 * kChunk); ++k) build(plans_[k], k);
+    });
+  }
+  size_t size() const { return plans_.size(); }
+  AlignPlan<T>& operator[](size_t k) { return plans_[k]; }
+  const AlignPlan<T>& operator[](size_t k) const { return plans_[k]; }
+  auto begin() const { return plans_.begin(); }
+  auto end() const { return plans_.end(); }
+
+ private:
+  static constexpr int64_t kChunk = 16;
+  std::vector<Arena> arenas_;  // declared first: outlives the plans
+  std::vector<AlignPlan<T>> plans_;
 };
 
 // Caffe (Fast R-CNN, torchvision) or mmdetection (continuous) RoIPool bins of one box.
