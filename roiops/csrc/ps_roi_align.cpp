@@ -22,11 +22,11 @@ namespace roiops {
 namespace {
 
 template <typename T>
-AlignPlans<T> build_plans(const at::Tensor& rois, double spatial_scale, int64_t ph, int64_t pw, int64_t sampling_ratio,
-                          int64_t H, int64_t W) {
+BoxPlans<AlignPlan<T>> build_plans(const at::Tensor& rois, double spatial_scale, int64_t ph, int64_t pw,
+                                   int64_t sampling_ratio, int64_t H, int64_t W) {
   const T* roi = rois.const_data_ptr<T>();
   const T scale = static_cast<T>(spatial_scale);
-  return AlignPlans<T>(rois.size(0), [&](AlignPlan<T>& p, int64_t k) {
+  return BoxPlans<AlignPlan<T>>(rois.size(0), [&](AlignPlan<T>& p, int64_t k) {
     p.build(roi + 5 * k, scale, ph, pw, sampling_ratio, /*aligned=*/true, H, W, /*max_mode=*/false);
   });
 }
@@ -90,7 +90,7 @@ ROIOPS_SIMD void align_bin_backward(const AlignPlan<T>& p, int64_t i, int64_t j,
 
 // The cells that bin (i, j) of `boxes` reads, in tile t, and how many taps read them.
 template <typename T>
-int64_t cover_bin(const AlignPlans<T>& plans, const std::vector<int64_t>& boxes, int64_t i, int64_t j,
+int64_t cover_bin(const BoxPlans<AlignPlan<T>>& plans, const std::vector<int64_t>& boxes, int64_t i, int64_t j,
                   PsTile& t) {
   int64_t reads = 0;
   for (const int64_t k : boxes) {
@@ -169,7 +169,7 @@ ROIOPS_SIMD void align_bin_lanes_backward(const AlignPlan<T>& p, int64_t i, int6
 // adds (grad * w) / count to those of its four neighbours in the band's rows, in the order
 // of align_bin_lanes_backward (a power-of-2 count: times its exact reciprocal).
 template <typename scalar_t, typename T>
-ROIOPS_SIMD void add_band(const PsBand& band, const AlignPlans<T>& plans,
+ROIOPS_SIMD void add_band(const PsBand& band, const BoxPlans<AlignPlan<T>>& plans,
                           const std::vector<int64_t>& boxes, const scalar_t* grad_p, const Strides& gs, int64_t ph,
                           int64_t pw, T* __restrict__ buf, T* __restrict__ g) {
   const int64_t L = band.lanes, cell = band.cell();
@@ -223,7 +223,7 @@ ROIOPS_SIMD void add_band(const PsBand& band, const AlignPlans<T>& plans,
 
 // Taps of all boxes of `plans` over all bins (the reads of a forward).
 template <typename T>
-int64_t total_reads(const AlignPlans<T>& plans, int64_t ph, int64_t pw) {
+int64_t total_reads(const BoxPlans<AlignPlan<T>>& plans, int64_t ph, int64_t pw) {
   int64_t reads = 0;
   for (const AlignPlan<T>& p : plans) {
     if (!p.empty()) reads += 4 * (p.ys.begin[ph] - p.ys.begin[0]) * (p.xs.begin[pw] - p.xs.begin[0]);
@@ -236,7 +236,7 @@ void forward_impl(const at::Tensor& input, const at::Tensor& rois, double spatia
                   int64_t sampling_ratio, int64_t C_out, at::Tensor& out) {
   using T = at::opmath_type<scalar_t>;
   const int64_t N = input.size(0), H = input.size(2), W = input.size(3), bins = ph * pw;
-  const AlignPlans<T> plans = build_plans<T>(rois, spatial_scale, ph, pw, sampling_ratio, H, W);
+  const BoxPlans<AlignPlan<T>> plans = build_plans<T>(rois, spatial_scale, ph, pw, sampling_ratio, H, W);
   const Strides s(input);
   const scalar_t* in = input.const_data_ptr<scalar_t>();
   PsOutput<scalar_t> result(out);
@@ -285,7 +285,7 @@ void backward_impl(const at::Tensor& grad, const at::Tensor& rois, double spatia
                    int64_t sampling_ratio, int64_t N, int64_t H, int64_t W, const PsBackward& args) {
   using T = at::opmath_type<scalar_t>;
   const int64_t C_out = grad.size(1), bins = ph * pw;
-  const AlignPlans<T> plans = build_plans<T>(rois, spatial_scale, ph, pw, sampling_ratio, H, W);
+  const BoxPlans<AlignPlan<T>> plans = build_plans<T>(rois, spatial_scale, ph, pw, sampling_ratio, H, W);
   const PsGradRows<scalar_t> grad_rows(grad);
   const scalar_t* grad_p = grad_rows.data;
   const Strides& gs = grad_rows.s;

@@ -27,7 +27,7 @@ namespace roiops {
 namespace {
 
 template <typename T>
-using Plans = AlignPlans<T>;
+using Plans = BoxPlans<AlignPlan<T>>;
 
 // Plans of rois' rows; row0 numbers the first one in error messages (rois may be a chunk);
 // sample_table: also the per-sample tables of the max backward.

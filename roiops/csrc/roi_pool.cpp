@@ -24,16 +24,13 @@ namespace roiops {
 namespace {
 
 template <typename T>
-std::vector<PoolPlan<T>> build_plans(const at::Tensor& rois, double spatial_scale, int64_t ph, int64_t pw,
-                                     bool continuous, int64_t H, int64_t W) {
-  const int64_t K = rois.size(0);
-  std::vector<PoolPlan<T>> plans(static_cast<size_t>(K));
+BoxPlans<PoolPlan<T>> build_plans(const at::Tensor& rois, double spatial_scale, int64_t ph, int64_t pw, bool continuous,
+                                  int64_t H, int64_t W) {
   const T* roi = rois.const_data_ptr<T>();
   const T scale = static_cast<T>(spatial_scale);
-  at::parallel_for(0, K, 64, [&](int64_t k0, int64_t k1) {
-    for (int64_t k = k0; k < k1; ++k) plans[k].build(roi + 5 * k, scale, ph, pw, continuous, H, W);
+  return BoxPlans<PoolPlan<T>>(rois.size(0), [&](PoolPlan<T>& p, int64_t k) {
+    p.build(roi + 5 * k, scale, ph, pw, continuous, H, W);
   });
-  return plans;
 }
 
 // colv/colr <- the first maximum of (colv, row): per column, the larger value and the

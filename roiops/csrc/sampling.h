@@ -315,36 +315,15 @@ struct AlignPlan {
   }
 };
 
-// The AlignPlans of K boxes: build(plan, k) for each, in parallel by chunks of boxes, each
-// chunk's arrays from an Arena of its own (one thread builds a chunk).
-template <typename T>
-class AlignPlans {
- public:
-  template <typename F>
-  AlignPlans(int64_t K, const F& build) : arenas_(static_cast<size_t>((K + kChunk - 1) / kChunk)) {
-    plans_.reserve(static_cast<size_t>(K));
-    for (int64_t k = 0; k < K; ++k) plans_.emplace_back(&arenas_[static_cast<size_t>(k / kChunk)]);
-    at::parallel_for(0, static_cast<int64_t>(arenas_.size()), 1, [&](int64_t c0, int64_t c1) {
-      for (int64_t k = c0 * kChunk; k < std::min(K, c1 * kChunk); ++k) build(plans_[k], k);
-    });
-  }
-  size_t size() const { return plans_.size(); }
-  AlignPlan<T>& operator[](size_t k) { return plans_[k]; }
-  const AlignPlan<T>& operator[](size_t k) const { return plans_[k]; }
-  auto begin() const { return plans_.begin(); }
-  auto end() const { return plans_.end(); }
-
- private:
-  static constexpr int64_t kChunk = 16;
-  std::vector<Arena> arenas_;  // declared first: outlives the plans
-  std::vector<AlignPlan<T>> plans_;
-};
-
 // Caffe (Fast R-CNN, torchvision) or mmdetection (continuous) RoIPool bins of one box.
 template <typename T>
 struct PoolPlan {
   int64_t batch = 0;
-  std::vector<int64_t> h0, h1, w0, w1;  // bin i covers rows [h0[i], h1[i]), clipped to the map
+  ArenaVector<int64_t> h0, h1, w0, w1;  // bin i covers rows [h0[i], h1[i]), clipped to the map
+
+  explicit PoolPlan(Arena* arena = nullptr)
+      : h0(ArenaAllocator<int64_t>(arena)), h1(ArenaAllocator<int64_t>(arena)), w0(ArenaAllocator<int64_t>(arena)),
+        w1(ArenaAllocator<int64_t>(arena)) {}
 
   void build(const T* roi, T scale, int64_t ph, int64_t pw, bool continuous, int64_t height, int64_t width) {
     batch = static_cast<int64_t>(roi[0]);
@@ -368,8 +347,8 @@ struct PoolPlan {
   }
 
  private:
-  static void bins(T start, T bin, int64_t pooled, int64_t size, bool empty, std::vector<int64_t>& lo,
-                   std::vector<int64_t>& hi, bool continuous) {
+  static void bins(T start, T bin, int64_t pooled, int64_t size, bool empty, ArenaVector<int64_t>& lo,
+                   ArenaVector<int64_t>& hi, bool continuous) {
     lo.resize(pooled);
     hi.resize(pooled);
     for (int64_t p = 0; p < pooled; ++p) {
@@ -377,6 +356,31 @@ struct PoolPlan {
       if (empty) hi[p] = lo[p];
     }
   }
+};
+
+// The plans (AlignPlan, PoolPlan) of K boxes: build(plan, k) for each, in parallel by
+// chunks of boxes, each chunk's arrays from an Arena of its own (one thread builds a chunk).
+template <typename Plan>
+class BoxPlans {
+ public:
+  template <typename F>
+  BoxPlans(int64_t K, const F& build) : arenas_(static_cast<size_t>((K + kChunk - 1) / kChunk)) {
+    plans_.reserve(static_cast<size_t>(K));
+    for (int64_t k = 0; k < K; ++k) plans_.emplace_back(&arenas_[static_cast<size_t>(k / kChunk)]);
+    at::parallel_for(0, static_cast<int64_t>(arenas_.size()), 1, [&](int64_t c0, int64_t c1) {
+      for (int64_t k = c0 * kChunk; k < std::min(K, c1 * kChunk); ++k) build(plans_[k], k);
+    });
+  }
+  size_t size() const { return plans_.size(); }
+  Plan& operator[](size_t k) { return plans_[k]; }
+  const Plan& operator[](size_t k) const { return plans_[k]; }
+  auto begin() const { return plans_.begin(); }
+  auto end() const { return plans_.end(); }
+
+ private:
+  static constexpr int64_t kChunk = 16;
+  std::vector<Arena> arenas_;  // declared first: outlives the plans
+  std::vector<Plan> plans_;
 };
 
 // ---- Instruction sets ---------------------------------------------------------------
