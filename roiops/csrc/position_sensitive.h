@@ -85,7 +85,7 @@ class PsOutput {
       base_ = out.data_ptr<scalar_t>(), sK_ = out.stride(0), sB_ = out.stride(3);
     } else {
       // 7 elements of padding: finish() reads whole vectors past a box's C_out values.
-      buffer_ = at::empty({out.size(2) * out.size(3) * K * C_out + 7}, out.options());
+      buffer_ = empty_output({out.size(2) * out.size(3) * K * C_out + 7}, out.options());
       base_ = buffer_.data_ptr<scalar_t>(), sK_ = C_out, sB_ = K * C_out;
     }
   }
