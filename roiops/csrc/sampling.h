@@ -73,6 +73,8 @@ struct ArenaAllocator {
   void deallocate(U* p, size_t) {
     if (!arena) ::operator delete(p);
   }
+  // A copied container takes its memory from the heap: an arena serves one thread.
+  ArenaAllocator select_on_container_copy_construction() const { return ArenaAllocator(); }
   template <typename V>
   bool operator==(const ArenaAllocator<V>& other) const { return arena == other.arena; }
   template <typename V>
