@@ -346,6 +346,10 @@ ROIOPS_SIMD void backward_band(const RotatedPlan<T>& p, const scalar_t* g, int64
   const T inv = T(1) / p.count;
   if (planes) transpose_block<false, false>(g, gC, n, ph * pw, q_, n);
   for (int64_t b = 0; b < ph * pw; ++b) {
+    if (!planes && b + 1 < ph * pw) {
+      const scalar_t* next = g + ((b + 1) / pw) * gH + ((b + 1) % pw) * gW;
+      for (int64_t e = 0; e < n; e += 64 / static_cast<int64_t>(sizeof(scalar_t))) __builtin_prefetch(next + e);
+    }
     // From the bin's first sample in the band (a box crossing many bands has most of its
     // bins outside each one).
     int64_t s0 = p.bin[b];
@@ -356,15 +360,20 @@ ROIOPS_SIMD void backward_band(const RotatedPlan<T>& p, const scalar_t* g, int64
     }
     if (s0 == s1) continue;
     T* __restrict__ q = planes ? q_ + b * n : q_;
-    // grad / count; times the exact inverse for a power of two: the same bits, faster.
-    if (!planes) {
-      const scalar_t* gb = g + (b / pw) * gH + (b % pw) * gW;
-      for (int64_t c = 0; c < n; ++c) q[c] = static_cast<T>(gb[c]);
-    }
+    // grad / count, read where it lies (channels_last) in the same pass; times the exact
+    // inverse for a power of two: the same bits, faster.
+    const scalar_t* gb = planes ? nullptr : g + (b / pw) * gH + (b % pw) * gW;
+    const auto scale = [&](auto f) __attribute__((always_inline)) {
+      if (planes) {
+        for (int64_t c = 0; c < n; ++c) q[c] = f(q[c]);
+      } else {
+        for (int64_t c = 0; c < n; ++c) q[c] = f(static_cast<T>(gb[c]));
+      }
+    };
     if (pow2) {
-      for (int64_t c = 0; c < n; ++c) q[c] *= inv;
+      scale([&](T v) __attribute__((always_inline)) { return v * inv; });
     } else {
-      for (int64_t c = 0; c < n; ++c) q[c] /= p.count;
+      scale([&](T v) __attribute__((always_inline)) { return v / p.count; });
     }
     int64_t c = 0;
     if (mC == 1 && n <= 32) {
