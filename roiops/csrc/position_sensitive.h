@@ -413,14 +413,11 @@ ROIOPS_SIMD void ps_store_band(const T* buf, const PsBand& b, T* gn, int64_t sH,
 // follow, so each cell asks for the one two ahead.
 template <typename scalar_t, typename T>
 ROIOPS_SIMD void ps_load_band(const scalar_t* xn, int64_t sH, int64_t sW, const PsBand& b, T* buf) {
-  constexpr int64_t kAhead = 2, kLine = 64 / sizeof(scalar_t);
+  constexpr int64_t kAhead = 2;
   for (int64_t y = b.r0; y < b.r1; ++y) {
     for (int64_t x = 0; x < b.W; ++x) {
       const int64_t e = y * b.W + x + kAhead;
-      if (e < b.r1 * b.W) {
-        const scalar_t* next = xn + e / b.W * sH + e % b.W * sW;
-        for (int64_t o = 0; o < b.nc * b.bins; o += kLine) __builtin_prefetch(next + o);
-      }
+      if (e < b.r1 * b.W) prefetch_run(xn + e / b.W * sH + e % b.W * sW, b.nc * b.bins);
       transpose_block</*kPadRows=*/true, /*kReadPastCols=*/false>(xn + y * sH + x * sW, b.bins, b.nc, b.bins,
                                                                  b.at(buf, y, x, 0), b.lanes);
     }

@@ -269,6 +269,7 @@ ROIOPS_SIMD void avg_backward_cl(const AlignPlan<T>& p, const G* g, int64_t gH, 
   for (int64_t i = i0; i < i1; ++i) {
     for (int64_t j = 0; j < pw; ++j) {
       const G* gb = g + i * gH + j * gW;
+      if (j + 1 < pw || i + 1 < i1) prefetch_run(j + 1 < pw ? gb + gW : g + (i + 1) * gH, n);
       switch (term_div(d, gb, n, p.ys.min_weight[i] * p.xs.min_weight[j])) {
         case TermDiv::kPow2: bin(std::integral_constant<TermDiv, TermDiv::kPow2>{}, gb, i, j); break;
         case TermDiv::kFma: bin(std::integral_constant<TermDiv, TermDiv::kFma>{}, gb, i, j); break;
@@ -496,6 +497,11 @@ ROIOPS_SIMD void max_backward_cl(const AlignPlan<T>& p, const G* g, const int32_
     for (int64_t j = 0; j < pw; ++j) {
       const G* __restrict__ gb = g + i * gH + j * gW;
       const int32_t* __restrict__ ab = am + i * gH + j * gW;
+      if (j + 1 < pw || i + 1 < i1) {
+        const int64_t next = j + 1 < pw ? i * gH + (j + 1) * gW : (i + 1) * gH;
+        prefetch_run(g + next, n);
+        prefetch_run(am + next, n);
+      }
       for (int64_t a = p.ys.begin[i]; a < p.ys.begin[i + 1]; ++a) {
         T* rlo = row(p.ys.lo[a]);
         T* rhi = row(p.ys.hi[a]);

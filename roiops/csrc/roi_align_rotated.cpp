@@ -176,12 +176,9 @@ struct Cells {
 template <typename T, typename S>
 __attribute__((always_inline)) inline void prefetch_taps(const RotatedPlan<T>& p, const Cells<S>& m, int64_t s,
                                                          int64_t n) {
-  constexpr int64_t kLine = 64 / static_cast<int64_t>(sizeof(S));
   int64_t o[4];
   m.taps(p, s, o);
-  for (int k = 0; k < 4; ++k) {
-    for (int64_t e = 0; e < n; e += kLine) __builtin_prefetch(m.base + o[k] + e);
-  }
+  for (int k = 0; k < 4; ++k) prefetch_run(m.base + o[k], n);
 }
 
 // Vector lanes of channels [c, c + 8) of src as T (converted lane by lane when S is not T).
@@ -346,10 +343,7 @@ ROIOPS_SIMD void backward_band(const RotatedPlan<T>& p, const scalar_t* g, int64
   const T inv = T(1) / p.count;
   if (planes) transpose_block<false, false>(g, gC, n, ph * pw, q_, n);
   for (int64_t b = 0; b < ph * pw; ++b) {
-    if (!planes && b + 1 < ph * pw) {
-      const scalar_t* next = g + ((b + 1) / pw) * gH + ((b + 1) % pw) * gW;
-      for (int64_t e = 0; e < n; e += 64 / static_cast<int64_t>(sizeof(scalar_t))) __builtin_prefetch(next + e);
-    }
+    if (!planes && b + 1 < ph * pw) prefetch_run(g + ((b + 1) / pw) * gH + ((b + 1) % pw) * gW, n);
     // From the bin's first sample in the band (a box crossing many bands has most of its
     // bins outside each one).
     int64_t s0 = p.bin[b];
