@@ -342,21 +342,29 @@ ROIOPS_SIMD void backward_band(const RotatedPlan<T>& p, const scalar_t* g, int64
   const bool pow2 = std::frexp(p.count, &exp) == T(0.5);
   const T inv = T(1) / p.count;
   if (planes) transpose_block<false, false>(g, gC, n, ph * pw, q_, n);
-  for (int64_t b = 0; b < ph * pw; ++b) {
-    if (!planes && b + 1 < ph * pw) prefetch_run(g + ((b + 1) / pw) * gH + ((b + 1) % pw) * gW, n);
-    // From the bin's first sample in the band (a box crossing many bands has most of its
-    // bins outside each one).
-    int64_t s0 = p.bin[b];
-    const int64_t s1 = p.bin[b + 1];
-    for (int k0, k1; s0 < s1; ++s0) {
-      taps_in_band(p, s0, r0, r1, k0, k1);
-      if (k0 < k1) break;
+  const auto grad_row = [&](int64_t b) { return g + (b / pw) * gH + (b % pw) * gW; };
+  // The first bin from b on with a sample in the band, and that sample in `first` (a box
+  // crossing many bands has most of its bins outside each one).
+  const auto next_bin = [&](int64_t b, int64_t& first) {
+    for (; b < ph * pw; ++b) {
+      for (first = p.bin[b]; first < p.bin[b + 1]; ++first) {
+        int k0, k1;
+        taps_in_band(p, first, r0, r1, k0, k1);
+        if (k0 < k1) return b;
+      }
     }
-    if (s0 == s1) continue;
+    return b;
+  };
+  int64_t s0 = 0, next_s0 = 0;
+  for (int64_t b = next_bin(0, s0), next; b < ph * pw; b = next, s0 = next_s0) {
+    next = next_bin(b + 1, next_s0);
+    // channels_last: the next bin's grad row is asked for while this one is added.
+    if (!planes && next < ph * pw) prefetch_run(grad_row(next), n);
+    const int64_t s1 = p.bin[b + 1];
     T* __restrict__ q = planes ? q_ + b * n : q_;
     // grad / count, read where it lies (channels_last) in the same pass; times the exact
     // inverse for a power of two: the same bits, faster.
-    const scalar_t* gb = planes ? nullptr : g + (b / pw) * gH + (b % pw) * gW;
+    const scalar_t* gb = planes ? nullptr : grad_row(b);
     const auto scale = [&](auto f) __attribute__((always_inline)) {
       if (planes) {
         for (int64_t c = 0; c < n; ++c) q[c] = f(q[c]);
