@@ -218,12 +218,12 @@ WORKLOADS += [
 # Rotated heads: a box head on the stride-4 map, and detectron2's rotated Faster R-CNN box
 # head (ROIAlignRotated, adaptive sampling) on a stride-8 map.
 WORKLOADS += [
-    Workload("rotated box head", "rotated", 2, 256, 200, 336, 1 / 4, 1000, 7, devices=("cpu",)),
-    Workload("rotated rpn adaptive", "rotated", 2, 256, 100, 168, 1 / 8, 512, 7, sampling_ratio=0, devices=("cpu",)),
+    Workload("rotated box head", "rotated", 2, 256, 200, 336, 1 / 4, 1000, 7),
+    Workload("rotated rpn adaptive", "rotated", 2, 256, 100, 168, 1 / 8, 512, 7, sampling_ratio=0),
 ]
 # Precise RoI Pooling (IoU-Net's box refinement) on the stride-8 map of an 800x1344 image.
 WORKLOADS += [
-    Workload("prroi box head", "prroi", 2, 256, 100, 168, 1 / 8, 512, 7, devices=("cpu",)),
+    Workload("prroi box head", "prroi", 2, 256, 100, 168, 1 / 8, 512, 7),
 ]
 
 
@@ -695,20 +695,6 @@ def main(argv: list[str] | None = None) -> int:
         gpu = None
     print(f"device: {gpu or cpu_model()}" + (f", peak {peak:.0f} GB/s ({peak_source})" if peak else ""))
 
-    prev_threads = torch.get_num_threads()
-    rows: list[dict[str, Any]] = []
-    try:
-        for i, case in enumerate(cases):
-            label = f"{case.workload.name}, {case.layout}, {case.dtype}"
-            progress(i, len(cases), label + (f", {case.threads} thread(s)" if device is CPU else ""))
-            rows += measure(case, device, repeats, peers, peak)
-        progress(len(cases), len(cases), "done")
-    finally:
-        torch.set_num_threads(prev_threads)
-    print(table(rows, threads=device is CPU))
-    for error in dict.fromkeys(f"{r['peer']} could not run {r['workload']} ({r['dtype']}, {r['layout']}): "
-                               f"{r['peer_error']}" for r in rows if r["peer_error"]):
-        print(error)
     versions = {"python": platform.python_version(), "torch": torch.__version__, "roiops": package_version(),
                 **{name: getattr(module, "__version__", "unknown") for name, module in peers.items()}}
     if device is CUDA:
@@ -721,9 +707,34 @@ def main(argv: list[str] | None = None) -> int:
             "statistic": "median seconds, roiops and the peer interleaved", "peak_gbps": peak,
             "peak_source": peak_source}
     written = [args.out / "results.json"] + ([] if args.no_chart else [args.out / "ratios.png"])
-    try:
+    rows: list[dict[str, Any]] = []
+
+    def save(complete: bool) -> None:
+        # After every case: a run stopped part-way (a time limit, a crash) keeps its rows.
         args.out.mkdir(parents=True, exist_ok=True)
-        written[0].write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+        written[0].write_text(json.dumps({"meta": {**meta, "complete": complete}, "rows": rows}, indent=1))
+
+    try:
+        save(False)
+    except OSError as e:
+        print(f"{parser.prog}: error: cannot write the results to {args.out}: {e}", file=sys.stderr)
+        return 1
+    prev_threads = torch.get_num_threads()
+    try:
+        for i, case in enumerate(cases):
+            label = f"{case.workload.name}, {case.layout}, {case.dtype}"
+            progress(i, len(cases), label + (f", {case.threads} thread(s)" if device is CPU else ""))
+            rows += measure(case, device, repeats, peers, peak)
+            save(False)
+        progress(len(cases), len(cases), "done")
+    finally:
+        torch.set_num_threads(prev_threads)
+    print(table(rows, threads=device is CPU))
+    for error in dict.fromkeys(f"{r['peer']} could not run {r['workload']} ({r['dtype']}, {r['layout']}): "
+                               f"{r['peer_error']}" for r in rows if r["peer_error"]):
+        print(error)
+    try:
+        save(True)
         if not args.no_chart:
             chart(rows, written[1], "CPU" if device is CPU else gpu or "cuda")
     except OSError as e:

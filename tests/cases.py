@@ -27,6 +27,23 @@ TOL = {
 }
 
 
+def device_for(backend: str | None) -> str:
+    """Where a test runs a backend's kernels: Triton's on the GPU when there is one (else on
+    CPU tensors, through the interpreter that tests/conftest.py turns on), the others on
+    the CPU."""
+    return "cuda" if backend == "triton" and torch.cuda.is_available() else "cpu"
+
+
+def backward_paths(backend: str | None) -> tuple[tuple[bool | None, float], ...]:
+    """(roiops.config.deterministic_backward, gradcheck's nondet_tol) for each backward path
+    a gradcheck of `backend` should cover. On a GPU the Triton kernels have two: the
+    deterministic one must repeat exactly, and the atomic adds' order varies the last bits
+    of float64 sums from run to run. Elsewhere every path is deterministic."""
+    if device_for(backend) == "cuda":
+        return (True, 0.0), (False, 1e-12)
+    return ((None, 0.0),)
+
+
 def tol(dtype: torch.dtype, kind: str = "same input") -> dict[str, float]:
     """assert_close's rtol and atol for a comparison of this kind in this dtype."""
     t = TOL[kind][dtype]

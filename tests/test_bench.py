@@ -41,6 +41,7 @@ def _check_results(out: Path, workloads: set[str], chart: bool = True) -> dict:
     # leaves out the map's last row and column)
     assert all(r["max_diff"] == (0.0 if bench.OPS[r["op"]].peer.same_result else None) for r in rows)
     meta = data["meta"]
+    assert meta["complete"] is True
     assert meta["device"] == "cpu" and meta["cpu"] and meta["gpu"] is None
     assert meta["date"] == datetime.date.today().isoformat()
     assert meta["versions"]["torch"] == torch.__version__ and meta["versions"]["roiops"]
@@ -60,6 +61,25 @@ def test_bench_tiny(tmp_path, capsys):
     assert all(r["pct_peak"] is None for r in data["rows"])
     out = capsys.readouterr().out
     assert "ratio" in out and "%peak" not in out and f"wrote {tmp_path / 'results.json'}" in out
+
+
+def test_a_run_stopped_part_way_keeps_its_rows(tmp_path, monkeypatch):
+    """results.json is written after every case, marked incomplete until the end."""
+    measure = bench.measure
+    done = []
+
+    def measure_then_stop(case, *args):
+        if done:
+            raise KeyboardInterrupt
+        done.append(case.workload.name)
+        return measure(case, *args)
+
+    monkeypatch.setattr(bench, "measure", measure_then_stop)
+    with pytest.raises(KeyboardInterrupt):
+        cli.main(["bench", "--tiny", "--quick", "--no-chart", "--out", str(tmp_path)])
+    data = json.loads((tmp_path / "results.json").read_text())
+    assert data["meta"]["complete"] is False
+    assert {r["workload"] for r in data["rows"]} == set(done) and len(data["rows"]) == 2  # forward, backward
 
 
 def test_bench_from_an_installed_package(tmp_path):

@@ -9,7 +9,9 @@ order). Backward sums contributions of many boxes in an order that differs on th
 so it is compared within float32 rounding, for the atomic and the deterministic path,
 and the deterministic one must repeat bit for bit. Max-mode RoIAlign and the mmdetection
 convention are compared with roiops' reference (float32 and float64), half types with
-the reference on upcast inputs.
+the reference on upcast inputs. The position-sensitive ops (an R-FCN head) must equal the
+C++ kernels bit for bit, forward and backward; rotated RoIAlign and Precise RoI Pooling
+are compared with the reference.
 
 The interpreter runs the same kernels in tests/test_triton.py; it divides, rounds and
 converts with numpy, so only a GPU shows what the compiled kernels do.
@@ -244,12 +246,153 @@ def test_public_api_on_cuda_equals_cpu():
         close(xg.grad.cpu(), xc.grad, F32)
 
 
+# R-FCN's head on the stride-16 map of a 600x800 image: 7x7 bins of 21 classes.
+R_FCN = (1 / 16, 38, 50)
+R_FCN_C = 21 * 49
+
+
+def api_forward_backward(fn, x: torch.Tensor, rois, g: torch.Tensor):
+    """(forward, input gradient) of a public function with autograd, on x's device."""
+    xr = x.clone().requires_grad_()
+    out = fn(xr, rois)
+    out.backward(g.to(out.device, memory_format=torch.preserve_format))
+    return out.detach().cpu(), xr.grad.cpu()
+
+
+PS = {"align-adaptive": lambda t, b, s: roiops.ps_roi_align(t, b, 7, s, 0),
+      "align-2": lambda t, b, s: roiops.ps_roi_align(t, b, 7, s, 2),
+      "pool": lambda t, b, s: roiops.ps_roi_pool(t, b, 7, s)}
+
+
+@pytest.mark.parametrize("cl", [False, True], ids=["nchw", "cl"])
+@pytest.mark.parametrize("dtype", [F32, F64])
+@pytest.mark.parametrize("op", list(PS))
+def test_position_sensitive_equal_cpu_kernels(op, dtype, cl, monkeypatch):
+    """The R-FCN head: forward and the deterministic backward equal the C++ kernels bit for
+    bit (the same arithmetic in the same order; tests/test_ps_roi.py holds those to
+    torchvision), the atomic backward within rounding; and the PSRoIAlign forward with a
+    fixed grid equals torchvision's CPU kernel itself."""
+    scale, H, W = R_FCN
+    g = torch.Generator().manual_seed(20)
+    x = torch.randn(N, R_FCN_C, H, W, generator=g).to(dtype)
+    x = x.contiguous(memory_format=torch.channels_last) if cl else x
+    rois = gpu_boxes(scale, H, W, 7, 7, seed=21).to(dtype)
+    grad = random_grad((rois.shape[0], R_FCN_C // 49, 7, 7), dtype, seed=22)
+    fn = lambda t, b: PS[op](t, b, scale)
+    ref_out, ref_grad = api_forward_backward(fn, x, rois, grad)
+    for deterministic in (False, True):
+        monkeypatch.setattr(roiops.config, "deterministic_backward", deterministic)
+        out, gi = api_forward_backward(fn, cuda(x), cuda(rois), grad)
+        exact(out, ref_out, f"ps {op} forward")
+        if deterministic:
+            exact(gi, ref_grad, f"ps {op} deterministic backward")
+        else:
+            close(gi, ref_grad, dtype)
+    if op == "align-2":
+        exact(out, torchvision.ops.ps_roi_align(x, rois, 7, scale, 2).contiguous(), "ps align vs torchvision")
+
+
+def rotated_rois(scale: float, H: int, W: int, seed: int) -> torch.Tensor:
+    """[K, 6] (batch, cx, cy, w, h, degrees): gpu_boxes' boxes (their awkward sizes and
+    places), turned by the angles that are exact in radians' neighbourhood and others."""
+    b = gpu_boxes(scale, H, W, 7, 7, seed, k_random=24).double()
+    angles = torch.tensor([0.0, 90.0, 180.0, -90.0, 45.0, -30.5, 12.25, 270.0, 360.0, 135.0, -179.75])
+    angle = angles[torch.arange(b.shape[0]) % len(angles)].double()
+    return torch.stack([b[:, 0], (b[:, 1] + b[:, 3]) / 2, (b[:, 2] + b[:, 4]) / 2, b[:, 3] - b[:, 1],
+                        b[:, 4] - b[:, 2], angle], dim=1)
+
+
+@pytest.mark.parametrize("cl", [False, True], ids=["nchw", "cl"])
+@pytest.mark.parametrize("dtype", [F32, F64])
+@pytest.mark.parametrize("sr,aligned", [(2, True), (0, False)])
+def test_rotated_against_reference(sr, aligned, dtype, cl):
+    """Rotated RoIAlign on C = 256 maps: forward, atomic and deterministic backward against
+    the reference; the deterministic one repeats bit for bit."""
+    scale, H, W = LEVELS[1]
+    x = feature_map(H, W, dtype, cl, seed=23)
+    deg = rotated_rois(scale, H, W, seed=24).to(dtype)
+    rad = torch.cat([deg[:, :5], torch.deg2rad(deg[:, 5:].double()).to(dtype)], dim=1)
+    out = rt.roi_align_rotated_forward(cuda(x), cuda(rad), scale, 7, 7, sr, aligned)
+    assert out.is_contiguous(memory_format=torch.channels_last if cl else torch.contiguous_format)
+    close(out.cpu(), REF.roi_align_rotated_forward(x, rad, scale, 7, 7, sr, aligned), dtype)
+    g = random_grad(out.shape, dtype, seed=25)
+    ref_gi = REF.roi_align_rotated_backward(g, rad, scale, 7, 7, N, C, H, W, sr, aligned, cl)
+    for gi in both_backwards(lambda d: rt.roi_align_rotated_backward(cuda(g), cuda(rad), scale, 7, 7, N, C, H, W,
+                                                                     sr, aligned, cl, deterministic=d)):
+        close(gi, ref_gi, dtype)
+    # The public function in degrees, against the C++ kernels.
+    fn = lambda t, b: roiops.roi_align_rotated(t, b, 7, scale, sr, aligned)
+    cpu_out, cpu_gi = api_forward_backward(fn, x, deg, g)
+    gpu_out, gpu_gi = api_forward_backward(fn, cuda(x), cuda(deg), g)
+    close(gpu_out, cpu_out, dtype)
+    close(gpu_gi, cpu_gi, dtype)
+
+
+def test_rotated_at_angle_zero_is_roi_align():
+    """Angle 0 pools the axis-aligned box as roi_align(aligned=True) does. The two compute
+    the sample positions in different orders, so in float64, where that rounding is far
+    below the tolerance (coordinates up to 10^3 cells)."""
+    scale, H, W = LEVELS[0]
+    x = cuda(feature_map(H, W, F64, True, seed=26))
+    rois = rotated_rois(scale, H, W, seed=27)
+    rois[:, 5] = 0
+    rois = rois[(rois[:, 3] > 0) & (rois[:, 4] > 0)]  # roi_align pools inverted boxes as 1-cell ones
+    axis = torch.stack([rois[:, 0], rois[:, 1] - rois[:, 3] / 2, rois[:, 2] - rois[:, 4] / 2,
+                        rois[:, 1] + rois[:, 3] / 2, rois[:, 2] + rois[:, 4] / 2], dim=1)
+    torch.testing.assert_close(roiops.roi_align_rotated(x, cuda(rois), 7, scale, 2).cpu(),
+                               roiops.roi_align(x, cuda(axis), 7, scale, 2, True).cpu(), rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("cl", [False, True], ids=["nchw", "cl"])
+@pytest.mark.parametrize("dtype", [F32, F64])
+def test_prroi_pool_against_cpu_kernels_and_reference(dtype, cl):
+    """Precise RoI Pooling on C = 256 maps: forward, both input-gradient paths and the box
+    gradient. float64 against the reference; float32 against the C++ kernels, which
+    compute the windows' weights with the same arithmetic (the float32 reference takes
+    differences of the hat's antiderivative, which lose digits on short windows far from
+    the origin: docs/semantics.md)."""
+    scale, H, W = LEVELS[1]
+    x = feature_map(H, W, dtype, cl, seed=28)
+    rois = gpu_boxes(scale, H, W, 7, 7, seed=29, k_random=24).to(dtype)
+    g = random_grad((rois.shape[0], C, 7, 7), dtype, seed=30)
+    if dtype == F64:
+        want = (REF.prroi_pool_forward(x, rois, scale, 7, 7),
+                REF.prroi_pool_backward(g, rois, scale, 7, 7, N, C, H, W, cl),
+                REF.prroi_pool_rois_backward(g, x, rois, scale, 7, 7))
+    else:
+        import roiops._C as cpp
+
+        want = (cpp.prroi_pool_forward(x, rois, scale, 7, 7),
+                cpp.prroi_pool_backward(g, rois, scale, 7, 7, N, C, H, W, cl),
+                cpp.prroi_pool_rois_backward(g, x, rois, scale, 7, 7))
+    out = rt.prroi_pool_forward(cuda(x), cuda(rois), scale, 7, 7)
+    close(out.cpu(), want[0], dtype)
+    for gi in both_backwards(lambda d: rt.prroi_pool_backward(cuda(g), cuda(rois), scale, 7, 7, N, C, H, W, cl,
+                                                              deterministic=d)):
+        close(gi, want[1], dtype)
+    gr = rt.prroi_pool_rois_backward(cuda(g), cuda(x), cuda(rois), scale, 7, 7).cpu()
+    # A box's four derivatives each sum C x 49 terms, in another order on each side.
+    scale_row = want[2].abs().amax(dim=1, keepdim=True)
+    torch.testing.assert_close(gr / scale_row.clamp(min=1e-30), want[2] / scale_row.clamp(min=1e-30), **tol(dtype))
+
+
+def as_rotated(b):
+    """Axis-aligned boxes as rotated rows at angle 0, built on the device (no sync)."""
+    if isinstance(b, list):
+        return [torch.cat([(r[:, :2] + r[:, 2:]) / 2, r[:, 2:] - r[:, :2], r[:, :1] * 0], dim=1) for r in b]
+    return torch.cat([b[:, :1], (b[:, 1:3] + b[:, 3:]) / 2, b[:, 3:] - b[:, 1:3], b[:, :1] * 0], dim=1)
+
+
 OPS = {
     "align": lambda t, b, s: roiops.roi_align(t, b, 7, s, 2, True),
     "align-max": lambda t, b, s: roiops.roi_align(t, b, 7, s, 0, False, mode="max"),
     "pool": lambda t, b, s: roiops.roi_pool(t, b, 7, s),
     "pool-mmdet": lambda t, b, s: roiops.roi_pool(t, b, 7, s, convention="mmdet"),
     "multi-level": lambda t, b, s: roiops.multi_scale_roi_align([t, t[:, :, ::2, ::2]], b, 7, [s, s / 2], 2),
+    "ps-align": lambda t, b, s: roiops.ps_roi_align(t, b, 4, s, 2),   # 256 = 16 channels x 4 x 4 bins
+    "ps-pool": lambda t, b, s: roiops.ps_roi_pool(t, b, 4, s),
+    "rotated": lambda t, b, s: roiops.roi_align_rotated(t, as_rotated(b), 7, s, 2),
+    "prroi": lambda t, b, s: roiops.prroi_pool(t, b, 7, s),
 }
 
 

@@ -11,7 +11,7 @@ import torch
 
 import roiops
 from boxes import nasty_boxes, random_boxes
-from cases import tol
+from cases import backward_paths, device_for, tol
 from roiops import reference as ref
 
 N, C, H, W = 2, 3, 7, 9
@@ -36,15 +36,24 @@ def use(backend):
     return roiops.use_backend(backend) if backend else contextlib.nullcontext()
 
 
+def pool(backend, x, b, size, scale):
+    """roiops.prroi_pool with `backend`'s kernels where they run (cases.device_for): the map
+    and boxes go there and the output comes back, differentiably, so that a test's tensors
+    and their gradients stay on the CPU."""
+    dev = device_for(backend)
+    b = [t.to(dev) for t in b] if isinstance(b, list) else b.to(dev)
+    with use(backend):
+        return roiops.prroi_pool(x.to(dev), b, size, scale).cpu()
+
+
 def run(x, b, size=(2, 3), backend=None, seed=1, grad_dtype=None):
     """Output, input gradient and box gradient for a fixed random upstream gradient (its
     values rounded to ``grad_dtype``, by default the output's dtype)."""
     x = x.detach().clone().requires_grad_()
     b = b.detach().clone().requires_grad_()
-    with use(backend):
-        out = roiops.prroi_pool(x, b, size, SCALE)
-        g = torch.randn(out.shape, generator=torch.Generator().manual_seed(seed), dtype=F64)
-        out.backward(g.to(grad_dtype or out.dtype).to(out.dtype))
+    out = pool(backend, x, b, size, SCALE)
+    g = torch.randn(out.shape, generator=torch.Generator().manual_seed(seed), dtype=F64)
+    out.backward(g.to(grad_dtype or out.dtype).to(out.dtype))
     return out.detach(), x.grad, b.grad
 
 
@@ -81,8 +90,7 @@ def test_forward_is_the_integral_of_the_interpolated_map(backend, size):
     tiny, of zero size and inverted (these two give 0)."""
     size = (size, size) if isinstance(size, int) else size
     x, b = feature(), boxes_for()
-    with use(backend):
-        out = roiops.prroi_pool(x, b, size, SCALE)
+    out = pool(backend, x, b, size, SCALE)
     # The midpoint rule errs only at the hats' kinks, by at most (window / n)^2 / 4 of the
     # window's mean per kink, with either sign. Measured: under 2e-7 (the box larger than the map).
     torch.testing.assert_close(out, integral_oracle(x, b, size, SCALE), rtol=0, atol=1e-6)
@@ -97,21 +105,20 @@ def test_hand_computed(backend):
     interpolation of a linear function is exact), so a bin's value is f at its centre."""
     x = torch.tensor([[[[1.0, 2.0], [3.0, 4.0]]]], dtype=F64, requires_grad=True)
     box = torch.tensor([[0, 0.0, 0.0, 1.0, 1.0]], dtype=F64, requires_grad=True)
-    with use(backend):
-        out = roiops.prroi_pool(x, box, 2)
-        assert out.tolist() == [[[[1.75, 2.25], [2.75, 3.25]]]]
-        one = roiops.prroi_pool(x, box, 1)
-        one.backward()
-        # Cell weights over [0, 1]: the integral of each hat is 1/2 per axis.
-        assert x.grad.tolist() == [[[[0.25, 0.25], [0.25, 0.25]]]]
-        # out = 1 + (x1 + x2) / 2 + (y1 + y2): also at edges on cell centres, where f has a
-        # kink (its integral's derivative is f at the edge, continuous there).
-        assert box.grad.tolist() == [[0.0, 0.5, 1.0, 0.5, 1.0]]
-        # Window [-1, 1] x [0, 1]: the left half weighs column 0 (mean 2) by the hat's
-        # tail 1 + x, integral 1/2; the right half is 1 + x + 2y's integral 2.5; area 2.
-        assert roiops.prroi_pool(x, torch.tensor([[0, -1.0, 0.0, 1.0, 1.0]], dtype=F64), 1).item() == 1.75
-        # Entirely beyond the hats of the last cells (x >= 2): 0.
-        assert roiops.prroi_pool(x, torch.tensor([[0, 2.0, 0.0, 5.0, 1.0]], dtype=F64), 1).item() == 0.0
+    out = pool(backend, x, box, 2, 1.0)
+    assert out.tolist() == [[[[1.75, 2.25], [2.75, 3.25]]]]
+    one = pool(backend, x, box, 1, 1.0)
+    one.backward()
+    # Cell weights over [0, 1]: the integral of each hat is 1/2 per axis.
+    assert x.grad.tolist() == [[[[0.25, 0.25], [0.25, 0.25]]]]
+    # out = 1 + (x1 + x2) / 2 + (y1 + y2): also at edges on cell centres, where f has a
+    # kink (its integral's derivative is f at the edge, continuous there).
+    assert box.grad.tolist() == [[0.0, 0.5, 1.0, 0.5, 1.0]]
+    # Window [-1, 1] x [0, 1]: the left half weighs column 0 (mean 2) by the hat's
+    # tail 1 + x, integral 1/2; the right half is 1 + x + 2y's integral 2.5; area 2.
+    assert pool(backend, x, torch.tensor([[0, -1.0, 0.0, 1.0, 1.0]], dtype=F64), 1, 1.0).item() == 1.75
+    # Entirely beyond the hats of the last cells (x >= 2): 0.
+    assert pool(backend, x, torch.tensor([[0, 2.0, 0.0, 5.0, 1.0]], dtype=F64), 1, 1.0).item() == 0.0
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -121,14 +128,12 @@ def test_empty_and_tiny_windows(backend):
     x = feature().requires_grad_()
     rows = torch.tensor([[0, 6.0, 4.0, 2.0, 8.0], [1, 3.0, 2.0, 3.0, 9.0], [0, 2.0, 5.0, 8.0, 5.0]], dtype=F64)
     b = rows.clone().requires_grad_()
-    with use(backend):
-        out = roiops.prroi_pool(x, b, (2, 3), SCALE)
-        out.backward(torch.ones_like(out))
+    out = pool(backend, x, b, (2, 3), SCALE)
+    out.backward(torch.ones_like(out))
     assert torch.equal(out, torch.zeros_like(out))
     assert torch.equal(x.grad, torch.zeros_like(x)) and torch.equal(b.grad, torch.zeros_like(b))
     tiny = torch.tensor([[1, 5.0, 3.0, 5.0 + 1e-7, 3.0 + 1e-7]], dtype=F64)
-    with use(backend):
-        point = roiops.prroi_pool(x.detach(), tiny, 1, SCALE)
+    point = pool(backend, x.detach(), tiny, 1, SCALE)
     # f at (2.5, 1.5) cells: the mean of the four cells around it.
     torch.testing.assert_close(point[0, :, 0, 0], x.detach()[1, :, 1:3, 2:4].mean((1, 2)), rtol=0, atol=1e-6)
 
@@ -140,8 +145,7 @@ def test_non_finite_values_reach_only_the_bins_that_weigh_them(backend):
     x = torch.zeros(1, 1, 4, 12, dtype=F64)
     x[0, 0, 1, 10] = float("inf")
     box = torch.tensor([[0, 0.5, 0.5, 11.5, 2.5]], dtype=F64)  # bins of 11/4 cells: [0.5, 3.25], ..., [8.75, 11.5]
-    with use(backend):
-        out = roiops.prroi_pool(x, box, (1, 4))
+    out = pool(backend, x, box, (1, 4), 1.0)
     assert out[0, 0, 0, :3].tolist() == [0.0, 0.0, 0.0] and out[0, 0, 0, 3].item() == float("inf")
 
 
@@ -152,8 +156,7 @@ def test_non_finite_gradient_reaches_only_its_bins_cells(backend):
     box = torch.tensor([[0, 0.5, 0.5, 11.5, 2.5]], dtype=F64)
     g = torch.ones(1, 1, 1, 4, dtype=F64)
     g[0, 0, 0, 3] = float("inf")
-    with use(backend):
-        roiops.prroi_pool(x, box, (1, 4)).backward(g)
+    pool(backend, x, box, (1, 4), 1.0).backward(g)
     # Bin 3's window [8.75, 11.5] weighs columns 8 to 11, rows 0 to 3 (window [0.5, 2.5]).
     assert not x.grad.isnan().any()
     want = torch.zeros(1, 1, 4, 12, dtype=torch.bool)
@@ -176,14 +179,15 @@ def _no_empty(b):
 
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("channels_last", [False, True])
-def test_gradcheck_input_and_boxes(backend, channels_last):
+def test_gradcheck_input_and_boxes(backend, channels_last, monkeypatch):
     x = feature(c=2)[:, :, :5, :6].contiguous(memory_format=torch.channels_last if channels_last else
                                               torch.contiguous_format).requires_grad_()
     coords, rows = _coords(_no_empty(boxes_for(count=3))[:7])  # the random ones and nasty ones off the map
-    # Under Triton's interpreter the full Jacobian takes minutes: random projections of it.
-    with use(backend):
-        assert torch.autograd.gradcheck(lambda t, c: roiops.prroi_pool(t, rows(c), (2, 3), SCALE), (x, coords),
-                                        atol=1e-8, fast_mode=backend == "triton")
+    for deterministic, nondet_tol in backward_paths(backend):
+        monkeypatch.setattr(roiops.config, "deterministic_backward", deterministic)
+        # Under Triton's interpreter the full Jacobian takes minutes: random projections of it.
+        assert torch.autograd.gradcheck(lambda t, c: pool(backend, t, rows(c), (2, 3), SCALE), (x, coords),
+                                        atol=1e-8, nondet_tol=nondet_tol, fast_mode=backend == "triton")
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -230,21 +234,24 @@ def test_list_boxes_get_their_gradient():
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_compiled_forward_and_box_gradient(backend):
+def test_compiled_forward_and_box_gradient(backend, monkeypatch):
     """torch.compile (fullgraph, AOT autograd, dynamic box count) through the op and both of
-    its gradients: the eager results."""
+    its gradients: the eager results, bit for bit (the GPU's atomic backward would differ
+    in last bits from run to run: the deterministic one)."""
+    monkeypatch.setattr(roiops.config, "deterministic_backward", True)
     torch._dynamo.reset()
     fn = torch.compile(lambda t, c: roiops.prroi_pool(t, c, (2, 3), SCALE), fullgraph=True, backend="aot_eager",
                        dynamic=True)
     x, b = feature(), _no_empty(boxes_for())
+    dev = device_for(backend)
     for k in (5, 8):
         got = run(x, b[:k], (2, 3), backend)
         with use(backend):
-            xc, bc = x.clone().requires_grad_(), b[:k].clone().requires_grad_()
+            xc, bc = x.to(dev, copy=True).requires_grad_(), b[:k].to(dev, copy=True).requires_grad_()
             out = fn(xc, bc)
-            out.backward(torch.randn(out.shape, generator=torch.Generator().manual_seed(1), dtype=F64))
+            out.backward(torch.randn(out.shape, generator=torch.Generator().manual_seed(1), dtype=F64).to(dev))
         for a, want in zip((out.detach(), xc.grad, bc.grad), got):
-            torch.testing.assert_close(a, want, rtol=0, atol=0)
+            torch.testing.assert_close(a.cpu(), want, rtol=0, atol=0)
     torch._dynamo.reset()
 
 
@@ -264,15 +271,14 @@ def fit_box(backend, steps=100):
                 for cx, cy, s in [(6, 8, 3), (15, 12, 4), (10, 17, 2.5)])
     features = torch.stack([blobs, blobs * xx / 24])[None]  # [1, 2, 24, 24]
     target = torch.tensor([[5.0, 6.0, 17.0, 15.0]], dtype=F64)
-    with use(backend):
-        crop = roiops.prroi_pool(features, [target], 7)
-        box = torch.tensor([[6.5, 4.8, 19.0, 16.0]], dtype=F64, requires_grad=True)
-        optimizer = torch.optim.Adam([box], lr=0.1)
-        for _ in range(steps):
-            optimizer.zero_grad()
-            loss = (roiops.prroi_pool(features, [box], 7) - crop).pow(2).mean()
-            loss.backward()
-            optimizer.step()
+    crop = pool(backend, features, [target], 7, 1.0)
+    box = torch.tensor([[6.5, 4.8, 19.0, 16.0]], dtype=F64, requires_grad=True)
+    optimizer = torch.optim.Adam([box], lr=0.1)
+    for _ in range(steps):
+        optimizer.zero_grad()
+        loss = (pool(backend, features, [box], 7, 1.0) - crop).pow(2).mean()
+        loss.backward()
+        optimizer.step()
     return box.detach(), target
 
 

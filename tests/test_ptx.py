@@ -46,8 +46,8 @@ EXPECTED_VARIANTS = {
     "_rotated_bwd_atomic_kernel": 16,       # x aligned
     "_rotated_bwd_ordered_kernel": 16,      # x aligned (layouts differ in unit strides)
 }
-EXPECTED_VARIANTS |= {"_ps_align_fwd_kernel": 8, "_ps_align_bwd_kernel": 8, "_ps_pool_fwd_kernel": 8,
-                      "_ps_pool_bwd_kernel": 8}
+EXPECTED_VARIANTS |= {"_ps_align_fwd_kernel": 8, "_ps_align_bwd_kernel": 8, "_ps_align_bwd_atomic_kernel": 8,
+                      "_ps_pool_fwd_kernel": 8, "_ps_pool_bwd_kernel": 8, "_ps_pool_bwd_atomic_kernel": 8}
 EXPECTED_VARIANTS |= {"_prroi_fwd_kernel": 8, "_prroi_bwd_atomic_kernel": 8,
                       "_prroi_bwd_gather_kernel": 8,  # CF is fixed; layouts differ in unit strides
                       "_prroi_tiles_kernel": 2,       # only rois: float32/float64
@@ -292,9 +292,11 @@ def _calls(launchers: dict, torch) -> list:
     ps_x, ps_g = (lambda dt, cl: meta((N, C_PS, H, W), dt, cl)), (lambda dt, cl: meta((K, 2, P, P), dt, cl))
     recipes |= {
         "ps_roi_align_forward": lambda f, dt, cl: f(ps_x(dt, cl), rois(dt), 0.25, P, P, 2),
-        "ps_roi_align_backward": lambda f, dt, cl: f(ps_g(dt, cl), rois(dt), 0.25, P, P, N, C_PS, H, W, 2, cl),
+        "ps_roi_align_backward": lambda f, dt, cl, deterministic: f(
+            ps_g(dt, cl), rois(dt), 0.25, P, P, N, C_PS, H, W, 2, cl, deterministic=deterministic),
         "ps_roi_pool_forward": lambda f, dt, cl: f(ps_x(dt, cl), rois(dt), 0.25, P, P),
-        "ps_roi_pool_backward": lambda f, dt, cl: f(ps_g(dt, cl), rois(dt), 0.25, P, P, N, C_PS, H, W, cl),
+        "ps_roi_pool_backward": lambda f, dt, cl, deterministic: f(
+            ps_g(dt, cl), rois(dt), 0.25, P, P, N, C_PS, H, W, cl, deterministic=deterministic),
     }
     recipes |= {
         "prroi_pool_forward": lambda f, dt, cl: f(x(dt, cl), rois(dt), 0.25, P, P),

@@ -12,7 +12,7 @@ import torch
 
 import roiops
 from boxes import nasty_rotated_boxes, rotated_boxes
-from cases import tol
+from cases import backward_paths, device_for, tol
 
 N, C, H, W = 2, 3, 9, 11
 SCALE = 0.5  # boxes in pixels of a 22 x 18 image
@@ -32,13 +32,14 @@ def boxes(dtype=F64, seed=0, count=6):
 
 
 def run(x, b, size=(2, 3), sr=2, aligned=True, backend=None, seed=1, **kw):
-    """Output and input gradient for a fixed random upstream gradient."""
-    x = x.detach().clone().requires_grad_()
+    """Output and input gradient (on the CPU) for a fixed random upstream gradient."""
+    dev = device_for(backend)
+    x = x.detach().to(dev, copy=True).requires_grad_()
     with roiops.use_backend(backend) if backend else contextlib.nullcontext():
-        out = roiops.roi_align_rotated(x, b, size, SCALE, sr, aligned, **kw)
-        g = torch.randn(out.shape, generator=torch.Generator().manual_seed(seed), dtype=F64).to(out.dtype)
+        out = roiops.roi_align_rotated(x, b.to(dev), size, SCALE, sr, aligned, **kw)
+        g = torch.randn(out.shape, generator=torch.Generator().manual_seed(seed), dtype=F64).to(dev, out.dtype)
         out.backward(g)
-    return out.detach(), x.grad
+    return out.detach().cpu(), x.grad.cpu()
 
 
 def axis_aligned(b):
@@ -66,20 +67,21 @@ def test_angle_0_is_roi_align(backend, sr, aligned):
     b = upright() if not aligned else boxes()
     b[:, 5] = 0
     out, grad = run(x, b, (3, 4), sr, aligned, backend)
-    xr = x.clone().requires_grad_()
+    dev = device_for(backend)
+    xr = x.to(dev, copy=True).requires_grad_()
     with roiops.use_backend(backend):
-        ref = roiops.roi_align(xr, axis_aligned(b), (3, 4), SCALE, sr, aligned)
-    ref.backward(torch.randn(ref.shape, generator=torch.Generator().manual_seed(1), dtype=F64))
-    torch.testing.assert_close(out, ref.detach(), **tol(F64))
-    torch.testing.assert_close(grad, xr.grad, **tol(F64))
+        ref = roiops.roi_align(xr, axis_aligned(b).to(dev), (3, 4), SCALE, sr, aligned)
+    ref.backward(torch.randn(ref.shape, generator=torch.Generator().manual_seed(1), dtype=F64).to(dev))
+    torch.testing.assert_close(out, ref.detach().cpu(), **tol(F64))
+    torch.testing.assert_close(grad, xr.grad.cpu(), **tol(F64))
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_quarter_and_half_turns(backend):
     """A half turn flips the output in both axes; a quarter turn (counter-clockwise) of a
     square box is roi_align's output transposed with its columns reversed."""
-    x = feature()
-    b = boxes()
+    dev = device_for(backend)
+    x, b = feature().to(dev), boxes().to(dev)
     b[:, 5] = 0
     square = b.clone()
     square[:, 4] = square[:, 3]
@@ -130,14 +132,15 @@ def test_list_of_boxes_equals_tensor():
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_empty_and_degenerate(backend):
-    x = feature().requires_grad_()
+    dev = device_for(backend)
+    x = feature().to(dev).requires_grad_()
     with roiops.use_backend(backend):
-        out = roiops.roi_align_rotated(x, torch.zeros(0, 6, dtype=F64), (3, 4), SCALE)
+        out = roiops.roi_align_rotated(x, torch.zeros(0, 6, dtype=F64, device=dev), (3, 4), SCALE)
         assert out.shape == (0, C, 3, 4)
         out.sum().backward()
         assert torch.equal(x.grad, torch.zeros_like(x))
         # Zero and negative sizes with adaptive sampling: no samples, zeros and no gradient.
-        b = torch.tensor([[0, 8.0, 6.0, 0.0, 0.0, 30.0], [1, 8.0, 6.0, -4.0, 6.0, 0.0]], dtype=F64)
+        b = torch.tensor([[0, 8.0, 6.0, 0.0, 0.0, 30.0], [1, 8.0, 6.0, -4.0, 6.0, 0.0]], dtype=F64, device=dev)
         out = roiops.roi_align_rotated(x, b, 3, SCALE, 0)
         assert torch.equal(out, torch.zeros_like(out))
 
@@ -186,10 +189,12 @@ def test_cpu_channel_counts(c, channels_last):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_gradcheck(backend):
-    x = torch.randn(N, 1, 6, 7, dtype=F64, generator=torch.Generator().manual_seed(3))
+def test_gradcheck(backend, monkeypatch):
+    dev = device_for(backend)
+    x = torch.randn(N, 1, 6, 7, dtype=F64, generator=torch.Generator().manual_seed(3)).to(dev)
     b = boxes(F64, seed=4, count=3)[:8]
     b[:, 1:5] *= 0.6  # the boxes were drawn for a 22 x 18 image; this map is 14 x 12 pixels
+    b = b.to(dev)
 
     def fn(t):
         with roiops.use_backend(backend):
@@ -197,9 +202,12 @@ def test_gradcheck(backend):
 
     # Under Triton's interpreter the full Jacobians take minutes: random projections of them.
     fast = backend == "triton"
-    assert torch.autograd.gradcheck(fn, (x.clone().requires_grad_(),), atol=1e-8, fast_mode=fast)
     xcl = x.expand(N, 2, 6, 7).contiguous(memory_format=torch.channels_last)
-    assert torch.autograd.gradcheck(fn, (xcl.requires_grad_(),), atol=1e-8, fast_mode=fast)
+    for deterministic, nondet_tol in backward_paths(backend):
+        monkeypatch.setattr(roiops.config, "deterministic_backward", deterministic)
+        for t in (x, xcl):
+            assert torch.autograd.gradcheck(fn, (t.clone().requires_grad_(),), atol=1e-8, nondet_tol=nondet_tol,
+                                            fast_mode=fast)
 
 
 def test_cpu_backward_deterministic_across_threads():
@@ -311,12 +319,13 @@ def test_triton_deterministic_backward(channels_last):
         pytest.skip(triton_too_old())
     import roiops.triton as rt
 
-    x, b = feature(F32, channels_last), boxes(F32, count=3)
+    b = boxes(F32, count=3)
     b[:, 5] = torch.deg2rad(b[:, 5])
     g = torch.randn(len(b), C, 2, 2, generator=torch.Generator().manual_seed(2))
-    args = (b, SCALE, 2, 2, N, C, H, W, 0, True, channels_last)
-    runs = [rt.roi_align_rotated_backward(g, *args, deterministic=True) for _ in range(2)]
-    ref = roiops.reference.roi_align_rotated_backward(g, *args)
+    sizes = (SCALE, 2, 2, N, C, H, W, 0, True, channels_last)
+    dev = device_for("triton")
+    runs = [rt.roi_align_rotated_backward(g.to(dev), b.to(dev), *sizes, deterministic=True).cpu() for _ in range(2)]
+    ref = roiops.reference.roi_align_rotated_backward(g, b, *sizes)
     assert torch.equal(runs[0], runs[1])
     torch.testing.assert_close(runs[0], ref, **tol(F32))
 

@@ -267,17 +267,16 @@ def hat(t):
 
 
 @triton.jit
-def hat_integral(a, b, w):
-    """The integral over [a, b] (a <= b) of hat(x - w). The hat is linear on each side of
-    its peak, so each side's part is its length times the hat at its midpoint: no
-    difference of antiderivatives, which would cancel for a short window."""
-    l0 = tl.maximum(a, w - 1.0)
-    l1 = tl.minimum(b, w)
-    r0 = tl.maximum(a, w)
-    r1 = tl.minimum(b, w + 1.0)
-    left = tl.maximum(l1 - l0, 0.0) * hat((l0 + l1) * 0.5 - w)
-    right = tl.maximum(r1 - r0, 0.0) * hat((r0 + r1) * 0.5 - w)
-    return left + right
+def hat_integral(a, n):
+    """The integral of the hat over [a, a + n] (n >= 0), a the window's start relative to
+    the cell's centre: over each linear piece of the hat, the window's length inside it
+    times the hat at that part's middle. A window inside one piece gets n itself as its
+    length, not a difference of end points, so a short window's average (integral / n)
+    keeps full precision far from the map's origin. The C++ kernels' arithmetic."""
+    b = a + n
+    l0 = tl.maximum(n - tl.maximum(-1.0 - a, 0.0) - tl.maximum(b, 0.0), 0.0)  # inside [-1, 0]
+    l1 = tl.maximum(n - tl.maximum(-a, 0.0) - tl.maximum(b - 1.0, 0.0), 0.0)  # inside [0, 1]
+    return l0 * (1.0 + tl.maximum(a, -1.0) + l0 * 0.5) + l1 * (1.0 - tl.maximum(a, 0.0) - l1 * 0.5)
 
 
 @triton.jit

@@ -3,7 +3,7 @@ bilinearly interpolated map over each bin, divided by the bin's area.
 
 The interpolation's weights are separable, so bin (i, j)'s integral is the sum over cells
 (h, w) of F[h, w] * Iy(h) * Ix(w), where Ix(w) is the integral of the hat max(0, 1 - |x - w|)
-over the bin's columns [xs, xe] (hat_integral in _jit.py). Only the cells floor(xs) to
+over the bin's columns [xs, xs + dw] (hat_integral in _jit.py, given xs - w and dw). Only the cells floor(xs) to
 ceil(xe) (and likewise rows), clipped to the map, can have a non-zero weight: every loop
 below runs over them with a run-time bound, so a bin costs what it covers of the map.
 
@@ -117,12 +117,12 @@ def _prroi_fwd_kernel(
     acc = _p(tl.zeros([BLOCK_P], dtype=T), CF) + _c(tl.zeros([BLOCK_C], dtype=T), CF)
     for dy in range(0, tl.max(nh, axis=0)):
         h = h0 + dy
-        wy = hat_integral(ys, ye, h.to(T))
+        wy = hat_integral(ys - h.to(T), dh)
         row = dy < nh
         oh = h.to(tl.int64) * sxH
         for dx in range(0, tl.max(nw, axis=0)):
             w = w0 + dx
-            wx = hat_integral(xs, xe, w.to(T))
+            wx = hat_integral(xs - w.to(T), dw)
             m = _p(row & (dx < nw), CF) & cmask
             v = tl.load(x_base + _p(oh + w.to(tl.int64) * sxW, CF), mask=m, other=0.0).to(T)
             acc += v * _p(wy * wx, CF)
@@ -160,12 +160,12 @@ def _prroi_bwd_atomic_kernel(
     gi_base = gi_ptr + b * siN + _c(c64 * siC, CF)
     for dy in range(0, tl.max(nh, axis=0)):
         h = h0 + dy
-        wy = hat_integral(ys, ye, h.to(T))
+        wy = hat_integral(ys - h.to(T), dh)
         row = dy < nh
         oh = h.to(tl.int64) * siH
         for dx in range(0, tl.max(nw, axis=0)):
             w = w0 + dx
-            wx = hat_integral(xs, xe, w.to(T))
+            wx = hat_integral(xs - w.to(T), dw)
             m = _p(row & (dx < nw), CF) & cmask
             tl.atomic_add(gi_base + _p(oh + w.to(tl.int64) * siW, CF), (q * _p(wy * wx, CF)).to(G), mask=m,
                           sem="relaxed")
@@ -205,12 +205,12 @@ def _gather_box(acc, k, grad_ptr, rois_ptr, rf, sf, r_lo, r_hi, s_lo, s_hi, cm, 
     for i in range(0, ph):
         ys, ye, dh = _axis(y1, y2, scale, i, ph)
         if may_touch(ys, ye, r_lo, r_hi, Hf):
-            wy = hat_integral(ys, ye, rf)
+            wy = hat_integral(ys - rf, dh)
             rows = (rf >= tl.floor(ys)) & (rf <= tl.ceil(ye))
             for j in range(0, pw):
                 xs, xe, dw = _axis(x1, x2, scale, j, pw)
                 if may_touch(xs, xe, s_lo, s_hi, Wf):
-                    wx = hat_integral(xs, xe, sf)
+                    wx = hat_integral(xs - sf, dw)
                     g = tl.load(grad_ptr + k * sgK + c64 * sgC + i * sgH + j * sgW, mask=cm, other=0.0).to(T)
                     # The prepass marks only boxes of positive area. Only the bin's cells
                     # (those the atomic path visits) take its terms: a non-finite grad
@@ -287,9 +287,9 @@ def _prroi_rois_bwd_kernel(
     for dy in range(0, tl.max(nh, axis=0)):
         h = h0 + dy
         hf = h.to(T)
-        wy = _p(hat_integral(ys, ye, hf), CF)
+        wy = _p(hat_integral(ys - hf, dh), CF)
         at_ys = _p(hat(ys - hf), CF)
-        at_ye = _p(hat(ye - hf), CF)
+        at_ye = _p(hat(ys - hf + dh), CF)
         row = dy < nh
         oh = h.to(tl.int64) * sxH
         for dx in range(0, tl.max(nw, axis=0)):
@@ -298,10 +298,10 @@ def _prroi_rois_bwd_kernel(
             m = _p(row & (dx < nw), CF) & cmask
             v = tl.load(x_base + _p(oh + w.to(tl.int64) * sxW, CF), mask=m, other=0.0).to(T)
             vy = v * wy
-            vx = v * _p(hat_integral(xs, xe, wf), CF)
+            vx = v * _p(hat_integral(xs - wf, dw), CF)
             acc += vx * wy
             e_xs += vy * _p(hat(xs - wf), CF)
-            e_xe += vy * _p(hat(xe - wf), CF)
+            e_xe += vy * _p(hat(xs - wf + dw), CF)
             e_ys += vx * at_ys
             e_ye += vx * at_ye
 

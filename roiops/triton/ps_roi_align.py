@@ -5,14 +5,21 @@ forward: the box's geometry (roi_align's with the half-cell shift) and each bin'
 taps are computed once per tile, and bin p of output channel c reads input channel
 c * ph * pw + p. Samples are visited over their span near the map (sample_span).
 
-Backward: a gather, deterministic and with no atomics. One program per (image, bin, tile
-of 8x8 map cells, block of output channels) owns the tile of input channels
-c * ph * pw + bin; it walks all boxes in increasing index and, for each box of its image,
-the samples of the bin that can reach the tile, adding ``grad * weight / count`` for each
-tap that hits one of its cells, then writes the tile once. Each cell thus receives its
-terms in the CPU kernels' order (box, sample row, sample column, tap), so the float32 and
-float64 gradients equal theirs bit for bit. Its cost grows with the number of boxes times
-the tiles of the map (every program reads every box row); there is no atomic fast path.
+Backward, fast path: one program per (box, block of bins, block of output channels), as
+the forward, adds ``grad * weight / count`` to each tap of each sample near the map with
+atomic adds (into a float32 scratch for half types): the order of the adds, and so the
+last bits, vary between runs.
+
+Backward, deterministic path (``torch.are_deterministic_algorithms_enabled()``,
+``roiops.config.deterministic_backward`` or ``deterministic=True``): a gather with no
+atomics. One program per (image, bin, tile of 8x8 map cells, block of output channels)
+owns the tile of input channels c * ph * pw + bin; it walks all boxes in increasing index
+and, for each box of its image, the samples of the bin that can reach the tile, adding
+``grad * weight / count`` for each tap that hits one of its cells, then writes the tile
+once. Each cell thus receives its terms in the CPU kernels' order (box, sample row, sample
+column, tap), so the float32 and float64 gradients equal theirs bit for bit. Its cost
+grows with the number of boxes times the tiles of the map (every program reads every box
+row).
 """
 
 from __future__ import annotations
@@ -25,7 +32,7 @@ from ._jit import (align_geometry, axis_taps, bin_tile, div_rn, load_roi, map_sp
                    store_tile, with_flag)
 from ._jit import along_c as _c  # per-channel vector -> tile axis
 from ._jit import along_p as _p  # per-bin / per-pixel vector -> tile axis
-from ._position_sensitive import gather_tile, launch_backward, launch_forward
+from ._position_sensitive import channel_base, gather_tile, launch_backward, launch_forward
 
 __all__ = ["ps_roi_align_backward", "ps_roi_align_forward"]
 
@@ -50,8 +57,7 @@ def _ps_align_fwd_kernel(
 
     p, pm, i, j, c, cm = bin_tile(pb, cb, ph, pw, C, BLOCK_P, BLOCK_C)
     tile_m = with_flag(_p(pm, CF) & _c(cm, CF), ok)
-    P = (ph * pw).to(tl.int64)
-    x_base = x_ptr + b * sxN + (_c(c.to(tl.int64) * P, CF) + _p(p.to(tl.int64), CF)) * sxC
+    x_base = channel_base(x_ptr, b, p, c, ph, pw, sxN, sxC, CF)
     ybase = sy + i.to(T) * bh
     xbase = sx + j.to(T) * bw
 
@@ -78,6 +84,56 @@ def _ps_align_fwd_kernel(
     # out is allocated with soH == pw * soW: bin p sits at p * soW.
     o = k.to(tl.int64) * soK + _c(c.to(tl.int64) * soC, CF) + _p(p.to(tl.int64) * soW, CF)
     tl.store(out_ptr + o, div_rn(acc, count).to(out_ptr.dtype.element_ty), mask=_p(pm, CF) & _c(cm, CF))
+
+
+@kernel
+def _ps_align_bwd_atomic_kernel(
+    grad_ptr, rois_ptr, gi_ptr, scale_bits,
+    N, C, H, W, ph, pw, sampling_ratio, n_pblocks,
+    sgK, sgC, sgH, sgW, siN, siC, siH, siW,
+    BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr, CF: tl.constexpr,
+):
+    """Scatters the grad of bins [pb * BLOCK_P, +BLOCK_P) x output channels [cb * BLOCK_C,
+    +BLOCK_C) of box k into input channels c * ph * pw + p (C is the output's channel count)."""
+    T = rois_ptr.dtype.element_ty
+    G = gi_ptr.dtype.element_ty
+    pid = tl.program_id(0)
+    k = pid // n_pblocks
+    pb = pid - k * n_pblocks
+    scale = scale_of(scale_bits, T)
+    ok, b, x1, y1, x2, y2 = load_roi(rois_ptr, k.to(tl.int64), N, scale)
+    sx, sy, bw, bh, gwf, ghf, gw, gh, count = align_geometry(x1, y1, x2, y2, scale, ph, pw, sampling_ratio, True)
+
+    p, pm, i, j, c, cm = bin_tile(pb, tl.program_id(1), ph, pw, C, BLOCK_P, BLOCK_C)
+    tile_m = with_flag(_p(pm, CF) & _c(cm, CF), ok)
+    c64 = c.to(tl.int64)
+    g = tl.load(grad_ptr + k.to(tl.int64) * sgK + _c(c64 * sgC, CF)
+                + _p(i.to(tl.int64) * sgH + j.to(tl.int64) * sgW, CF), mask=tile_m, other=0.0).to(T)
+    gi_base = channel_base(gi_ptr, b, p, c, ph, pw, siN, siC, CF)
+    ybase = sy + i.to(T) * bh
+    xbase = sx + j.to(T) * bw
+
+    fy, ey, ny, fx, ex, nx = map_spans(with_flag(pm, ok), ybase, xbase, bh, bw, ghf, gwf, H, W)
+    for dy in range(0, tl.max(ny, axis=0)):
+        y = sample_pos(ybase, fy + dy, bh, ghf)
+        ylo, yhi, ly, hy, iny = axis_taps(y, H)
+        oylo = ylo.to(tl.int64) * siH
+        oyhi = yhi.to(tl.int64) * siH
+        row = dy < ny
+        for dx in range(0, tl.max(nx, axis=0)):
+            x = sample_pos(xbase, fx + dx, bw, gwf)
+            xlo, xhi, lx, hx, inx = axis_taps(x, W)
+            oxlo = xlo.to(tl.int64) * siW
+            oxhi = xhi.to(tl.int64) * siW
+            m = tile_m & _p(row & (dx < nx) & iny & inx, CF)
+            tl.atomic_add(gi_base + _p(oylo + oxlo, CF), div_rn(g * _p(hy * hx, CF), count).to(G), mask=m,
+                          sem="relaxed")
+            tl.atomic_add(gi_base + _p(oylo + oxhi, CF), div_rn(g * _p(hy * lx, CF), count).to(G), mask=m,
+                          sem="relaxed")
+            tl.atomic_add(gi_base + _p(oyhi + oxlo, CF), div_rn(g * _p(ly * hx, CF), count).to(G), mask=m,
+                          sem="relaxed")
+            tl.atomic_add(gi_base + _p(oyhi + oxhi, CF), div_rn(g * _p(ly * lx, CF), count).to(G), mask=m,
+                          sem="relaxed")
 
 
 @kernel
@@ -133,11 +189,16 @@ def ps_roi_align_forward(input: torch.Tensor, rois: torch.Tensor, spatial_scale:
 
 def ps_roi_align_backward(grad: torch.Tensor, rois: torch.Tensor, spatial_scale: float, pooled_height: int,
                           pooled_width: int, batch_size: int, channels: int, height: int, width: int,
-                          sampling_ratio: int, channels_last: bool) -> torch.Tensor:
-    """Gradient of ps_roi_align_forward (deterministic: see the module docstring)."""
+                          sampling_ratio: int, channels_last: bool, *,
+                          deterministic: bool | None = None) -> torch.Tensor:
+    """Gradient of ps_roi_align_forward w.r.t. its input, [N, C, H, W] in grad's dtype.
+
+    deterministic: None follows roiops.config.deterministic_backward, then torch's
+    deterministic flag; see the module docstring for the two paths.
+    """
     check_ps_backward(grad, rois, spatial_scale, pooled_height, pooled_width, batch_size, channels, height, width,
                       channels_last, sampling_ratio)
     check_device(grad, _ps_align_bwd_kernel)
-    return launch_backward(_ps_align_bwd_kernel, grad, rois, spatial_scale, int(pooled_height), int(pooled_width),
-                           int(batch_size), int(channels), int(height), int(width), bool(channels_last),
-                           int(sampling_ratio))
+    return launch_backward(_ps_align_bwd_kernel, _ps_align_bwd_atomic_kernel, grad, rois, spatial_scale,
+                           int(pooled_height), int(pooled_width), int(batch_size), int(channels), int(height),
+                           int(width), bool(channels_last), deterministic, int(sampling_ratio))

@@ -5,10 +5,12 @@ computed once per tile, bin p of output channel c reads input channel c * ph * p
 the loop over a bin's cells (rows, then columns: the CPU kernels' order of the sum) is
 bounded by the tile's largest bin, clipped to the map.
 
-Backward: a gather as in ps_roi_align.py: one program per (image, bin, tile of map cells,
-block of output channels) walks all boxes in increasing index and adds grad / area to the
-cells of its tile that the box's bin covers, then writes the tile once: deterministic, and
-equal to the CPU kernels' gradient bit for bit.
+Backward, as in ps_roi_align.py: the fast path scatters grad / area to each cell of a
+bin with atomic adds, one program per (box, block of bins, block of output channels); the
+deterministic path is a gather, one program per (image, bin, tile of map cells, block of
+output channels) that walks all boxes in increasing index, adds grad / area to the cells
+of its tile that the box's bin covers and writes the tile once: equal to the CPU kernels'
+gradient bit for bit.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from ._common import check_device, check_ps_backward, check_ps_forward, kernel
 from ._jit import bin_edges, bin_tile, c_round, div_rn, load_roi, scale_of, store_tile, with_flag
 from ._jit import along_c as _c  # per-channel vector -> tile axis
 from ._jit import along_p as _p  # per-bin / per-pixel vector -> tile axis
-from ._position_sensitive import gather_tile, launch_backward, launch_forward
+from ._position_sensitive import channel_base, gather_tile, launch_backward, launch_forward
 
 __all__ = ["ps_roi_pool_backward", "ps_roi_pool_forward"]
 
@@ -58,8 +60,7 @@ def _ps_pool_fwd_kernel(
     live = with_flag(pm, ok) & (he > hs) & (we > ws)
     he = tl.where(live, he, hs)
     we = tl.where(live, we, ws)
-    P = (ph * pw).to(tl.int64)
-    x_base = x_ptr + b * sxN + (_c(c.to(tl.int64) * P, CF) + _p(p.to(tl.int64), CF)) * sxC
+    x_base = channel_base(x_ptr, b, p, c, ph, pw, sxN, sxC, CF)
     cmask = _c(cm, CF)
     acc = _p(tl.zeros([BLOCK_P], dtype=T), CF) + _c(tl.zeros([BLOCK_C], dtype=T), CF)
     for dh in range(0, tl.max(he - hs, axis=0)):
@@ -76,6 +77,44 @@ def _ps_pool_fwd_kernel(
     res = tl.where(_p(area > 0, CF), div_rn(acc, _p(tl.maximum(area, 1.0), CF)), 0.0)
     o = k.to(tl.int64) * soK + _c(c.to(tl.int64) * soC, CF) + _p(p.to(tl.int64) * soW, CF)
     tl.store(out_ptr + o, res.to(out_ptr.dtype.element_ty), mask=_p(pm, CF) & cmask)
+
+
+@kernel
+def _ps_pool_bwd_atomic_kernel(
+    grad_ptr, rois_ptr, gi_ptr, scale_bits,
+    N, C, H, W, ph, pw, n_pblocks,
+    sgK, sgC, sgH, sgW, siN, siC, siH, siW,
+    BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr, CF: tl.constexpr,
+):
+    """Scatters the grad of bins [pb * BLOCK_P, +BLOCK_P) x output channels [cb * BLOCK_C,
+    +BLOCK_C) of box k into input channels c * ph * pw + p (C is the output's channel count)."""
+    T = rois_ptr.dtype.element_ty
+    G = gi_ptr.dtype.element_ty
+    pid = tl.program_id(0)
+    k = pid // n_pblocks
+    pb = pid - k * n_pblocks
+    scale = scale_of(scale_bits, T)
+    ok, b, x1, y1, x2, y2 = load_roi(rois_ptr, k.to(tl.int64), N, scale)
+
+    p, pm, i, j, c, cm = bin_tile(pb, tl.program_id(1), ph, pw, C, BLOCK_P, BLOCK_C)
+    hs, he = _ps_axis(y1, y2, scale, i, ph, H.to(T))
+    ws, we = _ps_axis(x1, x2, scale, j, pw, W.to(T))
+    live = with_flag(pm, ok) & (he > hs) & (we > ws)
+    he = tl.where(live, he, hs)
+    we = tl.where(live, we, ws)
+    c64 = c.to(tl.int64)
+    cmask = _c(cm, CF)
+    g = tl.load(grad_ptr + k.to(tl.int64) * sgK + _c(c64 * sgC, CF)
+                + _p(i.to(tl.int64) * sgH + j.to(tl.int64) * sgW, CF), mask=_p(live, CF) & cmask, other=0.0).to(T)
+    d = div_rn(g, _p(tl.maximum((he - hs) * (we - ws), 1.0).to(T), CF))
+    gi_base = channel_base(gi_ptr, b, p, c, ph, pw, siN, siC, CF)
+    for dh in range(0, tl.max(he - hs, axis=0)):
+        h = hs + dh
+        oh = h.to(tl.int64) * siH
+        for dw in range(0, tl.max(we - ws, axis=0)):
+            w = ws + dw
+            m = _p((h < he) & (w < we), CF) & cmask
+            tl.atomic_add(gi_base + _p(oh + w.to(tl.int64) * siW, CF), d.to(G), mask=m, sem="relaxed")
 
 
 @kernel
@@ -115,10 +154,15 @@ def ps_roi_pool_forward(input: torch.Tensor, rois: torch.Tensor, spatial_scale: 
 
 def ps_roi_pool_backward(grad: torch.Tensor, rois: torch.Tensor, spatial_scale: float, pooled_height: int,
                          pooled_width: int, batch_size: int, channels: int, height: int, width: int,
-                         channels_last: bool) -> torch.Tensor:
-    """Gradient of ps_roi_pool_forward (deterministic: see the module docstring)."""
+                         channels_last: bool, *, deterministic: bool | None = None) -> torch.Tensor:
+    """Gradient of ps_roi_pool_forward w.r.t. its input, [N, C, H, W] in grad's dtype.
+
+    deterministic: None follows roiops.config.deterministic_backward, then torch's
+    deterministic flag; see the module docstring for the two paths.
+    """
     check_ps_backward(grad, rois, spatial_scale, pooled_height, pooled_width, batch_size, channels, height, width,
                       channels_last)
     check_device(grad, _ps_pool_bwd_kernel)
-    return launch_backward(_ps_pool_bwd_kernel, grad, rois, spatial_scale, int(pooled_height), int(pooled_width),
-                           int(batch_size), int(channels), int(height), int(width), bool(channels_last))
+    return launch_backward(_ps_pool_bwd_kernel, _ps_pool_bwd_atomic_kernel, grad, rois, spatial_scale,
+                           int(pooled_height), int(pooled_width), int(batch_size), int(channels), int(height),
+                           int(width), bool(channels_last), deterministic)
