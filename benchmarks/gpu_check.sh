@@ -61,7 +61,8 @@ fi
 
 echo
 echo "gpu_check report ($DIR/):"
-echo "  GPU tests:   $(grep -E '(passed|failed|error)' "$DIR/gpu_tests.log" | tail -2 | tr '\n' ' ')"
-[ -f "$DIR/suite.log" ] && echo "  rest of the suite: $(grep -E '(passed|failed|error)' "$DIR/suite.log" | tail -1)"
+summary() { grep -E '(passed|failed|error).* in [0-9.]+s' "$1" | tr '\n' ';'; }  # pytest's closing lines
+echo "  GPU tests:   $(summary "$DIR/gpu_tests.log")"
+[ -f "$DIR/suite.log" ] && echo "  rest of the suite: $(summary "$DIR/suite.log")"
 echo "  benchmark:   $(tail -1 "$DIR/bench.log")"
 exit $status
