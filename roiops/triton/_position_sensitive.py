@@ -88,7 +88,7 @@ def launch_backward(gather: Any, atomic: Any, grad: torch.Tensor, rois: torch.Te
         return gi
 
     acc_dtype = grad.dtype if grad.dtype in (torch.float32, torch.float64) else torch.float32
-    gi = torch.zeros((N, C, H, W), dtype=acc_dtype, device=grad.device).contiguous(memory_format=fmt)
+    gi = torch.empty((N, C, H, W), dtype=acc_dtype, device=grad.device, memory_format=fmt).zero_()
     if K == 0 or gi.numel() == 0:
         return gi.to(grad.dtype)
     budget = GPU_TILE // 2 if grad.dtype == torch.float64 else GPU_TILE
