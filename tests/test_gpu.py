@@ -294,7 +294,8 @@ def test_position_sensitive_equal_cpu_kernels(op, dtype, cl, monkeypatch):
 
 def rotated_rois(scale: float, H: int, W: int, seed: int) -> torch.Tensor:
     """[K, 6] (batch, cx, cy, w, h, degrees): gpu_boxes' boxes (their awkward sizes and
-    places), turned by the angles that are exact in radians' neighbourhood and others."""
+    places), turned by quarter, half and whole turns (whose cosines and sines round near
+    0 and 1) and by other angles."""
     b = gpu_boxes(scale, H, W, 7, 7, seed, k_random=24).double()
     angles = torch.tensor([0.0, 90.0, 180.0, -90.0, 45.0, -30.5, 12.25, 270.0, 360.0, 135.0, -179.75])
     angle = angles[torch.arange(b.shape[0]) % len(angles)].double()
