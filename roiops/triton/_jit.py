@@ -94,6 +94,36 @@ def map_spans(live, ybase, xbase, bh, bw, ghf, gwf, H, W):
 
 
 @triton.jit
+def scatter_samples(gi_base, g, count, live, tile_m, ybase, xbase, bh, bw, ghf, gwf, H, W, siH, siW,
+                    CF: tl.constexpr):
+    """The atomic RoIAlign backward of a [bins x channels] tile: adds g * weight / count to
+    the four taps of each sample that can touch the map (map_spans; bins not `live` have
+    none), at gi_base (per element) plus the tap's offset, for the elements in tile_m."""
+    G = gi_base.dtype.element_ty
+    fy, ey, ny, fx, ex, nx = map_spans(live, ybase, xbase, bh, bw, ghf, gwf, H, W)
+    for dy in range(0, tl.max(ny, axis=0)):
+        y = sample_pos(ybase, fy + dy, bh, ghf)
+        ylo, yhi, ly, hy, iny = axis_taps(y, H)
+        oylo = ylo.to(tl.int64) * siH
+        oyhi = yhi.to(tl.int64) * siH
+        iny = iny & (dy < ny)
+        for dx in range(0, tl.max(nx, axis=0)):
+            x = sample_pos(xbase, fx + dx, bw, gwf)
+            xlo, xhi, lx, hx, inx = axis_taps(x, W)
+            oxlo = xlo.to(tl.int64) * siW
+            oxhi = xhi.to(tl.int64) * siW
+            m = tile_m & along_p(iny & inx & (dx < nx), CF)
+            tl.atomic_add(gi_base + along_p(oylo + oxlo, CF), div_rn(g * along_p(hy * hx, CF), count).to(G),
+                          mask=m, sem="relaxed")
+            tl.atomic_add(gi_base + along_p(oylo + oxhi, CF), div_rn(g * along_p(hy * lx, CF), count).to(G),
+                          mask=m, sem="relaxed")
+            tl.atomic_add(gi_base + along_p(oyhi + oxlo, CF), div_rn(g * along_p(ly * hx, CF), count).to(G),
+                          mask=m, sem="relaxed")
+            tl.atomic_add(gi_base + along_p(oyhi + oxhi, CF), div_rn(g * along_p(ly * lx, CF), count).to(G),
+                          mask=m, sem="relaxed")
+
+
+@triton.jit
 def load_roi(rois_ptr, k, N, scale, SCALED: tl.constexpr = True):
     """Row k of rois as (ok, batch, x1, y1, x2, y2).
 

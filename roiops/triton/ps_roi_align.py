@@ -29,7 +29,7 @@ import triton.language as tl
 
 from ._common import check_device, check_ps_backward, check_ps_forward, kernel
 from ._jit import (align_geometry, axis_taps, bin_tile, div_rn, load_roi, map_spans, sample_pos, sample_span, scale_of,
-                   store_tile, with_flag)
+                   scatter_samples, store_tile, with_flag)
 from ._jit import along_c as _c  # per-channel vector -> tile axis
 from ._jit import along_p as _p  # per-bin / per-pixel vector -> tile axis
 from ._position_sensitive import channel_base, gather_tile, launch_backward, launch_forward
@@ -96,7 +96,6 @@ def _ps_align_bwd_atomic_kernel(
     """Scatters the grad of bins [pb * BLOCK_P, +BLOCK_P) x output channels [cb * BLOCK_C,
     +BLOCK_C) of box k into input channels c * ph * pw + p (C is the output's channel count)."""
     T = rois_ptr.dtype.element_ty
-    G = gi_ptr.dtype.element_ty
     pid = tl.program_id(0)
     k = pid // n_pblocks
     pb = pid - k * n_pblocks
@@ -110,30 +109,8 @@ def _ps_align_bwd_atomic_kernel(
     g = tl.load(grad_ptr + k.to(tl.int64) * sgK + _c(c64 * sgC, CF)
                 + _p(i.to(tl.int64) * sgH + j.to(tl.int64) * sgW, CF), mask=tile_m, other=0.0).to(T)
     gi_base = channel_base(gi_ptr, b, p, c, ph, pw, siN, siC, CF)
-    ybase = sy + i.to(T) * bh
-    xbase = sx + j.to(T) * bw
-
-    fy, ey, ny, fx, ex, nx = map_spans(with_flag(pm, ok), ybase, xbase, bh, bw, ghf, gwf, H, W)
-    for dy in range(0, tl.max(ny, axis=0)):
-        y = sample_pos(ybase, fy + dy, bh, ghf)
-        ylo, yhi, ly, hy, iny = axis_taps(y, H)
-        oylo = ylo.to(tl.int64) * siH
-        oyhi = yhi.to(tl.int64) * siH
-        row = dy < ny
-        for dx in range(0, tl.max(nx, axis=0)):
-            x = sample_pos(xbase, fx + dx, bw, gwf)
-            xlo, xhi, lx, hx, inx = axis_taps(x, W)
-            oxlo = xlo.to(tl.int64) * siW
-            oxhi = xhi.to(tl.int64) * siW
-            m = tile_m & _p(row & (dx < nx) & iny & inx, CF)
-            tl.atomic_add(gi_base + _p(oylo + oxlo, CF), div_rn(g * _p(hy * hx, CF), count).to(G), mask=m,
-                          sem="relaxed")
-            tl.atomic_add(gi_base + _p(oylo + oxhi, CF), div_rn(g * _p(hy * lx, CF), count).to(G), mask=m,
-                          sem="relaxed")
-            tl.atomic_add(gi_base + _p(oyhi + oxlo, CF), div_rn(g * _p(ly * hx, CF), count).to(G), mask=m,
-                          sem="relaxed")
-            tl.atomic_add(gi_base + _p(oyhi + oxhi, CF), div_rn(g * _p(ly * lx, CF), count).to(G), mask=m,
-                          sem="relaxed")
+    scatter_samples(gi_base, g, count, with_flag(pm, ok), tile_m, sy + i.to(T) * bh, sx + j.to(T) * bw, bh, bw, ghf,
+                    gwf, H, W, siH, siW, CF)
 
 
 @kernel

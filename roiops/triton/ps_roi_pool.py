@@ -37,6 +37,18 @@ def _ps_axis(c1, c2, scale, idx, pooled, size):
     return bin_edges(st, length, idx.to(length.dtype), pooled, size, False)
 
 
+@triton.jit
+def _ps_bins(ok, pm, x1, y1, x2, y2, scale, i, j, ph, pw, H, W):
+    """A tile's bins (i, j): rows [hs, he) and columns [ws, we), and whether each is live
+    (a valid row, a bin of the tile, not empty); a bin that is not live has he = hs and
+    we = ws, so that the loops over its cells run none."""
+    T = x1.dtype
+    hs, he = _ps_axis(y1, y2, scale, i, ph, H.to(T))
+    ws, we = _ps_axis(x1, x2, scale, j, pw, W.to(T))
+    live = with_flag(pm, ok) & (he > hs) & (we > ws)
+    return hs, tl.where(live, he, hs), ws, tl.where(live, we, ws), live
+
+
 @kernel
 def _ps_pool_fwd_kernel(
     x_ptr, rois_ptr, out_ptr, scale_bits,
@@ -55,11 +67,7 @@ def _ps_pool_fwd_kernel(
     ok, b, x1, y1, x2, y2 = load_roi(rois_ptr, k.to(tl.int64), N, scale)
 
     p, pm, i, j, c, cm = bin_tile(pb, cb, ph, pw, C, BLOCK_P, BLOCK_C)
-    hs, he = _ps_axis(y1, y2, scale, i, ph, H.to(T))
-    ws, we = _ps_axis(x1, x2, scale, j, pw, W.to(T))
-    live = with_flag(pm, ok) & (he > hs) & (we > ws)
-    he = tl.where(live, he, hs)
-    we = tl.where(live, we, ws)
+    hs, he, ws, we, _ = _ps_bins(ok, pm, x1, y1, x2, y2, scale, i, j, ph, pw, H, W)
     x_base = channel_base(x_ptr, b, p, c, ph, pw, sxN, sxC, CF)
     cmask = _c(cm, CF)
     acc = _p(tl.zeros([BLOCK_P], dtype=T), CF) + _c(tl.zeros([BLOCK_C], dtype=T), CF)
@@ -97,11 +105,7 @@ def _ps_pool_bwd_atomic_kernel(
     ok, b, x1, y1, x2, y2 = load_roi(rois_ptr, k.to(tl.int64), N, scale)
 
     p, pm, i, j, c, cm = bin_tile(pb, tl.program_id(1), ph, pw, C, BLOCK_P, BLOCK_C)
-    hs, he = _ps_axis(y1, y2, scale, i, ph, H.to(T))
-    ws, we = _ps_axis(x1, x2, scale, j, pw, W.to(T))
-    live = with_flag(pm, ok) & (he > hs) & (we > ws)
-    he = tl.where(live, he, hs)
-    we = tl.where(live, we, ws)
+    hs, he, ws, we, live = _ps_bins(ok, pm, x1, y1, x2, y2, scale, i, j, ph, pw, H, W)
     c64 = c.to(tl.int64)
     cmask = _c(cm, CF)
     g = tl.load(grad_ptr + k.to(tl.int64) * sgK + _c(c64 * sgC, CF)

@@ -69,7 +69,8 @@ from ._common import (GPU_TILE, LAUNCH_OPTS, cdiv, check_device, f64_bits, gathe
 from ._common import check_align_backward, check_align_forward, check_align_rois_backward
 from ._jit import (align_geometry, argmax_fits, axis_slides, axis_taps, beats, bilinear_slopes, bin_tile, box_level,
                    corner_slopes, div_rn, first_skipped, level_map, load_roi, map_spans, mark_box, may_touch, pick,
-                   pixel_tile, sample_pos, sample_span, scale_of, store_tile, touched_cells, with_flag)
+                   pixel_tile, sample_pos, sample_span, scale_of, scatter_samples, store_tile, touched_cells,
+                   with_flag)
 from ._jit import along_c as _c  # per-channel vector -> tile axis
 from ._jit import along_p as _p  # per-bin / per-pixel vector -> tile axis
 
@@ -264,27 +265,8 @@ def _bwd_atomic_tile(
         tl.atomic_add(gi_base + oyhi + oxhi, ((ly * lx) * g).to(G), mask=m, sem="relaxed")
     else:
         # Only the samples that can touch the map (see the forward).
-        fy, ey, ny, fx, ex, nx = map_spans(with_flag(pm, ok), ybase, xbase, bh, bw, ghf, gwf, H, W)
-        for dy in range(0, tl.max(ny, axis=0)):
-            y = sample_pos(ybase, fy + dy, bh, ghf)
-            ylo, yhi, ly, hy, iny = axis_taps(y, H)
-            oylo = ylo.to(tl.int64) * siH
-            oyhi = yhi.to(tl.int64) * siH
-            iny = iny & (dy < ny)
-            for dx in range(0, tl.max(nx, axis=0)):
-                x = sample_pos(xbase, fx + dx, bw, gwf)
-                xlo, xhi, lx, hx, inx = axis_taps(x, W)
-                oxlo = xlo.to(tl.int64) * siW
-                oxhi = xhi.to(tl.int64) * siW
-                m = tile_m & _p(iny & inx & (dx < nx), CF)
-                tl.atomic_add(gi_base + _p(oylo + oxlo, CF), div_rn(g * _p(hy * hx, CF), count).to(G),
-                              mask=m, sem="relaxed")
-                tl.atomic_add(gi_base + _p(oylo + oxhi, CF), div_rn(g * _p(hy * lx, CF), count).to(G),
-                              mask=m, sem="relaxed")
-                tl.atomic_add(gi_base + _p(oyhi + oxlo, CF), div_rn(g * _p(ly * hx, CF), count).to(G),
-                              mask=m, sem="relaxed")
-                tl.atomic_add(gi_base + _p(oyhi + oxhi, CF), div_rn(g * _p(ly * lx, CF), count).to(G),
-                              mask=m, sem="relaxed")
+        scatter_samples(gi_base, g, count, with_flag(pm, ok), tile_m, ybase, xbase, bh, bw, ghf, gwf, H, W, siH, siW,
+                        CF)
 
 
 @kernel
