@@ -17,11 +17,10 @@ import torchvision
 import roiops
 import roiops.compat.torchvision as compat_tv
 from boxes import nasty_boxes, random_boxes
-from cases import F32, F64, tol
+from cases import F32, F64, device_for, tol
 
 BACKENDS = ("reference", "cpu", "triton")
 KERNEL_SETS = {"cpu": "roiops._C", "triton": "roiops.triton", "reference": "roiops.reference"}
-DEVICE = {"reference": "cpu", "cpu": "cpu", "triton": "cuda" if torch.cuda.is_available() else "cpu"}
 KERNEL = {"avg": "roi_align_rois_backward", "max": "roi_align_max_rois_backward"}
 
 N, C, H, W = 2, 3, 9, 11
@@ -76,7 +75,7 @@ def feature(dtype=F64, channels_last=False, seed=0, shape=(N, C, H, W), device="
 @pytest.mark.parametrize("backend", ("reference", "cpu"))
 @pytest.mark.parametrize("mode, aligned", list(itertools.product(("avg", "max"), (False, True))))
 def test_gradcheck_boxes_and_input(backend, mode, aligned):
-    dev = DEVICE[backend]
+    dev = device_for(backend)
     x = feature(device=dev).requires_grad_()
     index, coords = SMOOTH[:, :1].to(dev), SMOOTH[:, 1:].to(dev).requires_grad_()
 
@@ -91,7 +90,7 @@ def test_gradcheck_boxes_and_input(backend, mode, aligned):
 
 
 def rois_grad(backend, mode, x, rois, grad, size, sr, aligned, scale=SCALE):
-    dev = DEVICE[backend]
+    dev = device_for(backend)
     out = getattr(kernels(backend), KERNEL[mode])(grad.to(dev), x.to(dev), rois.to(dev), scale, size[0], size[1], sr,
                                                  aligned)
     assert out.dtype == rois.dtype and out.shape == rois.shape
@@ -183,7 +182,7 @@ def ramp_expected(box, g, s, sr, aligned, mode):
 @pytest.mark.parametrize("mode", ("avg", "max"))
 @pytest.mark.parametrize("aligned", (False, True))
 def test_linear_ramp_closed_form(backend, mode, aligned):
-    dev = DEVICE[backend]
+    dev = device_for(backend)
     s, sr, size = 0.5, 2, (3, 4)
     # Inside [0, H - 1) x [0, W - 1) with a margin, so no clamp of the border rule; the
     # last box is 1.4 pixels = 0.7 cell wide and 0.9 cell tall (widened when not aligned).

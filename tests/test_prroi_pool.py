@@ -442,7 +442,7 @@ def test_cpp_kernels_check_shapes():
 # they do (rows they cannot refuse without a sync give 0) and their cost bound. On CUDA
 # when there is a GPU, else on CPU tensors through Triton's interpreter (tests/conftest.py).
 
-TRITON_DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+TRITON_DEVICE = device_for("triton")
 
 
 def _triton():

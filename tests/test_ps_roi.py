@@ -13,7 +13,7 @@ from torch._dynamo.testing import CompileCounterWithBackend
 
 import roiops
 from boxes import nasty_boxes, random_boxes
-from cases import tol
+from cases import device_for, tol
 
 N, H, W = 2, 11, 13
 SCALE = 0.5  # boxes are in image pixels of a 26 x 22 image
@@ -337,7 +337,7 @@ def _triton():
     return rt
 
 
-TRITON_DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+TRITON_DEVICE = device_for("triton")
 
 
 @pytest.mark.parametrize("op, sr, size, dtype, channels_last", [

@@ -22,9 +22,9 @@ if triton_too_old():
     pytest.skip(triton_too_old(), allow_module_level=True)
 import roiops.triton as rt
 from boxes import nasty_boxes, random_boxes
-from cases import API, ROTATED_OPS, contract_args, contract_ops, kernel_name, tol
+from cases import API, ROTATED_OPS, contract_args, contract_ops, device_for, kernel_name, tol
 
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+DEVICE = device_for("triton")
 
 import roiops.reference as REF
 import torchvision
