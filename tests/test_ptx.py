@@ -5,7 +5,9 @@ layout, mode and flag) is compiled for sm_90 as a launch would compile it, throu
 ptxas, and its PTX must hold only instructions whose results equal those of Triton's
 interpreter (numpy, what tests/test_triton.py runs without a GPU) and of the CPU
 kernels: the bin edges and grid sizes come from floor/ceil of divided coordinates, so
-one ulp anywhere can move them. The Makefile runs this file under a second Triton too:
+one ulp anywhere can move them. ptxas's register count of each variant is checked too
+(MAX_PER_BOX_REGISTERS): too many registers cut how many programs an SM runs at once.
+The Makefile runs this file under a second Triton too:
 the same source compiles to different PTX from one Triton release to the next.
 
 Compiling needs no GPU. It runs in a subprocess (this file as a script) because
@@ -227,6 +229,25 @@ def test_ptx_is_exact(compiled):
                     pytrace=False)
 
 
+# A per-box kernel (a [bins x channels] tile from tile_blocks: the forwards, the atomic
+# backwards, the box gradients) runs 4 warps per program. At most 128 registers a thread
+# leaves room for 4 programs on an SM of 64K registers (25% occupancy). With tiles of
+# 1024 elements RoIAlign's forward took 190 (2 programs) and ran at 0.4x torchvision's
+# speed on an H100; at 256 elements it takes 56-86.
+MAX_PER_BOX_REGISTERS = 128
+
+
+def test_per_box_kernels_fit_registers(compiled):
+    """Every variant of a per-box kernel stays within MAX_PER_BOX_REGISTERS (ptxas's count
+    for sm_90, as a launch compiles it)."""
+    per_box = [v for v in compiled["variants"] if not v["error"] and "BLOCK_P=" in v["label"]]
+    assert per_box and all(v["registers"] for v in per_box), "no register counts in ptxas's report"
+    over = sorted((v["registers"], v["label"]) for v in per_box if v["registers"] > MAX_PER_BOX_REGISTERS)
+    assert not over, (f"{len(over)} of {len(per_box)} per-box variants use more than {MAX_PER_BOX_REGISTERS} "
+                      f"registers (triton {compiled['triton']}): smaller tiles (GPU_TILE) or fewer live values\n"
+                      + "\n".join(f"  {r}: {label}" for r, label in over[-10:]))
+
+
 # ----------------------------------------------------------------------------- the subprocess
 
 # One shape per layout: block sizes and strides change addressing, not the float ops.
@@ -405,28 +426,39 @@ def _compile_all(out: Path) -> None:
     workers = max(1, min(os.cpu_count() or 1, 8))
     # fork: the workers inherit the recorded sources (nothing has touched a GPU or
     # started threads that fork would break).
+    triton.knobs.nvidia.dump_ptxas_log = True  # ptxas -v's report: registers and spills
     with multiprocessing.get_context("fork").Pool(workers) as pool:
-        errors = pool.map(_compile_one, range(len(todo)), chunksize=1)
+        results = pool.map(_compile_one, range(len(todo)), chunksize=1)
     manifest = dict(triton=triton.__version__, kernels=_kernels(rt, J.JITFunction),
-                    variants=[dict(kernel=v["kernel"], label=v["label"], file=v["file"], error=e)
-                              for v, e in zip(todo, errors)])
+                    variants=[dict(kernel=v["kernel"], label=v["label"], file=v["file"], **r)
+                              for v, r in zip(todo, results)])
     (out / "variants.json").write_text(json.dumps(manifest, indent=1))
 
 
 _TODO: tuple = ()
 
 
-def _compile_one(i: int) -> str | None:
+def _compile_one(i: int) -> dict:
+    """{error} or {error: None, registers, spill_bytes}: ptxas's report of the launch's
+    own ptxas run (Triton prints it with knobs.nvidia.dump_ptxas_log)."""
+    import contextlib
+    import io
+
     import triton
 
     todo, target, out = _TODO
     v = todo[i]
+    log = io.StringIO()
     try:
-        k = triton.compile(v["source"], target=target, options=v["options"])
+        with contextlib.redirect_stdout(log):
+            k = triton.compile(v["source"], target=target, options=v["options"])
     except Exception as e:  # the compiler's own diagnostics went to stderr
-        return f"{type(e).__name__}: {str(e).strip().splitlines()[-1] if str(e).strip() else ''}"
+        return dict(error=f"{type(e).__name__}: {str(e).strip().splitlines()[-1] if str(e).strip() else ''}")
     (out / v["file"]).write_text(k.asm["ptx"])
-    return None
+    regs = re.search(r"Used (\d+) registers", log.getvalue())
+    spills = re.search(r"(\d+) bytes spill stores", log.getvalue())
+    return dict(error=None, registers=int(regs.group(1)) if regs else None,
+                spill_bytes=int(spills.group(1)) if spills else None)
 
 
 if __name__ == "__main__":
