@@ -105,7 +105,7 @@ def gather_blocks(H: int, W: int, C: int, lanes_over_channels: bool, on_cpu: boo
 # pattern, and no `.to()` on it). Strides are left specializable: stride 1 tells the
 # compiler which dimension is contiguous.
 _RUNTIME_INTS = {"scale_bits", "K", "N", "C", "H", "W", "ph", "pw", "sampling_ratio", "n_pblocks", "n_tw",
-                 "n_tiles", "n_words", "n_levels",
+                 "n_tiles", "TILE", "n_words", "n_levels",
                  *(f"{name}{level}" for name in ("sb", "H", "W", "p") for level in range(5))}  # per-level arguments
 
 

@@ -9,9 +9,12 @@ are computed by the launcher on the device (float64, rounded once, as the C++ ke
 without a host sync.
 
 The deterministic backward (``deterministic=True``, ``roiops.config.deterministic_backward``
-or torch's deterministic flag) runs one program per block of channels, which adds every
-box's bins in increasing order: bit-identical from run to run, with parallelism only over
-channels, so it is much slower than the atomic path.
+or torch's deterministic flag) runs one program per (image, 16 x 16 cells of the map,
+block of channels): it walks every box in increasing order and adds, sample after sample,
+the taps that land in its own cells. Each cell thus gets its terms from one program in a
+fixed order: bit-identical from run to run. A box that cannot reach the tile costs a test,
+and per bin only the samples whose coordinates along the box's axes can reach it are
+visited (sample_span of the tile's extent along those axes).
 """
 
 from __future__ import annotations
@@ -21,8 +24,8 @@ import triton
 import triton.language as tl
 
 from .._geometry import is_channels_last, memory_format
-from ._common import (GPU_TILE, LAUNCH_OPTS, cdiv, check_device, check_rotated_backward, check_rotated_forward,
-                      f64_bits, kernel, opmath, tile_blocks, use_deterministic)
+from ._common import (GPU_TILE, INTERP_TILE, LAUNCH_OPTS, cdiv, check_device, check_rotated_backward,
+                      check_rotated_forward, f64_bits, kernel, opmath, tile_blocks, use_deterministic)
 from ._jit import MAX_COORD, axis_taps, bin_grid, bin_tile, div_rn, sample_pos, sample_span, scale_of, with_flag
 from ._jit import along_c as _c
 from ._jit import along_p as _p
@@ -31,11 +34,11 @@ __all__ = ["roi_align_rotated_backward", "roi_align_rotated_forward"]
 
 
 @triton.jit
-def _rotated_box(rois_ptr, cs_ptr, k, N, H, W, scale, ph, pw, sampling_ratio, ALIGNED: tl.constexpr):
+def _rotated_box(rois_ptr, cs_ptr, k, N, scale, ph, pw, sampling_ratio, ALIGNED: tl.constexpr):
     """Box k's row check and geometry: (ok, batch, centre cy, cx, cos, sin, bin sizes bh, bw,
-    grid ghf, gwf, count, and the map's extent along the box's axes, ylo, yhi, xlo, xhi). A bad
-    row (batch index, a coordinate beyond MAX_COORD cells after scaling, a non-finite angle)
-    comes back with ok False and harmless values."""
+    grid ghf, gwf, count, and the box's top-left corner in its own axes, sh = -height / 2,
+    sw = -width / 2). A bad row (batch index, a coordinate beyond MAX_COORD cells after
+    scaling, a non-finite angle) comes back with ok False and harmless values."""
     base = rois_ptr + k * 6
     bf = tl.load(base)
     cx = tl.load(base + 1)
@@ -63,24 +66,38 @@ def _rotated_box(rois_ptr, cs_ptr, k, N, H, W, scale, ph, pw, sampling_ratio, AL
     cx = cx * scale - off
     cy = cy * scale - off
     rw, rh, bw, bh, gwf, ghf, count = bin_grid(w * scale, h * scale, ph, pw, sampling_ratio, ALIGNED)
-    # The map [-1, H] x [-1, W] seen from the centre along the box's axes (float64), widened
-    # by more than the rounding of the rotation.
+    # -rh * 0.5 is -rh / 2 exactly (Triton's float32 / is approximate)
+    return ok, b, cy, cx, cos, sin, bh, bw, ghf, gwf, count, -rh * 0.5, -rw * 0.5
+
+
+@triton.jit
+def _region(cy, cx, cos, sin, sh, sw, y0, y1, x0, x1, H, W):
+    """The rectangle [y0, y1] x [x0, x1] of the map seen from the box's centre along its
+    axes (float64), widened by more than the rounding of the rotation: (ylo, yhi, xlo, xhi)."""
     c = cos.to(tl.float64)
     s = sin.to(tl.float64)
-    a0 = -1.0 - cy.to(tl.float64)
-    a1 = H.to(tl.float64) - cy.to(tl.float64)
-    b0 = -1.0 - cx.to(tl.float64)
-    b1 = W.to(tl.float64) - cx.to(tl.float64)
+    a0 = y0 - cy.to(tl.float64)
+    a1 = y1 - cy.to(tl.float64)
+    b0 = x0 - cx.to(tl.float64)
+    b1 = x1 - cx.to(tl.float64)
     y00, y01, y10, y11 = a0 * c + b0 * s, a0 * c + b1 * s, a1 * c + b0 * s, a1 * c + b1 * s
     x00, x01, x10, x11 = b0 * c - a0 * s, b1 * c - a0 * s, b0 * c - a1 * s, b1 * c - a1 * s
-    margin = 2.0 + (tl.abs(cx.to(tl.float64)) + tl.abs(cy.to(tl.float64)) + tl.abs(rw.to(tl.float64))
-                    + tl.abs(rh.to(tl.float64)) + H + W) * 9.5367431640625e-07
+    margin = 2.0 + (tl.abs(cx.to(tl.float64)) + tl.abs(cy.to(tl.float64)) + 2.0 * tl.abs(sw.to(tl.float64))
+                    + 2.0 * tl.abs(sh.to(tl.float64)) + H + W) * 9.5367431640625e-07
     ylo = tl.minimum(tl.minimum(y00, y01), tl.minimum(y10, y11)) - margin
     yhi = tl.maximum(tl.maximum(y00, y01), tl.maximum(y10, y11)) + margin
     xlo = tl.minimum(tl.minimum(x00, x01), tl.minimum(x10, x11)) - margin
     xhi = tl.maximum(tl.maximum(x00, x01), tl.maximum(x10, x11)) + margin
-    # -rh * 0.5 is -rh / 2 exactly (Triton's float32 / is approximate)
-    return ok, b, cy, cx, cos, sin, bh, bw, ghf, gwf, count, -rh * 0.5, -rw * 0.5, ylo, yhi, xlo, xhi
+    return ylo, yhi, xlo, xhi
+
+
+@triton.jit
+def _map_box(rois_ptr, cs_ptr, k, N, H, W, scale, ph, pw, sampling_ratio, ALIGNED: tl.constexpr):
+    """_rotated_box, then the map [-1, H] x [-1, W] along the box's axes (_region)."""
+    ok, b, cy, cx, cos, sin, bh, bw, ghf, gwf, count, sh, sw = _rotated_box(rois_ptr, cs_ptr, k, N, scale, ph, pw,
+                                                                           sampling_ratio, ALIGNED)
+    ylo, yhi, xlo, xhi = _region(cy, cx, cos, sin, sh, sw, -1.0, H.to(tl.float64), -1.0, W.to(tl.float64), H, W)
+    return ok, b, cy, cx, cos, sin, bh, bw, ghf, gwf, count, sh, sw, ylo, yhi, xlo, xhi
 
 
 @triton.jit
@@ -115,7 +132,7 @@ def _rotated_fwd_kernel(
     k = (pid // n_pblocks).to(tl.int64)
     T = rois_ptr.dtype.element_ty
     scale = scale_of(scale_bits, T)
-    ok, b, cy, cx, cos, sin, bh, bw, ghf, gwf, count, sh, sw, ylo, yhi, xlo, xhi = _rotated_box(
+    ok, b, cy, cx, cos, sin, bh, bw, ghf, gwf, count, sh, sw, ylo, yhi, xlo, xhi = _map_box(
         rois_ptr, cs_ptr, k, N, H, W, scale, ph, pw, sampling_ratio, ALIGNED)
     p, pm, i, j, c, cm = bin_tile(pid - k * n_pblocks, tl.program_id(1), ph, pw, C, BLOCK_P, BLOCK_C)
     tile_m = with_flag(_p(pm, CF) & _c(cm, CF), ok)
@@ -155,7 +172,7 @@ def _rotated_bwd_atomic_kernel(
     T = rois_ptr.dtype.element_ty
     G = gi_ptr.dtype.element_ty
     scale = scale_of(scale_bits, T)
-    ok, b, cy, cx, cos, sin, bh, bw, ghf, gwf, count, sh, sw, ylo, yhi, xlo, xhi = _rotated_box(
+    ok, b, cy, cx, cos, sin, bh, bw, ghf, gwf, count, sh, sw, ylo, yhi, xlo, xhi = _map_box(
         rois_ptr, cs_ptr, k, N, H, W, scale, ph, pw, sampling_ratio, ALIGNED)
     p, pm, i, j, c, cm = bin_tile(pid - k * n_pblocks, tl.program_id(1), ph, pw, C, BLOCK_P, BLOCK_C)
     tile_m = with_flag(_p(pm, CF) & _c(cm, CF), ok)
@@ -183,45 +200,72 @@ def _rotated_bwd_atomic_kernel(
 @kernel
 def _rotated_bwd_ordered_kernel(
     grad_ptr, rois_ptr, cs_ptr, gi_ptr, scale_bits,
-    K, N, C, H, W, ph, pw, sampling_ratio,
+    K, N, C, H, W, ph, pw, sampling_ratio, TILE, n_tw, n_tiles,
     sgK, sgC, sgH, sgW, siN, siC, siH, siW,
     ALIGNED: tl.constexpr, BLOCK_C: tl.constexpr,
 ):
-    """Deterministic backward: one program per block of channels adds box after box, bin
-    after bin, sample after sample; its lanes are distinct channels, so no two updates of
-    one address ever race."""
+    """Deterministic backward: one program per (image, TILE x TILE cells of the map, block
+    of channels) adds box after box, bin after bin, sample after sample, the taps that fall
+    in its cells. Only it writes those cells, in that order, and its lanes are distinct
+    channels, so no two updates of one address ever race. Per box and bin, it visits only
+    the samples whose coordinates along the box's axes can reach the tile (sample_span of
+    the tile's extent along those axes)."""
     T = rois_ptr.dtype.element_ty
     G = gi_ptr.dtype.element_ty
     scale = scale_of(scale_bits, T)
-    c = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
+    pid = tl.program_id(0)
+    n = pid // n_tiles
+    t = pid - n * n_tiles
+    th = t // n_tw
+    r0 = th * TILE
+    s0 = (t - th * n_tw) * TILE
+    r1 = tl.minimum(r0 + TILE, H)
+    s1 = tl.minimum(s0 + TILE, W)
+    c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     cm = c < C
     c64 = c.to(tl.int64)
+    gi_base = gi_ptr + n.to(tl.int64) * siN + c64 * siC
     for k in range(0, K):
         k64 = k + tl.zeros([], dtype=tl.int64)
-        ok, b, cy, cx, cos, sin, bh, bw, ghf, gwf, count, sh, sw, ylo, yhi, xlo, xhi = _rotated_box(
-            rois_ptr, cs_ptr, k64, N, H, W, scale, ph, pw, sampling_ratio, ALIGNED)
-        gi_base = gi_ptr + b * siN + c64 * siC
-        for p in range(0, ph * pw):
-            i = p // pw
-            j = p - i * pw
-            g = tl.load(grad_ptr + k64 * sgK + c64 * sgC + i.to(tl.int64) * sgH + j.to(tl.int64) * sgW,
-                        mask=cm, other=0.0).to(T)
-            q = div_rn(g, count)
-            ybase, fy, ny, xbase, fx, nx = _spans(ok, i, j, sh, sw, bh, bw, ghf, gwf, ylo, yhi, xlo, xhi)
-            for dy in range(0, ny):
-                yy = sample_pos(ybase, fy + dy, bh, ghf)
-                for dx in range(0, nx):
-                    xx = sample_pos(xbase, fx + dx, bw, gwf)
-                    ylo_, yhi_, xlo_, xhi_, w1, w2, w3, w4, inside = _taps(yy, xx, cy, cx, cos, sin, H, W)
-                    m = with_flag(cm, inside)
-                    oy0 = ylo_.to(tl.int64) * siH
-                    oy1 = yhi_.to(tl.int64) * siH
-                    ox0 = xlo_.to(tl.int64) * siW
-                    ox1 = xhi_.to(tl.int64) * siW
-                    tl.atomic_add(gi_base + oy0 + ox0, (q * w1).to(G), mask=m, sem="relaxed")
-                    tl.atomic_add(gi_base + oy0 + ox1, (q * w2).to(G), mask=m, sem="relaxed")
-                    tl.atomic_add(gi_base + oy1 + ox0, (q * w3).to(G), mask=m, sem="relaxed")
-                    tl.atomic_add(gi_base + oy1 + ox1, (q * w4).to(G), mask=m, sem="relaxed")
+        ok, b, cy, cx, cos, sin, bh, bw, ghf, gwf, count, sh, sw = _rotated_box(
+            rois_ptr, cs_ptr, k64, N, scale, ph, pw, sampling_ratio, ALIGNED)
+        # A sample taps rows floor(y) and floor(y) + 1, clamped into the map: those in the
+        # tile come from y in [r0 - 2, r1 + 1] (likewise x); the box meets that region if
+        # its extent [-|sh|, |sh|] x [-|sw|, |sw|] along its axes does.
+        ylo, yhi, xlo, xhi = _region(cy, cx, cos, sin, sh, sw, (r0 - 2).to(tl.float64), (r1 + 1).to(tl.float64),
+                                     (s0 - 2).to(tl.float64), (s1 + 1).to(tl.float64), H, W)
+        ah = tl.abs(sh).to(tl.float64)
+        aw = tl.abs(sw).to(tl.float64)
+        if ok & (b == n) & (ylo <= ah) & (yhi >= -ah) & (xlo <= aw) & (xhi >= -aw):
+            for p in range(0, ph * pw):
+                i = p // pw
+                j = p - i * pw
+                ybase, fy, ny, xbase, fx, nx = _spans(ok, i, j, sh, sw, bh, bw, ghf, gwf, ylo, yhi, xlo, xhi)
+                if (ny > 0) & (nx > 0):
+                    g = tl.load(grad_ptr + k64 * sgK + c64 * sgC + i.to(tl.int64) * sgH + j.to(tl.int64) * sgW,
+                                mask=cm, other=0.0).to(T)
+                    q = div_rn(g, count)
+                    for dy in range(0, ny):
+                        yy = sample_pos(ybase, fy + dy, bh, ghf)
+                        for dx in range(0, nx):
+                            xx = sample_pos(xbase, fx + dx, bw, gwf)
+                            ylo_, yhi_, xlo_, xhi_, w1, w2, w3, w4, inside = _taps(yy, xx, cy, cx, cos, sin, H, W)
+                            y0in = inside & (ylo_ >= r0) & (ylo_ < r1)
+                            y1in = inside & (yhi_ >= r0) & (yhi_ < r1)
+                            x0in = (xlo_ >= s0) & (xlo_ < s1)
+                            x1in = (xhi_ >= s0) & (xhi_ < s1)
+                            oy0 = ylo_.to(tl.int64) * siH
+                            oy1 = yhi_.to(tl.int64) * siH
+                            ox0 = xlo_.to(tl.int64) * siW
+                            ox1 = xhi_.to(tl.int64) * siW
+                            tl.atomic_add(gi_base + oy0 + ox0, (q * w1).to(G), mask=with_flag(cm, y0in & x0in),
+                                          sem="relaxed")
+                            tl.atomic_add(gi_base + oy0 + ox1, (q * w2).to(G), mask=with_flag(cm, y0in & x1in),
+                                          sem="relaxed")
+                            tl.atomic_add(gi_base + oy1 + ox0, (q * w3).to(G), mask=with_flag(cm, y1in & x0in),
+                                          sem="relaxed")
+                            tl.atomic_add(gi_base + oy1 + ox1, (q * w4).to(G), mask=with_flag(cm, y1in & x1in),
+                                          sem="relaxed")
 
 
 def _cos_sin(rois: torch.Tensor) -> torch.Tensor:
@@ -278,10 +322,16 @@ def roi_align_rotated_backward(grad: torch.Tensor, rois: torch.Tensor, spatial_s
         return gi.to(grad.dtype)
     common = (grad, rois, _cos_sin(rois), gi, f64_bits(spatial_scale))
     if use_deterministic(deterministic):
-        block_c = min(triton.next_power_of_2(C), 64)
-        _rotated_bwd_ordered_kernel[(cdiv(C, block_c),)](
-            *common, K, N, C, H, W, ph, pw, int(sampling_ratio), *grad.stride(), *gi.stride(),
-            ALIGNED=bool(aligned), BLOCK_C=block_c, **LAUNCH_OPTS)
+        # Each program walks every box, so the walk's length, not the lanes, sets its time:
+        # many programs of one warp. Small tiles on the CPU test the tiles' edges.
+        on_cpu = grad.device.type == "cpu"
+        tile = 8 if on_cpu else 16
+        block_c = min(triton.next_power_of_2(C), INTERP_TILE if on_cpu else 32)
+        n_tw = cdiv(W, tile)
+        n_tiles = cdiv(H, tile) * n_tw
+        _rotated_bwd_ordered_kernel[(N * n_tiles, cdiv(C, block_c))](
+            *common, K, N, C, H, W, ph, pw, int(sampling_ratio), tile, n_tw, n_tiles, *grad.stride(), *gi.stride(),
+            ALIGNED=bool(aligned), BLOCK_C=block_c, **{**LAUNCH_OPTS, "num_warps": 1})
     else:
         lanes_c = bool(channels_last)
         budget = GPU_TILE // 2 if grad.dtype == torch.float64 else GPU_TILE
