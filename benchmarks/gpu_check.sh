@@ -10,6 +10,7 @@
 #   bash benchmarks/gpu_check.sh            # or: make gpu-check
 #   BENCH_ARGS="--repeats 20 --dtypes float32" bash benchmarks/gpu_check.sh
 #   GPU_CHECK_SUITE=0 bash benchmarks/gpu_check.sh   # leave out the rest of the suite
+#   GPU_CHECK_K="rotated or ps" bash benchmarks/gpu_check.sh   # only the GPU tests pytest -k selects
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -43,13 +44,16 @@ xdist=${workers:+-n $workers}
 # Every test that runs compiled Triton kernels on the GPU: the GPU and Triton suites, and
 # the Triton cases of the per-op suites (their ids name the backend or the device).
 gpu_files="tests/test_gpu.py tests/test_triton.py tests/test_box_grad_triton.py tests/test_multi_scale.py"
-echo "gpu_check: GPU tests"
-"$PY" -m pytest -q -p no:cacheprovider $xdist $gpu_files 2>&1 | tee "$DIR/gpu_tests.log" | tail -25
-[ "${PIPESTATUS[0]}" = 0 ] || status=1
+k=${GPU_CHECK_K:-}
+echo "gpu_check: GPU tests${k:+ (-k \"$k\")}"
+# pytest's 5 (no test selected) is a failure unless GPU_CHECK_K narrowed the selection.
+passed() { [ "$1" = 0 ] || { [ "$1" = 5 ] && [ -n "$k" ]; }; }
+"$PY" -m pytest -q -p no:cacheprovider $xdist $gpu_files ${k:+-k "$k"} 2>&1 | tee "$DIR/gpu_tests.log" | tail -25
+passed "${PIPESTATUS[0]}" || status=1
 "$PY" -m pytest -q -p no:cacheprovider $xdist tests/test_ps_roi.py tests/test_roi_align_rotated.py \
-    tests/test_prroi_pool.py tests/test_box_grad.py tests/test_autocast.py -k "triton or cuda" 2>&1 \
+    tests/test_prroi_pool.py tests/test_box_grad.py tests/test_autocast.py -k "(triton or cuda)${k:+ and ($k)}" 2>&1 \
     | tee -a "$DIR/gpu_tests.log" | tail -25
-[ "${PIPESTATUS[0]}" = 0 ] || status=1
+passed "${PIPESTATUS[0]}" || status=1
 chart=$("$PY" -c "import matplotlib" 2>/dev/null || echo "--no-chart")
 echo "gpu_check: python -m roiops bench --device cuda $chart ${BENCH_ARGS:-}"
 "$PY" -m roiops bench --device cuda $chart ${BENCH_ARGS:-} --out "$DIR/bench" 2>&1 | tee "$DIR/bench.log" || status=1
