@@ -9,6 +9,7 @@
 #
 #   bash benchmarks/gpu_check.sh            # or: make gpu-check
 #   BENCH_ARGS="--repeats 20 --dtypes float32" bash benchmarks/gpu_check.sh
+#   BENCH_ARGS="--workload 'R-FCN 256' --workload 'box head train'" bash benchmarks/gpu_check.sh
 #   GPU_CHECK_SUITE=0 bash benchmarks/gpu_check.sh   # leave out the rest of the suite
 #   GPU_CHECK_K="rotated or ps" bash benchmarks/gpu_check.sh   # only the GPU tests pytest -k selects
 set -uo pipefail
@@ -55,8 +56,10 @@ passed "${PIPESTATUS[0]}" || status=1
     | tee -a "$DIR/gpu_tests.log" | tail -25
 passed "${PIPESTATUS[0]}" || status=1
 chart=$("$PY" -c "import matplotlib" 2>/dev/null || echo "--no-chart")
+eval "bench_args=(${BENCH_ARGS:-})"  # as a shell would split them: quoted names keep their spaces
 echo "gpu_check: python -m roiops bench --device cuda $chart ${BENCH_ARGS:-}"
-"$PY" -m roiops bench --device cuda $chart ${BENCH_ARGS:-} --out "$DIR/bench" 2>&1 | tee "$DIR/bench.log" || status=1
+"$PY" -m roiops bench --device cuda $chart "${bench_args[@]}" --out "$DIR/bench" 2>&1 | tee "$DIR/bench.log" \
+    || status=1
 if [ "${GPU_CHECK_SUITE:-1}" != 0 ]; then
     echo "gpu_check: the rest of the suite"
     ignore=$(for f in $gpu_files; do printf -- "--ignore=%s " "$f"; done)
