@@ -14,7 +14,9 @@ block of channels): it walks every box in increasing order and adds, sample afte
 the taps that land in its own cells. Each cell thus gets its terms from one program in a
 fixed order: bit-identical from run to run. A box that cannot reach the tile costs a test,
 and per bin only the samples whose coordinates along the box's axes can reach it are
-visited (sample_span of the tile's extent along those axes).
+visited (sample_span of the tile's extent along those axes). Its cost grows with the
+number of boxes times the tiles of the map (every program tests every box), as the other
+deterministic gathers' does.
 """
 
 from __future__ import annotations
