@@ -4,7 +4,6 @@ the same gradients and parameters as one process trained on the union of the dat
 from __future__ import annotations
 
 import os
-import socket
 
 import pytest
 import torch
@@ -62,30 +61,28 @@ def _train(model: torch.nn.Module, rank: int | None) -> list[list[torch.Tensor]]
     return grads
 
 
-def _worker(rank: int, port: int, out_dir: str) -> None:
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(port)
+def _worker(rank: int, out_dir: str) -> None:
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=WORLD)
+    # A file store: no port to race for, and no store server that one rank's exit takes away.
+    dist.init_process_group("gloo", init_method=f"file://{os.path.join(out_dir, 'rendezvous')}", rank=rank,
+                            world_size=WORLD)
     try:
         torch.manual_seed(0)
         model = torch.nn.parallel.DistributedDataParallel(_RoIHead())
         grads = _train(model, rank)
         params = [p.detach().clone() for p in model.module.parameters()]
         torch.save({"grads": grads, "params": params}, os.path.join(out_dir, f"rank{rank}.pt"))
+        # Tear down only once both ranks are done, and without the model's reducer still
+        # holding the group: a gloo thread torn down mid-work aborts the process.
+        del model
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(), reason="needs torch.distributed with gloo")
 def test_ddp_two_processes_equals_single_process(tmp_path):
-    mp.spawn(_worker, args=(_free_port(), str(tmp_path)), nprocs=WORLD, join=True)
+    mp.spawn(_worker, args=(str(tmp_path),), nprocs=WORLD, join=True)
 
     torch.manual_seed(0)
     single = _RoIHead()
