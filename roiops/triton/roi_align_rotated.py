@@ -199,6 +199,26 @@ def _rotated_bwd_atomic_kernel(
             tl.atomic_add(gi_base + _p(oy1 + ox1, CF), (q * _p(w4, CF)).to(G), mask=m, sem="relaxed")
 
 
+@triton.jit
+def _add_tile_taps(gi_base, q, yy, xx, cy, cx, cos, sin, H, W, r0, r1, s0, s1, cm, siH, siW):
+    """Adds q times the weight of each tap of sample (yy, xx) that lies in rows [r0, r1) and
+    columns [s0, s1), at gi_base (per channel lane, cm) plus the tap's offset, taps in order."""
+    G = gi_base.dtype.element_ty
+    ylo, yhi, xlo, xhi, w1, w2, w3, w4, inside = _taps(yy, xx, cy, cx, cos, sin, H, W)
+    y0in = inside & (ylo >= r0) & (ylo < r1)
+    y1in = inside & (yhi >= r0) & (yhi < r1)
+    x0in = (xlo >= s0) & (xlo < s1)
+    x1in = (xhi >= s0) & (xhi < s1)
+    oy0 = ylo.to(tl.int64) * siH
+    oy1 = yhi.to(tl.int64) * siH
+    ox0 = xlo.to(tl.int64) * siW
+    ox1 = xhi.to(tl.int64) * siW
+    tl.atomic_add(gi_base + oy0 + ox0, (q * w1).to(G), mask=with_flag(cm, y0in & x0in), sem="relaxed")
+    tl.atomic_add(gi_base + oy0 + ox1, (q * w2).to(G), mask=with_flag(cm, y0in & x1in), sem="relaxed")
+    tl.atomic_add(gi_base + oy1 + ox0, (q * w3).to(G), mask=with_flag(cm, y1in & x0in), sem="relaxed")
+    tl.atomic_add(gi_base + oy1 + ox1, (q * w4).to(G), mask=with_flag(cm, y1in & x1in), sem="relaxed")
+
+
 @kernel
 def _rotated_bwd_ordered_kernel(
     grad_ptr, rois_ptr, cs_ptr, gi_ptr, scale_bits,
@@ -213,7 +233,6 @@ def _rotated_bwd_ordered_kernel(
     the samples whose coordinates along the box's axes can reach the tile (sample_span of
     the tile's extent along those axes)."""
     T = rois_ptr.dtype.element_ty
-    G = gi_ptr.dtype.element_ty
     scale = scale_of(scale_bits, T)
     pid = tl.program_id(0)
     n = pid // n_tiles
@@ -231,43 +250,30 @@ def _rotated_bwd_ordered_kernel(
         k64 = k + tl.zeros([], dtype=tl.int64)
         ok, b, cy, cx, cos, sin, bh, bw, ghf, gwf, count, sh, sw = _rotated_box(
             rois_ptr, cs_ptr, k64, N, scale, ph, pw, sampling_ratio, ALIGNED)
-        # A sample taps rows floor(y) and floor(y) + 1, clamped into the map: those in the
-        # tile come from y in [r0 - 2, r1 + 1] (likewise x); the box meets that region if
-        # its extent [-|sh|, |sh|] x [-|sw|, |sw|] along its axes does.
-        ylo, yhi, xlo, xhi = _region(cy, cx, cos, sin, sh, sw, (r0 - 2).to(tl.float64), (r1 + 1).to(tl.float64),
-                                     (s0 - 2).to(tl.float64), (s1 + 1).to(tl.float64), H, W)
-        ah = tl.abs(sh).to(tl.float64)
-        aw = tl.abs(sw).to(tl.float64)
-        if ok & (b == n) & (ylo <= ah) & (yhi >= -ah) & (xlo <= aw) & (xhi >= -aw):
-            for p in range(0, ph * pw):
-                i = p // pw
-                j = p - i * pw
-                ybase, fy, ny, xbase, fx, nx = _spans(ok, i, j, sh, sw, bh, bw, ghf, gwf, ylo, yhi, xlo, xhi)
-                if (ny > 0) & (nx > 0):
-                    g = tl.load(grad_ptr + k64 * sgK + c64 * sgC + i.to(tl.int64) * sgH + j.to(tl.int64) * sgW,
-                                mask=cm, other=0.0).to(T)
-                    q = div_rn(g, count)
-                    for dy in range(0, ny):
-                        yy = sample_pos(ybase, fy + dy, bh, ghf)
-                        for dx in range(0, nx):
-                            xx = sample_pos(xbase, fx + dx, bw, gwf)
-                            ylo_, yhi_, xlo_, xhi_, w1, w2, w3, w4, inside = _taps(yy, xx, cy, cx, cos, sin, H, W)
-                            y0in = inside & (ylo_ >= r0) & (ylo_ < r1)
-                            y1in = inside & (yhi_ >= r0) & (yhi_ < r1)
-                            x0in = (xlo_ >= s0) & (xlo_ < s1)
-                            x1in = (xhi_ >= s0) & (xhi_ < s1)
-                            oy0 = ylo_.to(tl.int64) * siH
-                            oy1 = yhi_.to(tl.int64) * siH
-                            ox0 = xlo_.to(tl.int64) * siW
-                            ox1 = xhi_.to(tl.int64) * siW
-                            tl.atomic_add(gi_base + oy0 + ox0, (q * w1).to(G), mask=with_flag(cm, y0in & x0in),
-                                          sem="relaxed")
-                            tl.atomic_add(gi_base + oy0 + ox1, (q * w2).to(G), mask=with_flag(cm, y0in & x1in),
-                                          sem="relaxed")
-                            tl.atomic_add(gi_base + oy1 + ox0, (q * w3).to(G), mask=with_flag(cm, y1in & x0in),
-                                          sem="relaxed")
-                            tl.atomic_add(gi_base + oy1 + ox1, (q * w4).to(G), mask=with_flag(cm, y1in & x1in),
-                                          sem="relaxed")
+        if ok & (b == n):  # the other images' boxes cost no more than this test
+            # A sample taps rows floor(y) and floor(y) + 1, clamped into the map: those in
+            # the tile come from y in [r0 - 2, r1 + 1] (likewise x); the box meets that
+            # region if its extent [-|sh|, |sh|] x [-|sw|, |sw|] along its axes does.
+            ylo, yhi, xlo, xhi = _region(cy, cx, cos, sin, sh, sw, (r0 - 2).to(tl.float64),
+                                         (r1 + 1).to(tl.float64), (s0 - 2).to(tl.float64), (s1 + 1).to(tl.float64),
+                                         H, W)
+            ah = tl.abs(sh).to(tl.float64)
+            aw = tl.abs(sw).to(tl.float64)
+            if (ylo <= ah) & (yhi >= -ah) & (xlo <= aw) & (xhi >= -aw):
+                for p in range(0, ph * pw):
+                    i = p // pw
+                    j = p - i * pw
+                    ybase, fy, ny, xbase, fx, nx = _spans(ok, i, j, sh, sw, bh, bw, ghf, gwf, ylo, yhi, xlo, xhi)
+                    if (ny > 0) & (nx > 0):
+                        g = tl.load(grad_ptr + k64 * sgK + c64 * sgC + i.to(tl.int64) * sgH + j.to(tl.int64) * sgW,
+                                    mask=cm, other=0.0).to(T)
+                        q = div_rn(g, count)
+                        for dy in range(0, ny):
+                            yy = sample_pos(ybase, fy + dy, bh, ghf)
+                            for dx in range(0, nx):
+                                xx = sample_pos(xbase, fx + dx, bw, gwf)
+                                _add_tile_taps(gi_base, q, yy, xx, cy, cx, cos, sin, H, W, r0, r1, s0, s1, cm, siH,
+                                               siW)
 
 
 def _cos_sin(rois: torch.Tensor) -> torch.Tensor:
