@@ -229,7 +229,7 @@ def test_ptx_is_exact(compiled):
                     pytrace=False)
 
 
-# A per-box kernel (a [bins x channels] tile from tile_blocks: the forwards, the atomic
+# A per-box kernel (a tile from tile_blocks: the forwards, the atomic
 # backwards, the box gradients) runs 4 warps per program. At most 128 registers a thread
 # leaves room for 4 programs on an SM of 64K registers (25% occupancy). With tiles of
 # 1024 elements RoIAlign's forward took 190 (2 programs) and ran at 0.4x torchvision's

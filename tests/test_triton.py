@@ -21,7 +21,8 @@ from roiops._backend import triton_too_old
 if triton_too_old():
     pytest.skip(triton_too_old(), allow_module_level=True)
 import roiops.triton as rt
-from boxes import nasty_boxes, random_boxes
+import roiops.triton._common as rt_common
+from boxes import nasty_boxes, nasty_rotated_boxes, random_boxes, rotated_boxes
 from cases import API, ROTATED_OPS, contract_args, contract_ops, device_for, kernel_name, tol
 
 DEVICE = device_for("triton")
@@ -404,6 +405,40 @@ def test_64bit_offsets():
     ref, ref_am = REF.roi_pool_forward(xc, cpu(rois), 1.0, 2, 2, False)
     assert_close(out, ref, F16)
     assert torch.equal(cpu(am), ref_am)
+
+
+# ----------------------------------------------------------------------------- flat NCHW tiles
+
+# The kernels that take flat tiles for NCHW input (tile_blocks(flat=True)), at 7x7 bins
+# and 6 channels: a box has 294 outputs, so tiles of 64 (forced on the interpreter) or of
+# 128 (float64 on a GPU) start in the middle of a channel and mix channels.
+FLAT_OPS = ["roi_align", "roi_align_max", "roi_align_rotated"]
+
+
+@pytest.mark.parametrize("op", FLAT_OPS)
+def test_flat_nchw_tiles_split_channels(op, monkeypatch):
+    """NCHW forwards on tiles that cut channels mid-way, against the C++ kernels."""
+    monkeypatch.setattr(rt_common, "INTERP_TILE", 64)
+    assert rt_common.tile_blocks(49, 6, False, True, flat=True) == (64, 1, 5, 1)
+    g = torch.Generator().manual_seed(21)
+    x = torch.randn(N, 6, H, W, generator=g, dtype=F64)
+    if op in ROTATED_OPS:
+        rois = torch.cat([rotated_boxes(N, 5, IMG_W, IMG_H, g, F64), nasty_rotated_boxes(N, IMG_W, IMG_H, F64)])
+        rois[:, 5] = torch.deg2rad(rois[:, 5])
+    else:
+        rois = torch.cat([random_boxes(N, 5, IMG_W, IMG_H, g, F64), nasty_boxes(N, IMG_W, IMG_H, F64)])
+    grad = torch.randn(len(rois), 6, 7, 7, generator=g, dtype=F64)
+    values = dict(input=x, rois=rois, grad=grad, spatial_scale=SCALE, pooled_height=7, pooled_width=7,
+                  sampling_ratio=2, aligned=True, batch_size=N, channels=6, height=H, width=W, channels_last=False)
+    args = contract_args(op, **values)
+    expected = getattr(torch.ops.roiops, op)(*args.values())  # CPU tensors: the C++ kernel
+    actual = getattr(rt, kernel_name(op))(*[v.to(DEVICE) if isinstance(v, torch.Tensor) else v
+                                            for v in args.values()])
+    for a, e in zip(*((r,) if isinstance(r, torch.Tensor) else r for r in (actual, expected))):
+        if a.dtype == torch.int32:
+            assert torch.equal(cpu(a), e)
+        else:
+            assert_close(a, e, F64)
 
 
 # ----------------------------------------------------------------------------- determinism

@@ -17,6 +17,8 @@ MAX_COORD = tl.constexpr(MAX_COORDINATE)
 # Upper bound for a sampling grid side before it is converted to int32.
 MAX_GRID = tl.constexpr(1073741824.0)
 INF = tl.constexpr(float("inf"))
+# The CF value of flat per-box tiles (bin_tile); True (1) and False (0) are the others.
+FLAT = tl.constexpr(2)
 
 
 @triton.jit
@@ -367,13 +369,29 @@ def with_flag(mask, flag):
 
 
 @triton.jit
-def bin_tile(pb, cb, ph, pw, C, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr):
-    """A program's tile: bins p = i * pw + j in [pb * BLOCK_P, +BLOCK_P) and channels c in
-    [cb * BLOCK_C, +BLOCK_C). Returns p, its mask, i, j, c and its mask."""
-    p = pb * BLOCK_P + tl.arange(0, BLOCK_P)
+def bin_tile(pb, cb, ph, pw, C, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr, CF: tl.constexpr):
+    """A per-box program's tile (tile_blocks in _common.py): bins p = i * pw + j in
+    [pb * BLOCK_P, +BLOCK_P) x channels c in [cb * BLOCK_C, +BLOCK_C); or, for CF == FLAT
+    (one channel block), the box's outputs [pb * BLOCK_P, +BLOCK_P) in memory order, each
+    with its own channel and bin. Returns p, its mask, i, j, c and its mask (per element
+    for FLAT)."""
+    P = ph * pw
+    if CF == FLAT:
+        start = pb.to(tl.int64) * BLOCK_P  # C * P may pass 2**31; the rest stays 32-bit
+        c0 = start // P
+        q = (start - c0 * P).to(tl.int32) + tl.arange(0, BLOCK_P)
+        dc = q // P
+        p = q - dc * P
+        c = c0.to(tl.int32) + dc
+        pm = c < C
+        cm = pm
+    else:
+        p = pb * BLOCK_P + tl.arange(0, BLOCK_P)
+        pm = p < P
+        c = cb * BLOCK_C + tl.arange(0, BLOCK_C)
+        cm = c < C
     i = p // pw
-    c = cb * BLOCK_C + tl.arange(0, BLOCK_C)
-    return p, p < ph * pw, i, p - i * pw, c, c < C
+    return p, pm, i, p - i * pw, c, cm
 
 
 @triton.jit
@@ -401,11 +419,12 @@ def store_tile(gi_ptr, acc, n, r, s, c, cm, H, W, siN, siC, siH, siW, CF: tl.con
 
 @triton.jit
 def along_p(v, CF: tl.constexpr):
-    """A per-position (bin or pixel) vector as a tile axis. CF ("channels fast"): tiles are
-    [positions, channels] with channels the fastest axis (channels_last input); else
-    [channels, positions] with positions fastest (NCHW). Triton's default layout spreads
+    """A per-position (bin or pixel) vector as a tile axis. CF ("channels fast", True):
+    tiles are [positions, channels] with channels the fastest axis (channels_last input);
+    False: [channels, positions] with positions fastest (NCHW); FLAT: [1, outputs], each
+    output with its own position and channel (bin_tile). Triton's default layout spreads
     a warp's lanes over the last axis, so this picks which one is coalesced."""
-    if CF:
+    if CF == 1:
         r = v[:, None]
     else:
         r = v[None, :]
@@ -415,10 +434,10 @@ def along_p(v, CF: tl.constexpr):
 @triton.jit
 def along_c(v, CF: tl.constexpr):
     """A per-channel vector as a tile axis (see along_p)."""
-    if CF:
-        r = v[None, :]
-    else:
+    if CF == 0:
         r = v[:, None]
+    else:
+        r = v[None, :]
     return r
 
 

@@ -109,7 +109,7 @@ def _prroi_fwd_kernel(
     pb = pid - k * n_pblocks
     scale = scale_of(scale_bits, T)
     ok, b, x1, y1, x2, y2 = load_roi(rois_ptr, k.to(tl.int64), N, scale)
-    p, pm, i, j, c, cm = bin_tile(pb, tl.program_id(1), ph, pw, C, BLOCK_P, BLOCK_C)
+    p, pm, i, j, c, cm = bin_tile(pb, tl.program_id(1), ph, pw, C, BLOCK_P, BLOCK_C, CF)
     ys, ye, dh, h0, nh, xs, xe, dw, w0, nw, area = _bins(ok, pm, x1, y1, x2, y2, scale, i, j, ph, pw, H, W)
 
     x_base = x_ptr + b * sxN + _c(c.to(tl.int64) * sxC, CF)
@@ -148,7 +148,7 @@ def _prroi_bwd_atomic_kernel(
     pb = pid - k * n_pblocks
     scale = scale_of(scale_bits, T)
     ok, b, x1, y1, x2, y2 = load_roi(rois_ptr, k.to(tl.int64), N, scale)
-    p, pm, i, j, c, cm = bin_tile(pb, tl.program_id(1), ph, pw, C, BLOCK_P, BLOCK_C)
+    p, pm, i, j, c, cm = bin_tile(pb, tl.program_id(1), ph, pw, C, BLOCK_P, BLOCK_C, CF)
     ys, ye, dh, h0, nh, xs, xe, dw, w0, nw, area = _bins(ok, pm, x1, y1, x2, y2, scale, i, j, ph, pw, H, W)
 
     c64 = c.to(tl.int64)
@@ -271,7 +271,7 @@ def _prroi_rois_bwd_kernel(
     cb = tl.program_id(1)
     scale = scale_of(scale_bits, T)
     ok, b, x1, y1, x2, y2 = load_roi(rois_ptr, k.to(tl.int64), N, scale)
-    p, pm, i, j, c, cm = bin_tile(pb, cb, ph, pw, C, BLOCK_P, BLOCK_C)
+    p, pm, i, j, c, cm = bin_tile(pb, cb, ph, pw, C, BLOCK_P, BLOCK_C, CF)
     ys, ye, dh, h0, nh, xs, xe, dw, w0, nw, area = _bins(ok, pm, x1, y1, x2, y2, scale, i, j, ph, pw, H, W)
 
     c64 = c.to(tl.int64)
@@ -352,10 +352,9 @@ def prroi_pool_forward(input: torch.Tensor, rois: torch.Tensor, spatial_scale: f
         return out
     lanes_c = input.stride(1) < input.stride(3)
     budget = GPU_TILE // 2 if input.dtype == torch.float64 else GPU_TILE
-    block_p, block_c = tile_blocks(ph * pw, C, lanes_c, input.device.type == "cpu", budget)
-    n_pb = triton.cdiv(ph * pw, block_p)
+    block_p, block_c, n_pb, n_cb = tile_blocks(ph * pw, C, lanes_c, input.device.type == "cpu", budget)
     assert ph == 1 or out.stride(2) == pw * out.stride(3)
-    _prroi_fwd_kernel[(K * n_pb, cdiv(C, block_c))](
+    _prroi_fwd_kernel[(K * n_pb, n_cb)](
         input, rois, out, f64_bits(spatial_scale), N, C, H, W, ph, pw, n_pb, *input.stride(), *out.stride(),
         BLOCK_P=block_p, BLOCK_C=block_c, CF=lanes_c, **LAUNCH_OPTS)
     return out
@@ -401,9 +400,8 @@ def prroi_pool_backward(grad: torch.Tensor, rois: torch.Tensor, spatial_scale: f
     acc_dtype = grad.dtype if grad.dtype in (torch.float32, torch.float64) else torch.float32
     gi = torch.empty((N, C, H, W), dtype=acc_dtype, device=grad.device, memory_format=fmt).zero_()
     budget = GPU_TILE // 2 if grad.dtype == torch.float64 else GPU_TILE
-    block_p, block_c = tile_blocks(ph * pw, C, bool(channels_last), on_cpu, budget)
-    n_pb = triton.cdiv(ph * pw, block_p)
-    _prroi_bwd_atomic_kernel[(K * n_pb, cdiv(C, block_c))](
+    block_p, block_c, n_pb, n_cb = tile_blocks(ph * pw, C, bool(channels_last), on_cpu, budget)
+    _prroi_bwd_atomic_kernel[(K * n_pb, n_cb)](
         grad, rois, gi, bits, N, C, H, W, ph, pw, n_pb, *grad.stride(), *gi.stride(),
         BLOCK_P=block_p, BLOCK_C=block_c, CF=bool(channels_last), **LAUNCH_OPTS)
     return gi if acc_dtype == grad.dtype else gi.to(grad.dtype)
@@ -426,8 +424,7 @@ def prroi_pool_rois_backward(grad: torch.Tensor, input: torch.Tensor, rois: torc
     lanes_c = input.stride(1) < input.stride(3)
     # Five accumulators per tile element.
     budget = GPU_TILE // 8 if input.dtype == torch.float64 else GPU_TILE // 4
-    block_p, block_c = tile_blocks(ph * pw, C, lanes_c, input.device.type == "cpu", budget)
-    n_pb, n_cb = triton.cdiv(ph * pw, block_p), cdiv(C, block_c)
+    block_p, block_c, n_pb, n_cb = tile_blocks(ph * pw, C, lanes_c, input.device.type == "cpu", budget)
     part = torch.empty((K, n_pb, n_cb, 4), dtype=T, device=input.device)
     _prroi_rois_bwd_kernel[(K * n_pb, n_cb)](
         grad, input, rois.to(T).contiguous(), part, f64_bits(spatial_scale), N, C, H, W, ph, pw, n_pb,

@@ -55,7 +55,7 @@ def _ps_align_fwd_kernel(
     ok, b, x1, y1, x2, y2 = load_roi(rois_ptr, k.to(tl.int64), N, scale)
     sx, sy, bw, bh, gwf, ghf, gw, gh, count = align_geometry(x1, y1, x2, y2, scale, ph, pw, sampling_ratio, True)
 
-    p, pm, i, j, c, cm = bin_tile(pb, cb, ph, pw, C, BLOCK_P, BLOCK_C)
+    p, pm, i, j, c, cm = bin_tile(pb, cb, ph, pw, C, BLOCK_P, BLOCK_C, CF)
     tile_m = with_flag(_p(pm, CF) & _c(cm, CF), ok)
     x_base = channel_base(x_ptr, b, p, c, ph, pw, sxN, sxC, CF)
     ybase = sy + i.to(T) * bh
@@ -103,7 +103,7 @@ def _ps_align_bwd_atomic_kernel(
     ok, b, x1, y1, x2, y2 = load_roi(rois_ptr, k.to(tl.int64), N, scale)
     sx, sy, bw, bh, gwf, ghf, gw, gh, count = align_geometry(x1, y1, x2, y2, scale, ph, pw, sampling_ratio, True)
 
-    p, pm, i, j, c, cm = bin_tile(pb, tl.program_id(1), ph, pw, C, BLOCK_P, BLOCK_C)
+    p, pm, i, j, c, cm = bin_tile(pb, tl.program_id(1), ph, pw, C, BLOCK_P, BLOCK_C, CF)
     tile_m = with_flag(_p(pm, CF) & _c(cm, CF), ok)
     c64 = c.to(tl.int64)
     g = tl.load(grad_ptr + k.to(tl.int64) * sgK + _c(c64 * sgC, CF)

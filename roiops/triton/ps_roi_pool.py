@@ -66,7 +66,7 @@ def _ps_pool_fwd_kernel(
     scale = scale_of(scale_bits, T)
     ok, b, x1, y1, x2, y2 = load_roi(rois_ptr, k.to(tl.int64), N, scale)
 
-    p, pm, i, j, c, cm = bin_tile(pb, cb, ph, pw, C, BLOCK_P, BLOCK_C)
+    p, pm, i, j, c, cm = bin_tile(pb, cb, ph, pw, C, BLOCK_P, BLOCK_C, CF)
     hs, he, ws, we, _ = _ps_bins(ok, pm, x1, y1, x2, y2, scale, i, j, ph, pw, H, W)
     x_base = channel_base(x_ptr, b, p, c, ph, pw, sxN, sxC, CF)
     cmask = _c(cm, CF)
@@ -104,7 +104,7 @@ def _ps_pool_bwd_atomic_kernel(
     scale = scale_of(scale_bits, T)
     ok, b, x1, y1, x2, y2 = load_roi(rois_ptr, k.to(tl.int64), N, scale)
 
-    p, pm, i, j, c, cm = bin_tile(pb, tl.program_id(1), ph, pw, C, BLOCK_P, BLOCK_C)
+    p, pm, i, j, c, cm = bin_tile(pb, tl.program_id(1), ph, pw, C, BLOCK_P, BLOCK_C, CF)
     hs, he, ws, we, live = _ps_bins(ok, pm, x1, y1, x2, y2, scale, i, j, ph, pw, H, W)
     c64 = c.to(tl.int64)
     cmask = _c(cm, CF)

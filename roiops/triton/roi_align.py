@@ -13,10 +13,13 @@ broadcast over the tile's channels.
 - channels_last input (CF=True): tiles are [bins, channels] with channels the fast axis;
   channels are contiguous in memory, so each tap is one coalesced, vectorised load, and
   with up to 256 channels per tile a box's coordinates are computed once for all of them.
-- NCHW input (CF=False): tiles are [channels, bins] with the bins fast: a warp's lanes run
-  along consecutive output cells of a box (neighbouring lanes read neighbouring pixels,
-  and the stores are contiguous), its warps over 16 channels. The coordinates are then
-  recomputed once per 16 channels: ~30 flops per sample, amortised over 16 x 4 gathers.
+- NCHW input: the forward takes flat tiles (CF=FLAT) of 256 consecutive outputs of a
+  box, channel after channel and bin after bin: a warp's lanes run along consecutive
+  output cells (neighbouring lanes read neighbouring pixels, and the stores are
+  contiguous), and 7x7 or 14x14 bins fill every lane. Each lane computes its own bin's
+  coordinates: ~30 flops per sample against 4 gathers. The atomic backward and the box
+  gradients keep [channels, bins] tiles (CF=False) with 64 bins along the lanes and its
+  warps over a few channels: on an H100 flat tiles made the backward slower.
 
 Backward
 --------
@@ -67,9 +70,9 @@ from .._geometry import is_channels_last, memory_format
 from ._common import (GPU_TILE, LAUNCH_OPTS, cdiv, check_device, f64_bits, gather_blocks, kernel, next_pow2, opmath,
                       tile_blocks, use_deterministic)
 from ._common import check_align_backward, check_align_forward, check_align_rois_backward
-from ._jit import (align_geometry, argmax_fits, axis_slides, axis_taps, beats, bilinear_slopes, bin_tile, box_level,
-                   corner_slopes, div_rn, first_skipped, level_map, load_roi, map_spans, mark_box, may_touch, pick,
-                   pixel_tile, sample_pos, sample_span, scale_of, scatter_samples, store_tile, touched_cells,
+from ._jit import (FLAT, align_geometry, argmax_fits, axis_slides, axis_taps, beats, bilinear_slopes, bin_tile,
+                   box_level, corner_slopes, div_rn, first_skipped, level_map, load_roi, map_spans, mark_box, may_touch,
+                   pick, pixel_tile, sample_pos, sample_span, scale_of, scatter_samples, store_tile, touched_cells,
                    with_flag)
 from ._jit import along_c as _c  # per-channel vector -> tile axis
 from ._jit import along_p as _p  # per-bin / per-pixel vector -> tile axis
@@ -158,7 +161,7 @@ def _fwd_tile(
     ok, b, sx, sy, bw, bh, gwf, ghf, gw, gh, count = _box(rois_ptr, k.to(tl.int64), valid, scale, N, ph, pw,
                                                           sampling_ratio, ALIGNED, MAX_MODE)
 
-    p, pm, i, j, c, cm = bin_tile(pb, cb, ph, pw, C, BLOCK_P, BLOCK_C)
+    p, pm, i, j, c, cm = bin_tile(pb, cb, ph, pw, C, BLOCK_P, BLOCK_C, CF)
     tile_m = with_flag(_p(pm, CF) & _c(cm, CF), ok)
     x_base = x_ptr + b * sxN + _c(c.to(tl.int64) * sxC, CF)
     ybase = sy + i.to(T) * bh
@@ -167,8 +170,7 @@ def _fwd_tile(
     acc, arg = _pool_bins(x_base, tile_m, with_flag(pm, ok), ybase, xbase, bh, bw, ghf, gwf, gh, gw, H, W, sxH, sxW,
                           MAX_MODE, BLOCK_P, BLOCK_C, CF)
 
-    # out is allocated with soH == pw * soW, so bin p sits at p * soW: with soW == 1 (NCHW)
-    # the compiler sees the stores along the bins as contiguous.
+    # out is allocated with soH == pw * soW, so bin p sits at p * soW.
     o = k.to(tl.int64) * soK + _c(c.to(tl.int64) * soC, CF) + _p(p.to(tl.int64) * soW, CF)
     om = _p(pm, CF) & _c(cm, CF)
     if MAX_MODE:
@@ -204,12 +206,12 @@ def _align_fwd_levels_kernel(
     ALIGNED: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr, CF: tl.constexpr,
 ):
     """Multi-level RoIAlign in one launch: box k reads the map of level lvl[k] (a box
-    whose level is outside [0, n_levels) pools to 0)."""
+    whose level is outside [0, n_levels) pools to 0). CF: True or FLAT (NCHW maps)."""
     pid = tl.program_id(0)
     k = pid // n_pblocks
     valid, l, H, W, sxN, sxC, sxH, sxW, scale = box_level(
         lvl_ptr, k, n_levels, C, sb0, sb1, sb2, sb3, sb4, H0, H1, H2, H3, H4, W0, W1, W2, W3, W4,
-        rois_ptr.dtype.element_ty, CF)
+        rois_ptr.dtype.element_ty, CF == 1)  # the maps are channels_last
     _fwd_tile(pick(l, x0, x1, x2, x3, x4), rois_ptr, out_ptr, out_ptr, k, pid - k * n_pblocks, tl.program_id(1),
               valid, scale, N, C, H, W, ph, pw, sampling_ratio, sxN, sxC, sxH, sxW, soK, soC, soH, soW,
               ALIGNED, False, BLOCK_P, BLOCK_C, CF)
@@ -230,7 +232,7 @@ def _bwd_atomic_tile(
     ok, b, sx, sy, bw, bh, gwf, ghf, gw, gh, count = _box(rois_ptr, k.to(tl.int64), valid, scale, N, ph, pw,
                                                           sampling_ratio, ALIGNED, MAX_MODE)
 
-    p, pm, i, j, c, cm = bin_tile(pb, cb, ph, pw, C, BLOCK_P, BLOCK_C)
+    p, pm, i, j, c, cm = bin_tile(pb, cb, ph, pw, C, BLOCK_P, BLOCK_C, CF)
     tile_m = with_flag(_p(pm, CF) & _c(cm, CF), ok)
     k64 = k.to(tl.int64)
     c64 = c.to(tl.int64)
@@ -487,7 +489,7 @@ def _rois_bwd_tile(
                                                           ALIGNED, MAX_MODE)
     _, _, x1, y1, x2, y2 = load_roi(rois_ptr, k64, N, scale)  # the corners, for corner_slopes
 
-    p, pm, i, j, c, cm = bin_tile(pb, cb, ph, pw, C, BLOCK_P, BLOCK_C)
+    p, pm, i, j, c, cm = bin_tile(pb, cb, ph, pw, C, BLOCK_P, BLOCK_C, CF)
     tile_m = with_flag(_p(pm, CF) & _c(cm, CF), ok)
     c64 = c.to(tl.int64)
     g = tl.load(grad_ptr + k64 * sgK + _c(c64 * sgC, CF) + _p(i.to(tl.int64) * sgH + j.to(tl.int64) * sgW, CF),
@@ -651,15 +653,14 @@ def _forward(input, rois, spatial_scale, pooled_height, pooled_width, sampling_r
         return out, argmax
     lanes_c = input.stride(1) < input.stride(3)
     budget = GPU_TILE // 2 if input.dtype == torch.float64 else GPU_TILE
-    block_p, block_c = tile_blocks(ph * pw, C, lanes_c, input.device.type == "cpu", budget)
-    n_pb = triton.cdiv(ph * pw, block_p)
-    grid = (K * n_pb, cdiv(C, block_c))
+    block_p, block_c, n_pb, n_cb = tile_blocks(ph * pw, C, lanes_c, input.device.type == "cpu", budget, flat=True)
     assert ph == 1 or out.stride(2) == pw * out.stride(3)
-    _align_fwd_kernel[grid](
+    _align_fwd_kernel[(K * n_pb, n_cb)](
         input, rois, out, argmax if max_mode else out, f64_bits(spatial_scale),
         N, C, H, W, ph, pw, int(sampling_ratio), n_pb,
         *input.stride(), *out.stride(),
-        ALIGNED=bool(aligned), MAX_MODE=max_mode, BLOCK_P=block_p, BLOCK_C=block_c, CF=lanes_c, **LAUNCH_OPTS)
+        ALIGNED=bool(aligned), MAX_MODE=max_mode, BLOCK_P=block_p, BLOCK_C=block_c, CF=lanes_c or FLAT.value,
+        **LAUNCH_OPTS)
     return out, argmax
 
 
@@ -706,9 +707,8 @@ def _backward(grad, argmax, rois, spatial_scale, pooled_height, pooled_width, ba
     lanes_c = bool(channels_last)
     # Max mode carries per-element sample coordinates: smaller tiles.
     budget = GPU_TILE // 2 if (max_mode or grad.dtype == torch.float64) else GPU_TILE
-    block_p, block_c = tile_blocks(ph * pw, C, lanes_c, on_cpu, budget)
-    n_pb = triton.cdiv(ph * pw, block_p)
-    grid = (K * n_pb, cdiv(C, block_c))
+    block_p, block_c, n_pb, n_cb = tile_blocks(ph * pw, C, lanes_c, on_cpu, budget)
+    grid = (K * n_pb, n_cb)
     _align_bwd_atomic_kernel[grid](
         grad, arg, rois, gi, *common,
         N, C, H, W, ph, pw, int(sampling_ratio), n_pb,
@@ -731,11 +731,10 @@ def _rois_backward(grad, input, rois, spatial_scale, pooled_height, pooled_width
     lanes_c = input.stride(1) < input.stride(3)
     # Four accumulators per tile element (max mode: per-element sample coordinates).
     budget = GPU_TILE // (4 if input.dtype == torch.float64 else 2)
-    block_p, block_c = tile_blocks(ph * pw, C, lanes_c, input.device.type == "cpu", budget)
-    n_pb = triton.cdiv(ph * pw, block_p)
-    grid = (K * n_pb, cdiv(C, block_c))
+    block_p, block_c, n_pb, n_cb = tile_blocks(ph * pw, C, lanes_c, input.device.type == "cpu", budget)
+    grid = (K * n_pb, n_cb)
     # One row of partial sums per program, added up in a fixed order: bit-identical runs.
-    part = torch.empty((K, n_pb, grid[1], 4), dtype=acc, device=input.device)
+    part = torch.empty((K, n_pb, n_cb, 4), dtype=acc, device=input.device)
     _align_rois_bwd_kernel[grid](
         grad, input, r, part, f64_bits(spatial_scale),
         N, C, H, W, ph, pw, int(sampling_ratio), n_pb,
@@ -824,12 +823,11 @@ def multi_scale_roi_align_forward(inputs: list[torch.Tensor], rois: torch.Tensor
     ptrs, sbits, hs, ws = _level_args(maps, spatial_scales, [x.shape[2] for x in maps], [x.shape[3] for x in maps])
     cl = fmt == torch.channels_last
     budget = GPU_TILE // 2 if first.dtype == torch.float64 else GPU_TILE
-    block_p, block_c = tile_blocks(ph * pw, C, cl, first.device.type == "cpu", budget)
-    n_pb = triton.cdiv(ph * pw, block_p)
-    _align_fwd_levels_kernel[(K * n_pb, cdiv(C, block_c))](
+    block_p, block_c, n_pb, n_cb = tile_blocks(ph * pw, C, cl, first.device.type == "cpu", budget, flat=True)
+    _align_fwd_levels_kernel[(K * n_pb, n_cb)](
         *ptrs, rois, levels, out, *sbits, *hs, *ws, len(maps),
         N, C, ph, pw, int(sampling_ratio), n_pb, *out.stride(),
-        ALIGNED=bool(aligned), BLOCK_P=block_p, BLOCK_C=block_c, CF=cl, **LAUNCH_OPTS)
+        ALIGNED=bool(aligned), BLOCK_P=block_p, BLOCK_C=block_c, CF=cl or FLAT.value, **LAUNCH_OPTS)
     return out
 
 
@@ -874,9 +872,8 @@ def multi_scale_roi_align_backward(grad: torch.Tensor, rois: torch.Tensor, level
                 **LAUNCH_OPTS)
         else:
             budget = GPU_TILE // 2 if grad.dtype == torch.float64 else GPU_TILE
-            block_p, block_c = tile_blocks(ph * pw, C, bool(channels_last), on_cpu, budget)
-            n_pb = triton.cdiv(ph * pw, block_p)
-            _align_bwd_atomic_levels_kernel[(K * n_pb, cdiv(C, block_c))](
+            block_p, block_c, n_pb, n_cb = tile_blocks(ph * pw, C, bool(channels_last), on_cpu, budget)
+            _align_bwd_atomic_levels_kernel[(K * n_pb, n_cb)](
                 grad, rois, levels, *ptrs, *sbits, *hs, *ws, L,
                 N, C, ph, pw, int(sampling_ratio), n_pb, *grad.stride(),
                 ALIGNED=bool(aligned), BLOCK_P=block_p, BLOCK_C=block_c, CF=bool(channels_last), **LAUNCH_OPTS)

@@ -58,7 +58,7 @@ def _pool_fwd_kernel(
     scale = scale_of(scale_bits, T)
     ok, b, x1, y1, x2, y2 = load_roi(rois_ptr, k.to(tl.int64), N, scale)
 
-    p, pm, i, j, c, cm = bin_tile(pb, cb, ph, pw, C, BLOCK_P, BLOCK_C)
+    p, pm, i, j, c, cm = bin_tile(pb, cb, ph, pw, C, BLOCK_P, BLOCK_C, CF)
     hs, he, ney = pool_axis(y1, y2, scale, i, ph, H, CONTINUOUS)
     ws, we, nex = pool_axis(x1, x2, scale, j, pw, W, CONTINUOUS)
     live = with_flag(pm, ok & ney & nex)
@@ -105,7 +105,7 @@ def _pool_bwd_atomic_kernel(
     # No scale in the backward contract: only the batch index and finiteness are checked.
     ok, b, x1, y1, x2, y2 = load_roi(rois_ptr, k.to(tl.int64), N, 1.0, False)
 
-    p, pm, i, j, c, cm = bin_tile(pb, cb, ph, pw, C, BLOCK_P, BLOCK_C)
+    p, pm, i, j, c, cm = bin_tile(pb, cb, ph, pw, C, BLOCK_P, BLOCK_C, CF)
     m = with_flag(_p(pm, CF) & _c(cm, CF), ok)
     k64 = k.to(tl.int64)
     c64 = c.to(tl.int64)
@@ -246,9 +246,8 @@ def roi_pool_forward(input: torch.Tensor, rois: torch.Tensor, spatial_scale: flo
     if H == 0 or W == 0:
         return out.zero_(), argmax.fill_(-1)
     lanes_c = input.stride(1) < input.stride(3)
-    block_p, block_c = tile_blocks(ph * pw, C, lanes_c, input.device.type == "cpu")
-    n_pb = triton.cdiv(ph * pw, block_p)
-    grid = (K * n_pb, cdiv(C, block_c))
+    block_p, block_c, n_pb, n_cb = tile_blocks(ph * pw, C, lanes_c, input.device.type == "cpu")
+    grid = (K * n_pb, n_cb)
     assert ph == 1 or out.stride(2) == pw * out.stride(3)
     _pool_fwd_kernel[grid](
         input, rois, out, argmax, f64_bits(spatial_scale),
@@ -300,9 +299,8 @@ def roi_pool_backward(grad: torch.Tensor, argmax: torch.Tensor, rois: torch.Tens
 
     acc_dtype = grad.dtype if grad.dtype in (torch.float32, torch.float64) else torch.float32
     gi = torch.empty((N, C, H, W), dtype=acc_dtype, device=grad.device, memory_format=fmt).zero_()
-    block_p, block_c = tile_blocks(ph * pw, C, bool(channels_last), on_cpu)
-    n_pb = triton.cdiv(ph * pw, block_p)
-    grid = (K * n_pb, cdiv(C, block_c))
+    block_p, block_c, n_pb, n_cb = tile_blocks(ph * pw, C, bool(channels_last), on_cpu)
+    grid = (K * n_pb, n_cb)
     _pool_bwd_atomic_kernel[grid](
         grad, argmax, rois, gi,
         N, C, H, W, ph, pw, n_pb,
