@@ -49,9 +49,11 @@ k=${GPU_CHECK_K:-}
 echo "gpu_check: GPU tests${k:+ (-k \"$k\")}"
 # pytest's 5 (no test selected) is a failure unless GPU_CHECK_K narrowed the selection.
 passed() { [ "$1" = 0 ] || { [ "$1" = 5 ] && [ -n "$k" ]; }; }
-"$PY" -m pytest -q -p no:cacheprovider $xdist $gpu_files ${k:+-k "$k"} 2>&1 | tee "$DIR/gpu_tests.log" | tail -25
+# -v: every result is logged with its name as it comes, so a run cut short still says
+# which tests failed.
+"$PY" -m pytest -v -p no:cacheprovider $xdist $gpu_files ${k:+-k "$k"} 2>&1 | tee "$DIR/gpu_tests.log" | tail -25
 passed "${PIPESTATUS[0]}" || status=1
-"$PY" -m pytest -q -p no:cacheprovider $xdist tests/test_ps_roi.py tests/test_roi_align_rotated.py \
+"$PY" -m pytest -v -p no:cacheprovider $xdist tests/test_ps_roi.py tests/test_roi_align_rotated.py \
     tests/test_prroi_pool.py tests/test_box_grad.py tests/test_autocast.py -k "(triton or cuda)${k:+ and ($k)}" 2>&1 \
     | tee -a "$DIR/gpu_tests.log" | tail -25
 passed "${PIPESTATUS[0]}" || status=1
@@ -71,6 +73,7 @@ echo
 echo "gpu_check report ($DIR/):"
 summary() { grep -E '(passed|failed|error).* in [0-9.]+s' "$1" | tr '\n' ';'; }  # pytest's closing lines
 echo "  GPU tests:   $(summary "$DIR/gpu_tests.log")"
+grep -oE "(FAILED|ERROR) tests/[^ ]+" "$DIR/gpu_tests.log" | sort -u | head -20 | sed 's/^/    /'  # by name
 [ -f "$DIR/suite.log" ] && echo "  rest of the suite: $(summary "$DIR/suite.log")"
 echo "  benchmark:   $(tail -1 "$DIR/bench.log")"
 exit $status
