@@ -419,7 +419,7 @@ FLAT_OPS = ["roi_align", "roi_align_max", "roi_align_rotated"]
 def test_flat_nchw_tiles_split_channels(op, monkeypatch):
     """NCHW forwards on tiles that cut channels mid-way, against the C++ kernels."""
     monkeypatch.setattr(rt_common, "INTERP_TILE", 64)
-    assert rt_common.tile_blocks(49, 6, False, True, flat=True) == (64, 1, 5, 1)
+    assert rt_common.tile_blocks(49, 6, False, True, flat=True) == (64, 1, 5, 1, 2)
     g = torch.Generator().manual_seed(21)
     x = torch.randn(N, 6, H, W, generator=g, dtype=F64)
     if op in ROTATED_OPS:

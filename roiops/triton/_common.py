@@ -16,6 +16,7 @@ import torch
 import triton
 
 from .._geometry import MAX_MAP_SIDE, MAX_OUTPUT_SIZE, MAX_SAMPLING_RATIO, MAX_SCALE, MIN_SCALE
+from ._jit import FLAT
 
 
 def use_deterministic(explicit: bool | None) -> bool:
@@ -71,10 +72,10 @@ INTERP_TILE = 1 << 14
 
 
 def tile_blocks(P: int, C: int, lanes_over_channels: bool, on_cpu: bool, budget: int = GPU_TILE,
-                flat: bool = False) -> tuple[int, int, int, int]:
-    """(BLOCK_P, BLOCK_C, bin blocks, channel blocks) of the per-box kernels' tiles
-    (bin_tile in _jit.py): a box's programs are its bin blocks x channel blocks. `flat`:
-    the kernel takes flat tiles for NCHW input (its CF argument is FLAT then)."""
+                flat: bool = False) -> tuple[int, int, int, int, bool | int]:
+    """(BLOCK_P, BLOCK_C, bin blocks, channel blocks, CF) of the per-box kernels' tiles
+    (bin_tile in _jit.py): a box's programs are its bin blocks x channel blocks, and CF
+    the tile layout the kernel takes. `flat`: flat tiles for NCHW input (CF = FLAT)."""
     if on_cpu:
         budget = INTERP_TILE
     if lanes_over_channels:
@@ -89,13 +90,13 @@ def tile_blocks(P: int, C: int, lanes_over_channels: bool, on_cpu: bool, budget:
         # 1.3x; RoIPool's forward, the position-sensitive ops and RoIAlign's backward
         # were slower with it (BENCHMARKS.md), so they keep [channels x bins] tiles.
         block = min(next_pow2(C * P), budget)
-        return block, 1, cdiv(C * P, block), 1
+        return block, 1, cdiv(C * P, block), 1, FLAT.value
     else:
         # NCHW: lanes along the bins of a box (consecutive output columns, contiguous
         # stores); warps over a few channels.
         block_p = min(next_pow2(P), budget if on_cpu else 64)
         block_c = max(1, min(next_pow2(C), budget // block_p))
-    return block_p, block_c, cdiv(P, block_p), cdiv(C, block_c)
+    return block_p, block_c, cdiv(P, block_p), cdiv(C, block_c), lanes_over_channels
 
 
 def gather_blocks(H: int, W: int, C: int, lanes_over_channels: bool, on_cpu: bool,

@@ -55,11 +55,11 @@ def launch_forward(kernel: Any, input: torch.Tensor, rois: torch.Tensor, spatial
     if out.numel() == 0:
         return out
     lanes_c = input.stride(1) < input.stride(3)
-    block_p, block_c, n_pb, n_cb = tile_blocks(ph * pw, c_out, lanes_c, input.device.type == "cpu")
+    block_p, block_c, n_pb, n_cb, cf = tile_blocks(ph * pw, c_out, lanes_c, input.device.type == "cpu")
     assert ph == 1 or out.stride(2) == pw * out.stride(3)  # the kernels store bin p at p * soW
     kernel[(K * n_pb, n_cb)](
         input, rois, out, f64_bits(spatial_scale), N, c_out, H, W, ph, pw, *extra, n_pb,
-        *input.stride(), *out.stride(), BLOCK_P=block_p, BLOCK_C=block_c, CF=lanes_c, **LAUNCH_OPTS)
+        *input.stride(), *out.stride(), BLOCK_P=block_p, BLOCK_C=block_c, CF=cf, **LAUNCH_OPTS)
     return out
 
 
@@ -91,8 +91,8 @@ def launch_backward(gather: Any, atomic: Any, grad: torch.Tensor, rois: torch.Te
     if K == 0 or gi.numel() == 0:
         return gi.to(grad.dtype)
     budget = GPU_TILE // 2 if grad.dtype == torch.float64 else GPU_TILE
-    block_p, block_c, n_pb, n_cb = tile_blocks(ph * pw, c_out, channels_last, on_cpu, budget)
+    block_p, block_c, n_pb, n_cb, cf = tile_blocks(ph * pw, c_out, channels_last, on_cpu, budget)
     atomic[(K * n_pb, n_cb)](
         grad, rois, gi, f64_bits(spatial_scale), N, c_out, H, W, ph, pw, *extra, n_pb,
-        *grad.stride(), *gi.stride(), BLOCK_P=block_p, BLOCK_C=block_c, CF=channels_last, **LAUNCH_OPTS)
+        *grad.stride(), *gi.stride(), BLOCK_P=block_p, BLOCK_C=block_c, CF=cf, **LAUNCH_OPTS)
     return gi if acc_dtype == grad.dtype else gi.to(grad.dtype)

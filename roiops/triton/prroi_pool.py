@@ -352,11 +352,11 @@ def prroi_pool_forward(input: torch.Tensor, rois: torch.Tensor, spatial_scale: f
         return out
     lanes_c = input.stride(1) < input.stride(3)
     budget = GPU_TILE // 2 if input.dtype == torch.float64 else GPU_TILE
-    block_p, block_c, n_pb, n_cb = tile_blocks(ph * pw, C, lanes_c, input.device.type == "cpu", budget)
+    block_p, block_c, n_pb, n_cb, cf = tile_blocks(ph * pw, C, lanes_c, input.device.type == "cpu", budget)
     assert ph == 1 or out.stride(2) == pw * out.stride(3)
     _prroi_fwd_kernel[(K * n_pb, n_cb)](
         input, rois, out, f64_bits(spatial_scale), N, C, H, W, ph, pw, n_pb, *input.stride(), *out.stride(),
-        BLOCK_P=block_p, BLOCK_C=block_c, CF=lanes_c, **LAUNCH_OPTS)
+        BLOCK_P=block_p, BLOCK_C=block_c, CF=cf, **LAUNCH_OPTS)
     return out
 
 
@@ -400,10 +400,10 @@ def prroi_pool_backward(grad: torch.Tensor, rois: torch.Tensor, spatial_scale: f
     acc_dtype = grad.dtype if grad.dtype in (torch.float32, torch.float64) else torch.float32
     gi = torch.empty((N, C, H, W), dtype=acc_dtype, device=grad.device, memory_format=fmt).zero_()
     budget = GPU_TILE // 2 if grad.dtype == torch.float64 else GPU_TILE
-    block_p, block_c, n_pb, n_cb = tile_blocks(ph * pw, C, bool(channels_last), on_cpu, budget)
+    block_p, block_c, n_pb, n_cb, cf = tile_blocks(ph * pw, C, bool(channels_last), on_cpu, budget)
     _prroi_bwd_atomic_kernel[(K * n_pb, n_cb)](
         grad, rois, gi, bits, N, C, H, W, ph, pw, n_pb, *grad.stride(), *gi.stride(),
-        BLOCK_P=block_p, BLOCK_C=block_c, CF=bool(channels_last), **LAUNCH_OPTS)
+        BLOCK_P=block_p, BLOCK_C=block_c, CF=cf, **LAUNCH_OPTS)
     return gi if acc_dtype == grad.dtype else gi.to(grad.dtype)
 
 
@@ -424,10 +424,10 @@ def prroi_pool_rois_backward(grad: torch.Tensor, input: torch.Tensor, rois: torc
     lanes_c = input.stride(1) < input.stride(3)
     # Five accumulators per tile element.
     budget = GPU_TILE // 8 if input.dtype == torch.float64 else GPU_TILE // 4
-    block_p, block_c, n_pb, n_cb = tile_blocks(ph * pw, C, lanes_c, input.device.type == "cpu", budget)
+    block_p, block_c, n_pb, n_cb, cf = tile_blocks(ph * pw, C, lanes_c, input.device.type == "cpu", budget)
     part = torch.empty((K, n_pb, n_cb, 4), dtype=T, device=input.device)
     _prroi_rois_bwd_kernel[(K * n_pb, n_cb)](
         grad, input, rois.to(T).contiguous(), part, f64_bits(spatial_scale), N, C, H, W, ph, pw, n_pb,
-        *grad.stride(), *input.stride(), BLOCK_P=block_p, BLOCK_C=block_c, CF=lanes_c, **LAUNCH_OPTS)
+        *grad.stride(), *input.stride(), BLOCK_P=block_p, BLOCK_C=block_c, CF=cf, **LAUNCH_OPTS)
     grad_rois[:, 1:] = part.sum(dim=(1, 2))
     return grad_rois

@@ -18,8 +18,8 @@ broadcast over the tile's channels.
   output cells (neighbouring lanes read neighbouring pixels, and the stores are
   contiguous), and 7x7 or 14x14 bins fill every lane. Each lane computes its own bin's
   coordinates: ~30 flops per sample against 4 gathers. The atomic backward and the box
-  gradients keep [channels, bins] tiles (CF=False) with 64 bins along the lanes and its
-  warps over a few channels: on an H100 flat tiles made the backward slower.
+  gradients keep [channels, bins] tiles (CF=False), 64 bins along the lanes and the warps
+  over a few channels: on an H100 flat tiles made the backward slower.
 
 Backward
 --------
@@ -70,9 +70,9 @@ from .._geometry import is_channels_last, memory_format
 from ._common import (GPU_TILE, LAUNCH_OPTS, cdiv, check_device, f64_bits, gather_blocks, kernel, next_pow2, opmath,
                       tile_blocks, use_deterministic)
 from ._common import check_align_backward, check_align_forward, check_align_rois_backward
-from ._jit import (FLAT, align_geometry, argmax_fits, axis_slides, axis_taps, beats, bilinear_slopes, bin_tile,
-                   box_level, corner_slopes, div_rn, first_skipped, level_map, load_roi, map_spans, mark_box, may_touch,
-                   pick, pixel_tile, sample_pos, sample_span, scale_of, scatter_samples, store_tile, touched_cells,
+from ._jit import (align_geometry, argmax_fits, axis_slides, axis_taps, beats, bilinear_slopes, bin_tile, box_level,
+                   corner_slopes, div_rn, first_skipped, level_map, load_roi, map_spans, mark_box, may_touch, pick,
+                   pixel_tile, sample_pos, sample_span, scale_of, scatter_samples, store_tile, touched_cells,
                    with_flag)
 from ._jit import along_c as _c  # per-channel vector -> tile axis
 from ._jit import along_p as _p  # per-bin / per-pixel vector -> tile axis
@@ -653,14 +653,13 @@ def _forward(input, rois, spatial_scale, pooled_height, pooled_width, sampling_r
         return out, argmax
     lanes_c = input.stride(1) < input.stride(3)
     budget = GPU_TILE // 2 if input.dtype == torch.float64 else GPU_TILE
-    block_p, block_c, n_pb, n_cb = tile_blocks(ph * pw, C, lanes_c, input.device.type == "cpu", budget, flat=True)
+    block_p, block_c, n_pb, n_cb, cf = tile_blocks(ph * pw, C, lanes_c, input.device.type == "cpu", budget, flat=True)
     assert ph == 1 or out.stride(2) == pw * out.stride(3)
     _align_fwd_kernel[(K * n_pb, n_cb)](
         input, rois, out, argmax if max_mode else out, f64_bits(spatial_scale),
         N, C, H, W, ph, pw, int(sampling_ratio), n_pb,
         *input.stride(), *out.stride(),
-        ALIGNED=bool(aligned), MAX_MODE=max_mode, BLOCK_P=block_p, BLOCK_C=block_c, CF=lanes_c or FLAT.value,
-        **LAUNCH_OPTS)
+        ALIGNED=bool(aligned), MAX_MODE=max_mode, BLOCK_P=block_p, BLOCK_C=block_c, CF=cf, **LAUNCH_OPTS)
     return out, argmax
 
 
@@ -707,13 +706,13 @@ def _backward(grad, argmax, rois, spatial_scale, pooled_height, pooled_width, ba
     lanes_c = bool(channels_last)
     # Max mode carries per-element sample coordinates: smaller tiles.
     budget = GPU_TILE // 2 if (max_mode or grad.dtype == torch.float64) else GPU_TILE
-    block_p, block_c, n_pb, n_cb = tile_blocks(ph * pw, C, lanes_c, on_cpu, budget)
+    block_p, block_c, n_pb, n_cb, cf = tile_blocks(ph * pw, C, lanes_c, on_cpu, budget)
     grid = (K * n_pb, n_cb)
     _align_bwd_atomic_kernel[grid](
         grad, arg, rois, gi, *common,
         N, C, H, W, ph, pw, int(sampling_ratio), n_pb,
         *grad.stride(), *arg.stride(), *gi.stride(),
-        ALIGNED=bool(aligned), MAX_MODE=max_mode, BLOCK_P=block_p, BLOCK_C=block_c, CF=lanes_c, **LAUNCH_OPTS)
+        ALIGNED=bool(aligned), MAX_MODE=max_mode, BLOCK_P=block_p, BLOCK_C=block_c, CF=cf, **LAUNCH_OPTS)
     return gi if acc_dtype == grad.dtype else gi.to(grad.dtype)
 
 
@@ -731,7 +730,7 @@ def _rois_backward(grad, input, rois, spatial_scale, pooled_height, pooled_width
     lanes_c = input.stride(1) < input.stride(3)
     # Four accumulators per tile element (max mode: per-element sample coordinates).
     budget = GPU_TILE // (4 if input.dtype == torch.float64 else 2)
-    block_p, block_c, n_pb, n_cb = tile_blocks(ph * pw, C, lanes_c, input.device.type == "cpu", budget)
+    block_p, block_c, n_pb, n_cb, cf = tile_blocks(ph * pw, C, lanes_c, input.device.type == "cpu", budget)
     grid = (K * n_pb, n_cb)
     # One row of partial sums per program, added up in a fixed order: bit-identical runs.
     part = torch.empty((K, n_pb, n_cb, 4), dtype=acc, device=input.device)
@@ -739,7 +738,7 @@ def _rois_backward(grad, input, rois, spatial_scale, pooled_height, pooled_width
         grad, input, r, part, f64_bits(spatial_scale),
         N, C, H, W, ph, pw, int(sampling_ratio), n_pb,
         *grad.stride(), *input.stride(),
-        ALIGNED=bool(aligned), MAX_MODE=max_mode, BLOCK_P=block_p, BLOCK_C=block_c, CF=lanes_c, **LAUNCH_OPTS)
+        ALIGNED=bool(aligned), MAX_MODE=max_mode, BLOCK_P=block_p, BLOCK_C=block_c, CF=cf, **LAUNCH_OPTS)
     out[:, 1:] = part.sum(dim=(1, 2))
     return out.to(rois.dtype)
 
@@ -823,11 +822,11 @@ def multi_scale_roi_align_forward(inputs: list[torch.Tensor], rois: torch.Tensor
     ptrs, sbits, hs, ws = _level_args(maps, spatial_scales, [x.shape[2] for x in maps], [x.shape[3] for x in maps])
     cl = fmt == torch.channels_last
     budget = GPU_TILE // 2 if first.dtype == torch.float64 else GPU_TILE
-    block_p, block_c, n_pb, n_cb = tile_blocks(ph * pw, C, cl, first.device.type == "cpu", budget, flat=True)
+    block_p, block_c, n_pb, n_cb, cf = tile_blocks(ph * pw, C, cl, first.device.type == "cpu", budget, flat=True)
     _align_fwd_levels_kernel[(K * n_pb, n_cb)](
         *ptrs, rois, levels, out, *sbits, *hs, *ws, len(maps),
         N, C, ph, pw, int(sampling_ratio), n_pb, *out.stride(),
-        ALIGNED=bool(aligned), BLOCK_P=block_p, BLOCK_C=block_c, CF=cl or FLAT.value, **LAUNCH_OPTS)
+        ALIGNED=bool(aligned), BLOCK_P=block_p, BLOCK_C=block_c, CF=cf, **LAUNCH_OPTS)
     return out
 
 
@@ -872,9 +871,9 @@ def multi_scale_roi_align_backward(grad: torch.Tensor, rois: torch.Tensor, level
                 **LAUNCH_OPTS)
         else:
             budget = GPU_TILE // 2 if grad.dtype == torch.float64 else GPU_TILE
-            block_p, block_c, n_pb, n_cb = tile_blocks(ph * pw, C, bool(channels_last), on_cpu, budget)
+            block_p, block_c, n_pb, n_cb, cf = tile_blocks(ph * pw, C, bool(channels_last), on_cpu, budget)
             _align_bwd_atomic_levels_kernel[(K * n_pb, n_cb)](
                 grad, rois, levels, *ptrs, *sbits, *hs, *ws, L,
                 N, C, ph, pw, int(sampling_ratio), n_pb, *grad.stride(),
-                ALIGNED=bool(aligned), BLOCK_P=block_p, BLOCK_C=block_c, CF=bool(channels_last), **LAUNCH_OPTS)
+                ALIGNED=bool(aligned), BLOCK_P=block_p, BLOCK_C=block_c, CF=cf, **LAUNCH_OPTS)
     return grads if acc_dtype == grad.dtype else [v.to(grad.dtype) for v in grads]

@@ -28,7 +28,7 @@ import triton.language as tl
 from .._geometry import is_channels_last, memory_format
 from ._common import (GPU_TILE, INTERP_TILE, LAUNCH_OPTS, cdiv, check_device, check_rotated_backward,
                       check_rotated_forward, f64_bits, kernel, opmath, tile_blocks, use_deterministic)
-from ._jit import FLAT, MAX_COORD, axis_taps, bin_grid, bin_tile, div_rn, sample_pos, sample_span, scale_of, with_flag
+from ._jit import MAX_COORD, axis_taps, bin_grid, bin_tile, div_rn, sample_pos, sample_span, scale_of, with_flag
 from ._jit import along_c as _c
 from ._jit import along_p as _p
 
@@ -298,11 +298,11 @@ def roi_align_rotated_forward(input: torch.Tensor, rois: torch.Tensor, spatial_s
         return out
     lanes_c = input.stride(1) < input.stride(3)
     budget = GPU_TILE // 2 if input.dtype == torch.float64 else GPU_TILE
-    block_p, block_c, n_pb, n_cb = tile_blocks(ph * pw, C, lanes_c, input.device.type == "cpu", budget, flat=True)
+    block_p, block_c, n_pb, n_cb, cf = tile_blocks(ph * pw, C, lanes_c, input.device.type == "cpu", budget, flat=True)
     _rotated_fwd_kernel[(K * n_pb, n_cb)](
         input, rois, _cos_sin(rois), out, f64_bits(spatial_scale),
         N, C, H, W, ph, pw, int(sampling_ratio), n_pb, *input.stride(), *out.stride(),
-        ALIGNED=bool(aligned), BLOCK_P=block_p, BLOCK_C=block_c, CF=lanes_c or FLAT.value, **LAUNCH_OPTS)
+        ALIGNED=bool(aligned), BLOCK_P=block_p, BLOCK_C=block_c, CF=cf, **LAUNCH_OPTS)
     return out
 
 
@@ -342,8 +342,8 @@ def roi_align_rotated_backward(grad: torch.Tensor, rois: torch.Tensor, spatial_s
     else:
         lanes_c = bool(channels_last)
         budget = GPU_TILE // 2 if grad.dtype == torch.float64 else GPU_TILE
-        block_p, block_c, n_pb, n_cb = tile_blocks(ph * pw, C, lanes_c, grad.device.type == "cpu", budget)
+        block_p, block_c, n_pb, n_cb, cf = tile_blocks(ph * pw, C, lanes_c, grad.device.type == "cpu", budget)
         _rotated_bwd_atomic_kernel[(K * n_pb, n_cb)](
             *common, N, C, H, W, ph, pw, int(sampling_ratio), n_pb, *grad.stride(), *gi.stride(),
-            ALIGNED=bool(aligned), BLOCK_P=block_p, BLOCK_C=block_c, CF=lanes_c, **LAUNCH_OPTS)
+            ALIGNED=bool(aligned), BLOCK_P=block_p, BLOCK_C=block_c, CF=cf, **LAUNCH_OPTS)
     return gi if acc_dtype == grad.dtype else gi.to(grad.dtype)

@@ -246,14 +246,14 @@ def roi_pool_forward(input: torch.Tensor, rois: torch.Tensor, spatial_scale: flo
     if H == 0 or W == 0:
         return out.zero_(), argmax.fill_(-1)
     lanes_c = input.stride(1) < input.stride(3)
-    block_p, block_c, n_pb, n_cb = tile_blocks(ph * pw, C, lanes_c, input.device.type == "cpu")
+    block_p, block_c, n_pb, n_cb, cf = tile_blocks(ph * pw, C, lanes_c, input.device.type == "cpu")
     grid = (K * n_pb, n_cb)
     assert ph == 1 or out.stride(2) == pw * out.stride(3)
     _pool_fwd_kernel[grid](
         input, rois, out, argmax, f64_bits(spatial_scale),
         N, C, H, W, ph, pw, n_pb,
         *input.stride(), *out.stride(),
-        CONTINUOUS=bool(continuous), BLOCK_P=block_p, BLOCK_C=block_c, CF=lanes_c, **LAUNCH_OPTS)
+        CONTINUOUS=bool(continuous), BLOCK_P=block_p, BLOCK_C=block_c, CF=cf, **LAUNCH_OPTS)
     return out, argmax
 
 
@@ -299,11 +299,11 @@ def roi_pool_backward(grad: torch.Tensor, argmax: torch.Tensor, rois: torch.Tens
 
     acc_dtype = grad.dtype if grad.dtype in (torch.float32, torch.float64) else torch.float32
     gi = torch.empty((N, C, H, W), dtype=acc_dtype, device=grad.device, memory_format=fmt).zero_()
-    block_p, block_c, n_pb, n_cb = tile_blocks(ph * pw, C, bool(channels_last), on_cpu)
+    block_p, block_c, n_pb, n_cb, cf = tile_blocks(ph * pw, C, bool(channels_last), on_cpu)
     grid = (K * n_pb, n_cb)
     _pool_bwd_atomic_kernel[grid](
         grad, argmax, rois, gi,
         N, C, H, W, ph, pw, n_pb,
         *grad.stride(), *argmax.stride(), *gi.stride(),
-        BLOCK_P=block_p, BLOCK_C=block_c, CF=bool(channels_last), **LAUNCH_OPTS)
+        BLOCK_P=block_p, BLOCK_C=block_c, CF=cf, **LAUNCH_OPTS)
     return gi if acc_dtype == grad.dtype else gi.to(grad.dtype)
