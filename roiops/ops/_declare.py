@@ -70,6 +70,31 @@ def _schema(params: list[tuple[str, str]], outputs: int) -> str:
     return "(" + ", ".join(f"{t} {n}" for t, n in params) + ") -> " + returns
 
 
+# Every roiops op is defined in this fragment of the "roiops" namespace (the module keeps
+# it alive).
+_LIB = torch.library.Library("roiops", "FRAGMENT")
+
+
+def define(name: str, schema: str, kernel: Callable[..., Any], fake: Callable[..., Any]) -> Any:
+    """Defines op ``roiops::<name>`` with ``schema`` (``"(args) -> returns"``): ``kernel``
+    runs it on every device (it picks the kernel set itself), ``fake`` gives its outputs'
+    metadata (FakeTensor, meta, torch.compile and torch.export). Returns the op overload.
+
+    Not ``torch.library.custom_op``, which registers the same but runs each call through
+    its own kernel table and an output aliasing check: 25-45 us more per call once other
+    work has evicted the host code from the caches (BENCHMARKS.md). The kernel is kept
+    from Dynamo, as custom_op keeps it, so that code around a graph break never traces it."""
+    _LIB.define(name + schema)
+    _LIB.impl(name, torch._disable_dynamo(kernel), "CompositeExplicitAutograd")
+    torch.library.register_fake(f"roiops::{name}", fake, lib=_LIB)
+    return getattr(torch.ops.roiops, name).default
+
+
+def register_autograd(op: Any, backward: Callable[..., Any], setup_context: Callable[..., Any] | None = None) -> None:
+    """``torch.library.register_autograd`` for an op of :func:`define`."""
+    torch.library.register_autograd(op, backward, setup_context=setup_context, lib=_LIB)
+
+
 def register(spec: Kernels) -> None:
     """Defines ``roiops::<name>`` and ``roiops::_<name>_backward`` from ``spec``."""
     types = dict((n, t) for t, n in spec.args) | _FROM_INPUT
@@ -82,14 +107,6 @@ def register(spec: Kernels) -> None:
 
     def backward(grad: Tensor, *args: Any) -> Tensor:
         return getattr(_backend.kernels(grad.device), backward_kernel)(grad, *args)
-
-    fwd = torch.library.custom_op(
-        f"roiops::{spec.name}", forward, mutates_args=(),
-        schema=_schema([("Tensor", "input"), ("Tensor", "rois"), *spec.args], 1 + len(spec.saved)))
-    bwd = torch.library.custom_op(
-        f"roiops::_{spec.name}_backward", backward, mutates_args=(),
-        schema=_schema([("Tensor", "grad"), *(("Tensor", s) for s in spec.saved), ("Tensor", "rois"),
-                        *((types[n], n) for n in spec.backward)], 1))
 
     def forward_fake(input: Tensor, rois: Tensor, *args: Any) -> Any:
         named = dict(zip(arg_names, args))
@@ -104,8 +121,12 @@ def register(spec: Kernels) -> None:
         return empty_grad(grad, named["batch_size"], named["channels"], named["height"], named["width"],
                           named["channels_last"])
 
-    fwd.register_fake(forward_fake)
-    bwd.register_fake(backward_fake)
+    fwd = define(spec.name, _schema([("Tensor", "input"), ("Tensor", "rois"), *spec.args], 1 + len(spec.saved)),
+                 forward, forward_fake)
+    bwd = define(f"_{spec.name}_backward",
+                 _schema([("Tensor", "grad"), *(("Tensor", s) for s in spec.saved), ("Tensor", "rois"),
+                          *((types[n], n) for n in spec.backward)], 1),
+                 backward, backward_fake)
     rois_bwd = _register_rois_backward(spec) if spec.rois_grad else None
 
     # Where each backward argument comes from: a forward argument (its position), or the input.
@@ -138,7 +159,7 @@ def register(spec: Kernels) -> None:
                 gr = rois_bwd(grad, input, rois, *ctx.forward_args)
         return (gi, gr) + (None,) * (n_inputs - 2)
 
-    fwd.register_autograd(gradient, setup_context=setup_context)
+    register_autograd(fwd, gradient, setup_context)
     refuse_double_backward(bwd, spec.title or spec.name)
 
 
@@ -149,10 +170,9 @@ def _register_rois_backward(spec: Kernels) -> Any:
     def rois_backward(grad: Tensor, input: Tensor, rois: Tensor, *args: Any) -> Tensor:
         return getattr(_backend.kernels(grad.device), kernel)(grad, input, rois, *args)
 
-    op = torch.library.custom_op(
-        f"roiops::_{spec.name}_rois_backward", rois_backward, mutates_args=(),
-        schema=_schema([("Tensor", "grad"), ("Tensor", "input"), ("Tensor", "rois"), *spec.args], 1))
-    op.register_fake(lambda grad, input, rois, *args: torch.empty_like(rois))
+    op = define(f"_{spec.name}_rois_backward",
+                _schema([("Tensor", "grad"), ("Tensor", "input"), ("Tensor", "rois"), *spec.args], 1),
+                rois_backward, lambda grad, input, rois, *args: torch.empty_like(rois))
     refuse_double_backward(op, spec.title or spec.name)
     return op
 
@@ -164,7 +184,7 @@ def refuse_double_backward(backward_op: Any, title: str) -> None:
         raise RuntimeError(f"roiops: {title} has no double backward (gradient of its gradient); torchvision's RoI "
                            "ops have none either")
 
-    backward_op.register_autograd(no_double_backward)
+    register_autograd(backward_op, no_double_backward)
 
 
 _CHECKS: dict[str, Callable[[Any], Any]] = {

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from contextlib import nullcontext
-from typing import List, Literal  # noqa: UP035  (schema inference before torch 2.7 knows no list[...])
+from typing import Literal
 
 import torch
 from torch import Tensor
@@ -21,7 +21,7 @@ from .. import _validation as v
 from .._geometry import is_channels_last
 from .._validation import BoxesType, OutputSize
 from . import roi_align as _single_level  # noqa: F401  (the per-level kernels' ops)
-from ._declare import empty_grad, empty_output, refuse_double_backward
+from ._declare import define, empty_grad, empty_output, refuse_double_backward, register_autograd
 
 
 def fpn_levels(rois: Tensor, k_min: int, k_max: int, canonical_box_size: float = 224.0, canonical_level: int = 4,
@@ -111,11 +111,8 @@ def _levels_backward(kernels, grad, rois, levels, spatial_scales, ph, pw, batch_
     return grads
 
 
-@torch.library.custom_op("roiops::multi_scale_roi_align", mutates_args=())
-def _multi_scale_roi_align_op(
-    inputs: List[Tensor], rois: Tensor, levels: Tensor, spatial_scales: List[float], pooled_height: int,
-    pooled_width: int, sampling_ratio: int, aligned: bool,
-) -> Tensor:
+def _multi_scale_forward(inputs: list[Tensor], rois: Tensor, levels: Tensor, spatial_scales: list[float],
+                         pooled_height: int, pooled_width: int, sampling_ratio: int, aligned: bool) -> Tensor:
     kernels = _backend.kernels(rois.device)
     if hasattr(kernels, "multi_scale_roi_align_forward"):
         return kernels.multi_scale_roi_align_forward(inputs, rois, levels, spatial_scales, pooled_height,
@@ -124,12 +121,9 @@ def _multi_scale_roi_align_op(
                            sampling_ratio, aligned)
 
 
-@torch.library.custom_op("roiops::_multi_scale_roi_align_backward", mutates_args=())
-def _multi_scale_roi_align_backward(
-    grad: Tensor, rois: Tensor, levels: Tensor, spatial_scales: List[float], pooled_height: int, pooled_width: int,
-    batch_size: int, channels: int, heights: List[int], widths: List[int], sampling_ratio: int, aligned: bool,
-    channels_last: bool,
-) -> List[Tensor]:
+def _multi_scale_backward(grad: Tensor, rois: Tensor, levels: Tensor, spatial_scales: list[float],
+                          pooled_height: int, pooled_width: int, batch_size: int, channels: int, heights: list[int],
+                          widths: list[int], sampling_ratio: int, aligned: bool, channels_last: bool) -> list[Tensor]:
     kernels = _backend.kernels(grad.device)
     args = (grad, rois, levels, spatial_scales, pooled_height, pooled_width, batch_size, channels, heights, widths,
             sampling_ratio, aligned, channels_last)
@@ -138,15 +132,27 @@ def _multi_scale_roi_align_backward(
     return _levels_backward(kernels, *args)
 
 
-@_multi_scale_roi_align_op.register_fake
-def _(inputs, rois, levels, spatial_scales, pooled_height, pooled_width, sampling_ratio, aligned):
+def _multi_scale_forward_fake(inputs, rois, levels, spatial_scales, pooled_height, pooled_width, sampling_ratio,
+                              aligned):
     return empty_output(inputs[0], rois, pooled_height, pooled_width)
 
 
-@_multi_scale_roi_align_backward.register_fake
-def _(grad, rois, levels, spatial_scales, pooled_height, pooled_width, batch_size, channels, heights, widths,
-      sampling_ratio, aligned, channels_last):
+def _multi_scale_backward_fake(grad, rois, levels, spatial_scales, pooled_height, pooled_width, batch_size, channels,
+                               heights, widths, sampling_ratio, aligned, channels_last):
     return [empty_grad(grad, batch_size, channels, h, w, channels_last) for h, w in zip(heights, widths)]
+
+
+_multi_scale_roi_align_op = define(
+    "multi_scale_roi_align",
+    "(Tensor[] inputs, Tensor rois, Tensor levels, float[] spatial_scales, int pooled_height, int pooled_width, "
+    "int sampling_ratio, bool aligned) -> Tensor",
+    _multi_scale_forward, _multi_scale_forward_fake)
+_multi_scale_roi_align_backward = define(
+    "_multi_scale_roi_align_backward",
+    "(Tensor grad, Tensor rois, Tensor levels, float[] spatial_scales, int pooled_height, int pooled_width, "
+    "int batch_size, int channels, int[] heights, int[] widths, int sampling_ratio, bool aligned, "
+    "bool channels_last) -> Tensor[]",
+    _multi_scale_backward, _multi_scale_backward_fake)
 
 
 def _setup_levels(ctx, inputs, output):
@@ -168,5 +174,5 @@ def _levels_grad(ctx, grad):
     return grads, *ctx.no_grads
 
 
-_multi_scale_roi_align_op.register_autograd(_levels_grad, setup_context=_setup_levels)
+register_autograd(_multi_scale_roi_align_op, _levels_grad, _setup_levels)
 refuse_double_backward(_multi_scale_roi_align_backward, "multi_scale_roi_align")
