@@ -42,6 +42,10 @@ status=0
 # One worker per core: the GPU tests' time goes mostly to compiling kernels on the CPU.
 workers=$("$PY" -c "import os, xdist; print(os.cpu_count())" 2>/dev/null)
 xdist=${workers:+-n $workers}
+# One OpenMP thread per worker: a worker per core, each with a thread per core, would
+# oversubscribe the cores while the tests run their CPU oracles (the float64 reference
+# on C = 256 maps) and spin-wait in each of their many small parallel ops.
+[ -n "$workers" ] && export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 # Every test that runs compiled Triton kernels on the GPU: the GPU and Triton suites, and
 # the Triton cases of the per-op suites (their ids name the backend or the device).
 gpu_files="tests/test_gpu.py tests/test_triton.py tests/test_box_grad_triton.py tests/test_multi_scale.py"
