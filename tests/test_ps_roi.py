@@ -238,6 +238,25 @@ def test_backward_deterministic_across_threads(op, channels_last):
         assert torch.equal(out, results[0][0]) and torch.equal(grad, results[0][1])
 
 
+@pytest.mark.parametrize("op, sr", [("align", 2), ("align", -1), ("pool", 2)])
+def test_channels_last_forward_bands_agree_for_any_thread_count(op, sr):
+    """A channels_last forward sums boxes by bands of rows, more of them with more threads;
+    a bin row that crosses bands is summed in each in turn. Whatever the split, the output
+    is the NCHW kernels' (tiles per bin, no bands) bit for bit."""
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(1, 11 * 9, 20, 30, generator=g)
+    boxes = random_boxes(1, 600, 56.0, 36.0, g)  # image pixels, SCALE 0.5: bins cross band edges
+    want = OPS[op](x, boxes, 3, SCALE, sr)
+    xcl = x.contiguous(memory_format=torch.channels_last)
+    threads = torch.get_num_threads()
+    try:
+        for n in (1, 2, 3, 5):
+            torch.set_num_threads(n)
+            assert torch.equal(OPS[op](xcl, boxes, 3, SCALE, sr), want), n
+    finally:
+        torch.set_num_threads(threads)
+
+
 @pytest.mark.parametrize("fn", [roiops.ps_roi_align, roiops.ps_roi_pool, roiops.compat.torchvision.ps_roi_align,
                                 roiops.compat.torchvision.ps_roi_pool])
 def test_channels_must_be_a_multiple_of_the_bins(fn):

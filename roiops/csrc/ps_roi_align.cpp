@@ -10,6 +10,7 @@
 #include <ATen/OpMathType.h>
 #include <ATen/Parallel.h>
 
+#include <climits>
 #include <cmath>
 #include <vector>
 
@@ -33,11 +34,15 @@ BoxPlans<AlignPlan<T>> build_plans(const at::Tensor& rois, double spatial_scale,
 
 // f(o1, o2, o3, o4, w1, w2, w3, w4) for each sample of bin (i, j) inside the map, in
 // row-major order: the offsets (rows sH, columns sW apart) of its four neighbours and their
-// weights w1 = hy*hx, w2 = hy*lx, w3 = ly*hx, w4 = ly*lx.
+// weights w1 = hy*hx, w2 = hy*lx, w3 = ly*hx, w4 = ly*lx. Only the samples whose first
+// neighbours' row (y_low) lies in [ya, yb), by default all.
 template <typename T, typename F>
-inline void for_each_sample(const AlignPlan<T>& p, int64_t i, int64_t j, int64_t sH, int64_t sW, const F& f) {
+inline void for_each_sample(const AlignPlan<T>& p, int64_t i, int64_t j, int64_t sH, int64_t sW, const F& f,
+                            int64_t ya = INT64_MIN, int64_t yb = INT64_MAX) {
   const AxisPlan<T>&ys = p.ys, &xs = p.xs;
   for (int64_t ty = ys.begin[i]; ty < ys.begin[i + 1]; ++ty) {
+    if (ys.lo[ty] < ya) continue;  // y_low never decreases along a bin
+    if (ys.lo[ty] >= yb) break;
     const int64_t ylo = ys.lo[ty] * sH, yhi = ys.hi[ty] * sH;
     const T ly = ys.l[ty], hy = ys.h[ty];
     for (int64_t tx = xs.begin[j]; tx < xs.begin[j + 1]; ++tx) {
@@ -104,13 +109,17 @@ int64_t cover_bin(const BoxPlans<AlignPlan<T>>& plans, const std::vector<int64_t
 }
 
 // One bin for align_bins_lanes: box plan p's bin (i, j), the lanes it reads, where its nc
-// means go.
+// means go, and which of its samples to add now with its running sums (PsRowPart: those
+// whose y_low lies in rows [ya, yb); by default all, from zero to the mean).
 template <typename T, typename scalar_t>
 struct LanesBin {
   const AlignPlan<T>* p;
   int64_t i, j;
   PsLanes<const T> v;
   scalar_t* r;
+  int64_t ya = INT64_MIN, yb = INT64_MAX;
+  T* carry = nullptr;
+  bool first = true, last = true;
 };
 
 // n bins, at(m) the m-th (a LanesBin): r[c] = the mean of lane c over the bin's samples, c <
@@ -123,20 +132,31 @@ ROIOPS_SIMD void align_bins_lanes(int64_t n, int64_t nc, const At& at) {
     const LanesBin<T, scalar_t> e = at(m);
     const AlignPlan<T>& p = *e.p;
     if (p.empty()) {
-      for (int64_t c = 0; c < nc; ++c) e.r[c] = static_cast<scalar_t>(T(0) / p.count);
+      if (e.last) {
+        for (int64_t c = 0; c < nc; ++c) e.r[c] = static_cast<scalar_t>(T(0) / p.count);
+      }
       continue;
     }
     const PsLanes<const T>& v = e.v;
     ps_lane_blocks(nc, [&](auto V, int64_t c) __attribute__((always_inline)) {
       lanes8<T> sum[V] = {};
+      if (!e.first) {
+        for (int u = 0; u < V; ++u) sum[u] = load8(e.carry + c + 8 * u);
+      }
       const T* q = v.data + c - v.org;
-      for_each_sample(p, e.i, e.j, v.sH, v.sW,
-                      [&](int64_t o1, int64_t o2, int64_t o3, int64_t o4, T w1, T w2, T w3, T w4) {
-                        for (int u = 0; u < V; ++u) {
-                          sum[u] += w1 * load8(q + o1 + 8 * u) + w2 * load8(q + o2 + 8 * u) +
-                                    w3 * load8(q + o3 + 8 * u) + w4 * load8(q + o4 + 8 * u);
-                        }
-                      });
+      for_each_sample(
+          p, e.i, e.j, v.sH, v.sW,
+          [&](int64_t o1, int64_t o2, int64_t o3, int64_t o4, T w1, T w2, T w3, T w4) {
+            for (int u = 0; u < V; ++u) {
+              sum[u] += w1 * load8(q + o1 + 8 * u) + w2 * load8(q + o2 + 8 * u) + w3 * load8(q + o3 + 8 * u) +
+                        w4 * load8(q + o4 + 8 * u);
+            }
+          },
+          e.ya, e.yb);
+      if (!e.last) {
+        for (int u = 0; u < V; ++u) store8(e.carry + c + 8 * u, sum[u]);
+        return;
+      }
       for (int u = 0; u < V; ++u) ps_store_lanes<T>(sum[u] / p.count, nc - c - 8 * u, e.r + c + 8 * u);
     });
   }
@@ -242,13 +262,15 @@ void forward_impl(const at::Tensor& input, const at::Tensor& rois, double spatia
   PsOutput<scalar_t> result(out);
   const std::vector<int64_t> batch = ps_batch(rois);
   const auto rows = [&](int64_t k, int64_t i) { return plans[k].bin_rows(i); };
-  const auto sum_row = [&](const PsBand& band, const T* buf, int64_t k, int64_t i) {
+  const auto sum_row = [&](const PsBand& band, const T* buf, int64_t k, int64_t i, const PsRowPart<T>& part) {
     align_bins_lanes<T, scalar_t>(pw, band.nc, [&](int64_t j) {
-      return LanesBin<T, scalar_t>{&plans[k], i, j, band.view(buf, i * pw + j), result.row(i * pw + j, k) + band.c0};
+      return LanesBin<T, scalar_t>{&plans[k], i, j, band.view(buf, i * pw + j), result.row(i * pw + j, k) + band.c0,
+                                   part.ya, part.yb, part.carry ? part.carry + j * 8 : nullptr, part.first, part.last};
     });
   };
+  // Bands carry: samples come in order of their y_low, and read one row below it too.
   if (s.w != 1 &&
-      ps_forward_bands<T, scalar_t>(input, batch, C_out, ph, pw, total_reads(plans, ph, pw), rows, sum_row)) {
+      ps_forward_bands<T, true, scalar_t>(input, batch, C_out, ph, pw, total_reads(plans, ph, pw), 1, rows, sum_row)) {
     return;
   }
   Scratch<T> scratch;

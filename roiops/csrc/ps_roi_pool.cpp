@@ -30,10 +30,11 @@ class PsPoolBins {
     int64_t area() const { return (y1 - y0) * (x1 - x0); }
   };
 
-  // rois of the kernel's opmath type T.
+  // rois of the kernel's opmath type T. A ROIOPS_SIMD clone: there floor, ceil and round
+  // are instructions, not calls (R-FCN's 300 boxes: 18-21 us instead of 26-33).
   template <typename T>
-  static PsPoolBins build(const at::Tensor& rois, double spatial_scale, int64_t ph, int64_t pw, int64_t H,
-                          int64_t W) {
+  ROIOPS_SIMD static PsPoolBins build(const at::Tensor& rois, double spatial_scale, int64_t ph, int64_t pw,
+                                      int64_t H, int64_t W) {
     PsPoolBins b(rois.size(0), ph, pw);
     const T* roi = rois.const_data_ptr<T>();
     const T scale = static_cast<T>(spatial_scale);
@@ -119,12 +120,17 @@ inline int64_t cover_bin(const PsPoolBins& bins, const std::vector<int64_t>& box
   return reads;
 }
 
-// One bin for pool_bins_lanes: the lanes it reads, its cells, where its nc means go.
+// One bin for pool_bins_lanes: the lanes it reads, its cells, where its nc means go, and
+// the rows [ya, yb) of it to sum now with its running sums (PsRowPart; by default all of
+// its rows, from zero to the mean).
 template <typename T, typename scalar_t>
 struct LanesBin {
   PsLanes<const T> v;
   PsPoolBins::Bin b;
   scalar_t* r;
+  int64_t ya, yb;
+  T* carry = nullptr;
+  bool first = true, last = true;
 };
 
 // n bins, at(m) the m-th (a LanesBin): r[c] = the mean of lane c over the bin's cells (0 for
@@ -135,19 +141,26 @@ ROIOPS_SIMD void pool_bins_lanes(int64_t n, int64_t nc, const At& at) {
   for (int64_t m = 0; m < n; ++m) {
     const LanesBin<T, scalar_t> e = at(m);
     const PsLanes<const T>& v = e.v;
-    const auto [y0, y1, x0, x1] = e.b;
+    const int64_t x0 = e.b.x0, x1 = e.b.x1;
     if (e.b.empty()) {
-      std::fill_n(e.r, nc, scalar_t(0));
+      if (e.last) std::fill_n(e.r, nc, scalar_t(0));
       continue;
     }
     const T area = static_cast<T>(e.b.area());
     ps_lane_blocks(nc, [&](auto V, int64_t c) __attribute__((always_inline)) {
       lanes8<T> sum[V] = {};
-      for (int64_t y = y0; y < y1; ++y) {
+      if (!e.first) {
+        for (int u = 0; u < V; ++u) sum[u] = load8(e.carry + c + 8 * u);
+      }
+      for (int64_t y = e.ya; y < e.yb; ++y) {
         for (int64_t x = x0; x < x1; ++x) {
           const T* q = v.data + (y * v.sH + x * v.sW - v.org) + c;
           for (int u = 0; u < V; ++u) sum[u] += load8(q + 8 * u);
         }
+      }
+      if (!e.last) {
+        for (int u = 0; u < V; ++u) store8(e.carry + c + 8 * u, sum[u]);
+        return;
       }
       for (int u = 0; u < V; ++u) ps_store_lanes<T>(sum[u] / area, nc - c - 8 * u, e.r + c + 8 * u);
     });
@@ -198,26 +211,34 @@ void forward_impl(const at::Tensor& input, const at::Tensor& rois, double spatia
     const PsPoolBins::Bin b = boxes_bins.bin(k, i, 0);
     return std::pair<int64_t, int64_t>(b.y0, b.y1 - 1);
   };
-  const auto sum_row = [&](const PsBand& band, const T* buf, int64_t k, int64_t i) {
+  const auto sum_row = [&](const PsBand& band, const T* buf, int64_t k, int64_t i, const PsRowPart<T>& part) {
     pool_bins_lanes<T, scalar_t>(pw, band.nc, [&](int64_t j) {
       return LanesBin<T, scalar_t>{band.view(buf, i * pw + j), boxes_bins.bin(k, i, j),
-                                   result.row(i * pw + j, k) + band.c0};
+                                   result.row(i * pw + j, k) + band.c0, part.ya, part.yb,
+                                   part.carry ? part.carry + j * 8 : nullptr, part.first, part.last};
     });
   };
-  if (s.w != 1 && ps_forward_bands<T, scalar_t>(input, batch, C_out, ph, pw, total_reads(boxes_bins, ph, pw), rows,
-                                                sum_row)) {
+  if (s.w != 1 && ps_forward_bands<T, true, scalar_t>(input, batch, C_out, ph, pw,
+                                                      total_reads(boxes_bins, ph, pw), 0, rows, sum_row)) {
     return;
   }
   Scratch<T> scratch;
+  Scratch<int64_t> order_scratch;
   const auto task = [&](int64_t n, int64_t bin, int64_t c0, int64_t nc, const std::vector<int64_t>& boxes) {
     const int64_t i = bin / pw, j = bin % pw;
     const scalar_t* base = in + n * s.n + (c0 * bins + bin) * s.c;
     PsTile t(nc, W);
     if (s.w == 1 && ps_use_tile<T>(t, cover_bin(boxes_bins, boxes, i, j, t), nc)) {
       const PsLanes<const T> v = ps_forward_tile(t, base, bins * s.c, nc, scratch);
+      int64_t* order = order_scratch.get(static_cast<int64_t>(boxes.size()));
+      ps_grouped(boxes, [&](int64_t k) {
+        const PsPoolBins::Bin b = boxes_bins.bin(k, i, j);
+        return std::clamp<int64_t>(b.y1 - b.y0, 0, 7) * 8 + std::clamp<int64_t>(b.x1 - b.x0, 0, 7);
+      }, order);
       pool_bins_lanes<T, scalar_t>(static_cast<int64_t>(boxes.size()), nc, [&](int64_t m) {
-        const int64_t k = boxes[m];
-        return LanesBin<T, scalar_t>{v, boxes_bins.bin(k, i, j), result.row(bin, k) + c0};
+        const int64_t k = order[m];
+        const PsPoolBins::Bin b = boxes_bins.bin(k, i, j);
+        return LanesBin<T, scalar_t>{v, b, result.row(bin, k) + c0, b.y0, b.y1};
       });
       return;
     }
