@@ -76,19 +76,6 @@ void ps_tasks(const std::vector<int64_t>& batch, int64_t N, int64_t C_out, int64
   });
 }
 
-// A forward task's boxes (in increasing k) to out, grouped by key(k) in [0, 64) (a bin's
-// shape), in increasing k within a group. A bin's loops then run as many times for box
-// after box, and the branch predictor learns their counts instead of missing them at
-// almost every box. A bin's sum does not depend on the order; backward tasks add boxes in
-// increasing k.
-template <typename Key>
-void ps_grouped(const std::vector<int64_t>& boxes, const Key& key, int64_t* out) {
-  int64_t start[65] = {};
-  for (const int64_t k : boxes) ++start[key(k) + 1];
-  for (int q = 1; q < 65; ++q) start[q] += start[q - 1];
-  for (const int64_t k : boxes) out[start[key(k)]++] = k;
-}
-
 // Where forward tasks write: the output itself when a bin's output channels are
 // contiguous there (channels_last, or one output channel), else a bin-major buffer that
 // finish() copies into it. Values of box k, bin b, output channels from c0 on: row(b, k) + c0.

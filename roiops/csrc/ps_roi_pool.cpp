@@ -223,20 +223,14 @@ void forward_impl(const at::Tensor& input, const at::Tensor& rois, double spatia
     return;
   }
   Scratch<T> scratch;
-  Scratch<int64_t> order_scratch;
   const auto task = [&](int64_t n, int64_t bin, int64_t c0, int64_t nc, const std::vector<int64_t>& boxes) {
     const int64_t i = bin / pw, j = bin % pw;
     const scalar_t* base = in + n * s.n + (c0 * bins + bin) * s.c;
     PsTile t(nc, W);
     if (s.w == 1 && ps_use_tile<T>(t, cover_bin(boxes_bins, boxes, i, j, t), nc)) {
       const PsLanes<const T> v = ps_forward_tile(t, base, bins * s.c, nc, scratch);
-      int64_t* order = order_scratch.get(static_cast<int64_t>(boxes.size()));
-      ps_grouped(boxes, [&](int64_t k) {
-        const PsPoolBins::Bin b = boxes_bins.bin(k, i, j);
-        return std::clamp<int64_t>(b.y1 - b.y0, 0, 7) * 8 + std::clamp<int64_t>(b.x1 - b.x0, 0, 7);
-      }, order);
       pool_bins_lanes<T, scalar_t>(static_cast<int64_t>(boxes.size()), nc, [&](int64_t m) {
-        const int64_t k = order[m];
+        const int64_t k = boxes[m];
         const PsPoolBins::Bin b = boxes_bins.bin(k, i, j);
         return LanesBin<T, scalar_t>{v, b, result.row(bin, k) + c0, b.y0, b.y1};
       });
