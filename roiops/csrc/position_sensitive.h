@@ -504,6 +504,9 @@ bool ps_forward_bands(const at::Tensor& input, const std::vector<int64_t>& batch
   const int64_t per_image = (H + R - 1) / R;
   std::vector<std::vector<std::pair<int64_t, int64_t>>> parts(static_cast<size_t>(N * per_image));
   std::vector<std::pair<int64_t, int64_t>> span(parts.size(), {H, 0});  // rows [first, end) a band copies
+  // kCarry: each bin row that crosses bands, its index among them (-1: none).
+  std::vector<int64_t> crossing(kCarry ? static_cast<size_t>(K * ph) : 0, -1);
+  int64_t crossings = 0;
   for (int64_t k = 0; k < K; ++k) {
     for (int64_t i = 0; i < ph; ++i) {
       const auto [first, last] = rows(k, i);
@@ -512,6 +515,7 @@ bool ps_forward_bands(const at::Tensor& input, const std::vector<int64_t>& batch
         parts[b0].emplace_back(k, i);
         continue;
       }
+      if (kCarry && first / R != last / R) crossing[static_cast<size_t>(k * ph + i)] = crossings++;
       for (int64_t q = first / R; q <= (kCarry ? last / R : first / R); ++q) {
         const size_t b = b0 + static_cast<size_t>(q);
         parts[b].emplace_back(k, i);
@@ -527,9 +531,9 @@ bool ps_forward_bands(const at::Tensor& input, const std::vector<int64_t>& batch
   const Strides s(input);
   const scalar_t* in = input.const_data_ptr<scalar_t>();
   const int64_t tasks = static_cast<int64_t>(parts.size()) * blocks;
-  // Running sums of bin rows that cross bands: [block][k][bin][8 lanes], each written by a
-  // bin row's first part before any other part reads it.
-  std::unique_ptr<T[]> carry(kCarry ? new T[static_cast<size_t>(blocks * K * bins * 8)] : nullptr);
+  // Running sums of the bin rows that cross bands: [block][crossing][pw bins][8 lanes], each
+  // written by a bin row's first part before any other part reads it.
+  std::unique_ptr<T[]> carry(kCarry ? new T[static_cast<size_t>(blocks * crossings * pw * 8)] : nullptr);
   std::unique_ptr<std::atomic<bool>[]> done(kCarry ? new std::atomic<bool>[static_cast<size_t>(tasks)] : nullptr);
   for (int64_t t = 0; kCarry && t < tasks; ++t) done[t].store(false, std::memory_order_relaxed);
   Scratch<T> scratch;
@@ -555,10 +559,11 @@ bool ps_forward_bands(const at::Tensor& input, const std::vector<int64_t>& batch
     for (const auto& [k, i] : parts[nb]) {
       const auto [first, last] = rows(k, i);
       PsRowPart<T> part{first, last + 1, nullptr, true, true};
-      if (kCarry && first <= last) {
+      const int64_t x = kCarry ? crossing[static_cast<size_t>(k * ph + i)] : -1;
+      if (x >= 0) {
         part.ya = std::max(first, r0), part.yb = std::min(last + 1, r0 + R);
         part.first = part.ya == first, part.last = part.yb == last + 1;
-        part.carry = carry.get() + ((t % blocks * K + k) * bins + i * pw) * 8;
+        part.carry = carry.get() + (t % blocks * crossings + x) * pw * 8;
       }
       sum(b, static_cast<const T*>(buf), k, i, part);
     }
