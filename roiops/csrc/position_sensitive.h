@@ -464,10 +464,10 @@ void ps_backward_bands(const std::vector<int64_t>& batch, const std::vector<std:
 constexpr int64_t kPsBandGain = 6;
 
 // The part of a bin row that one band sums (ps_forward_bands): the terms of rows
-// [ya, yb). With kCarry, a bin row that spans several bands is summed in each, top to
-// bottom: carry holds its running sums (pw bins x 8 lanes) between them; `first`: start
-// from zero, not from carry; `last`: finish (divide and write the output), not store into
-// carry. Without, one part is the whole bin row.
+// [ya, yb). A bin row that spans several bands is summed in each, top to bottom: carry
+// holds its running sums (pw bins x 8 lanes) between them; `first`: start from zero, not
+// from carry; `last`: finish (divide and write the output), not store into carry. A bin
+// row within one band is one part, first and last, with no carry.
 template <typename T>
 struct PsRowPart {
   int64_t ya, yb;
@@ -477,25 +477,20 @@ struct PsRowPart {
 
 // The forward from a channels_last map by bands of rows. Bin row i of box k reads rows
 // rows(k, i) = {first, last} (first > last: none). A task (image n, band, block of 8
-// output channels) copies the rows its bin rows read into PsBand's layout, each cell's
-// nc x bins block transposed in registers, then calls sum(band, buf, k, i, part) for each
-// of its bin rows in increasing k. In the map a bin's output channels are bins apart, a
-// cache line each; in the buffer they are whole vectors, and each cell is copied about
-// once instead of being gathered by every bin that reads it. Returns false, running
+// output channels) copies the band's rows (and `reach` rows below, for terms that also
+// read the next rows: a sample's y_high) into PsBand's layout, each cell's nc x bins block
+// transposed in registers, then calls sum(band, buf, k, i, part) for each part of a bin
+// row in the band (PsRowPart), in increasing k. In the map a bin's output channels are
+// bins apart, a cache line each; in the buffer they are whole vectors, and each cell is
+// copied once instead of being gathered by every bin that reads it. (Bands that copied
+// every row their bin rows read copied 1.6 rows per map row on R-FCN's 21-class workload,
+// and were 10% slower with PSRoIPool.) A band's task first waits for the band above (same
+// image and channels) to finish, so each sum still adds its terms in order, whatever the
+// thread count; tasks are handed out in increasing order and wait only on earlier ones,
+// already taken by a running thread, so none waits for ever. Returns false, running
 // nothing, when the copies would cost more than the boxes' `reads` (cells or taps, over
 // all bins) gathered in place.
-//
-// kCarry = false: a bin row belongs to the band of its first row, which copies every row
-// it reads, so bands overlap (on R-FCN's 21-class workload they copied 1.6 rows per row;
-// bands that carry were 10% faster there, with PSRoIPool).
-// kCarry = true (sums that go row by row): each band copies its own rows only (and
-// `reach` rows below, for terms that also read the next rows: a sample's y_high), and
-// a bin row that crosses bands is summed in each in turn, the terms of its rows there, its
-// running sums carried (PsRowPart); a band's task first waits for the band above (same
-// image and channels) to finish, so each sum still adds its terms in order. Tasks are
-// handed out in increasing order and wait only on earlier ones, already taken by a
-// running thread: no deadlock, whatever the thread count.
-template <typename T, bool kCarry, typename scalar_t, typename Rows, typename Sum>
+template <typename T, typename scalar_t, typename Rows, typename Sum>
 bool ps_forward_bands(const at::Tensor& input, const std::vector<int64_t>& batch, int64_t C_out, int64_t ph,
                       int64_t pw, int64_t reads, int64_t reach, const Rows& rows, const Sum& sum) {
   const int64_t N = input.size(0), H = input.size(2), W = input.size(3), bins = ph * pw, K = batch.size();
@@ -504,8 +499,8 @@ bool ps_forward_bands(const at::Tensor& input, const std::vector<int64_t>& batch
   const int64_t per_image = (H + R - 1) / R;
   std::vector<std::vector<std::pair<int64_t, int64_t>>> parts(static_cast<size_t>(N * per_image));
   std::vector<std::pair<int64_t, int64_t>> span(parts.size(), {H, 0});  // rows [first, end) a band copies
-  // kCarry: each bin row that crosses bands, its index among them (-1: none).
-  std::vector<int64_t> crossing(kCarry ? static_cast<size_t>(K * ph) : 0, -1);
+  // Each bin row that crosses bands, its index among them (-1: none).
+  std::vector<int64_t> crossing(static_cast<size_t>(K * ph), -1);
   int64_t crossings = 0;
   for (int64_t k = 0; k < K; ++k) {
     for (int64_t i = 0; i < ph; ++i) {
@@ -515,13 +510,12 @@ bool ps_forward_bands(const at::Tensor& input, const std::vector<int64_t>& batch
         parts[b0].emplace_back(k, i);
         continue;
       }
-      if (kCarry && first / R != last / R) crossing[static_cast<size_t>(k * ph + i)] = crossings++;
-      for (int64_t q = first / R; q <= (kCarry ? last / R : first / R); ++q) {
+      if (first / R != last / R) crossing[static_cast<size_t>(k * ph + i)] = crossings++;
+      for (int64_t q = first / R; q <= last / R; ++q) {
         const size_t b = b0 + static_cast<size_t>(q);
         parts[b].emplace_back(k, i);
-        const int64_t ya = kCarry ? std::max(first, q * R) : first;
-        const int64_t yb = kCarry ? std::min(last + 1, q * R + R + reach) : last + 1;
-        span[b] = {std::min(span[b].first, ya), std::max(span[b].second, yb)};
+        span[b] = {std::min(span[b].first, std::max(first, q * R)),
+                   std::max(span[b].second, std::min(last + 1, q * R + R + reach))};
       }
     }
   }
@@ -533,21 +527,19 @@ bool ps_forward_bands(const at::Tensor& input, const std::vector<int64_t>& batch
   const int64_t tasks = static_cast<int64_t>(parts.size()) * blocks;
   // Running sums of the bin rows that cross bands: [block][crossing][pw bins][8 lanes], each
   // written by a bin row's first part before any other part reads it.
-  std::unique_ptr<T[]> carry(kCarry ? new T[static_cast<size_t>(blocks * crossings * pw * 8)] : nullptr);
-  std::unique_ptr<std::atomic<bool>[]> done(kCarry ? new std::atomic<bool>[static_cast<size_t>(tasks)] : nullptr);
-  for (int64_t t = 0; kCarry && t < tasks; ++t) done[t].store(false, std::memory_order_relaxed);
+  std::unique_ptr<T[]> carry(new T[static_cast<size_t>(std::max<int64_t>(blocks * crossings * pw * 8, 1))]);
+  std::unique_ptr<std::atomic<bool>[]> done(new std::atomic<bool>[static_cast<size_t>(tasks)]);
+  for (int64_t t = 0; t < tasks; ++t) done[t].store(false, std::memory_order_relaxed);
   Scratch<T> scratch;
   parallel_tasks(tasks, [&](int64_t t) {
     // Marked done however the task ends, so that no later task waits for ever.
     struct Mark {
-      std::atomic<bool>* flag;
-      ~Mark() {
-        if (flag) flag->store(true, std::memory_order_release);
-      }
-    } mark{kCarry ? &done[t] : nullptr};
+      std::atomic<bool>& flag;
+      ~Mark() { flag.store(true, std::memory_order_release); }
+    } mark{done[t]};
     const size_t nb = static_cast<size_t>(t / blocks);
     if (parts[nb].empty()) return;  // then no bin row crosses this band
-    if (kCarry && nb % per_image != 0) {
+    if (nb % per_image != 0) {
       while (!done[t - blocks].load(std::memory_order_acquire)) std::this_thread::yield();
     }
     const int64_t c0 = t % blocks * cb;
@@ -559,7 +551,7 @@ bool ps_forward_bands(const at::Tensor& input, const std::vector<int64_t>& batch
     for (const auto& [k, i] : parts[nb]) {
       const auto [first, last] = rows(k, i);
       PsRowPart<T> part{first, last + 1, nullptr, true, true};
-      const int64_t x = kCarry ? crossing[static_cast<size_t>(k * ph + i)] : -1;
+      const int64_t x = first <= last ? crossing[static_cast<size_t>(k * ph + i)] : -1;
       if (x >= 0) {
         part.ya = std::max(first, r0), part.yb = std::min(last + 1, r0 + R);
         part.first = part.ya == first, part.last = part.yb == last + 1;

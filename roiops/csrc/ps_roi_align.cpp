@@ -268,9 +268,9 @@ void forward_impl(const at::Tensor& input, const at::Tensor& rois, double spatia
                                    part.ya, part.yb, part.carry ? part.carry + j * 8 : nullptr, part.first, part.last};
     });
   };
-  // Bands carry: samples come in order of their y_low, and read one row below it too.
+  // A band adds the samples whose y_low is among its rows; their y_high may be the next row.
   if (s.w != 1 &&
-      ps_forward_bands<T, true, scalar_t>(input, batch, C_out, ph, pw, total_reads(plans, ph, pw), 1, rows, sum_row)) {
+      ps_forward_bands<T, scalar_t>(input, batch, C_out, ph, pw, total_reads(plans, ph, pw), 1, rows, sum_row)) {
     return;
   }
   Scratch<T> scratch;

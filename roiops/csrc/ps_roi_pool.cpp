@@ -218,8 +218,8 @@ void forward_impl(const at::Tensor& input, const at::Tensor& rois, double spatia
                                    part.carry ? part.carry + j * 8 : nullptr, part.first, part.last};
     });
   };
-  if (s.w != 1 && ps_forward_bands<T, true, scalar_t>(input, batch, C_out, ph, pw,
-                                                      total_reads(boxes_bins, ph, pw), 0, rows, sum_row)) {
+  if (s.w != 1 && ps_forward_bands<T, scalar_t>(input, batch, C_out, ph, pw, total_reads(boxes_bins, ph, pw), 0, rows,
+                                                sum_row)) {
     return;
   }
   Scratch<T> scratch;
