@@ -473,6 +473,9 @@ struct PsRowPart {
   int64_t ya, yb;
   T* carry;
   bool first, last;
+
+  // Bin j's running sums, or none.
+  T* carry_of(int64_t j) const { return carry ? carry + j * 8 : nullptr; }
 };
 
 // The forward from a channels_last map by bands of rows. Bin row i of box k reads rows
@@ -551,7 +554,7 @@ bool ps_forward_bands(const at::Tensor& input, const std::vector<int64_t>& batch
     for (const auto& [k, i] : parts[nb]) {
       const auto [first, last] = rows(k, i);
       PsRowPart<T> part{first, last + 1, nullptr, true, true};
-      const int64_t x = first <= last ? crossing[static_cast<size_t>(k * ph + i)] : -1;
+      const int64_t x = crossing[static_cast<size_t>(k * ph + i)];
       if (x >= 0) {
         part.ya = std::max(first, r0), part.yb = std::min(last + 1, r0 + R);
         part.first = part.ya == first, part.last = part.yb == last + 1;
