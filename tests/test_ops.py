@@ -328,3 +328,83 @@ def test_more_than_2_31_elements():
     for fn in (lambda t, b: roiops.roi_align(t, b, 3, 1.0, 2, True), lambda t, b: roiops.roi_pool(t, b, 3),
                lambda t, b: roiops.roi_align(t, b, 3, 1.0, 2, False, mode="max")):
         assert torch.equal(fn(x, box), fn(corner, crop_box))
+
+
+# Every public function built on a registered op, with the op it calls and the
+# channels its map needs (position-sensitive ops read 3 x 3 input channels per output).
+EAGER = {
+    "avg": (lambda x, b: roiops.roi_align(x, b, 3, SCALE, 2, True, box_grad=True), "roi_align", C, False),
+    "max": (lambda x, b: roiops.roi_align(x, b, 3, SCALE, 2, True, mode="max"), "roi_align_max", C, False),
+    "caffe": (lambda x, b: roiops.roi_pool(x, b, 3, SCALE), "roi_pool", C, False),
+    "prroi": (lambda x, b: roiops.prroi_pool(x, b, 3, SCALE), "prroi_pool", C, False),
+    "ps_align": (lambda x, b: roiops.ps_roi_align(x, b, 3, SCALE, 0), "ps_roi_align", 18, False),
+    "ps_pool": (lambda x, b: roiops.ps_roi_pool(x, b, 3, SCALE), "ps_roi_pool", 18, False),
+    "rotated": (lambda x, b: roiops.roi_align_rotated(x, b, 3, SCALE, 2), "roi_align_rotated", C, True),
+}
+
+
+class _Recorder(torch.utils._python_dispatch.TorchDispatchMode):
+    """Passes every op through and records its name."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("name", list(EAGER))
+def test_eager_calls_run_the_kernels_as_the_registered_ops_do(name):
+    """A plain eager call runs its kernel without the dispatcher; under a dispatch mode (as
+    FakeTensor, export and compile install) it calls the registered op. Both give the same
+    bits, forward and backward, input and box gradients."""
+    fn, op, channels, rotated = EAGER[name]
+    x = feature(torch.float64, channels=channels)
+    g = torch.Generator().manual_seed(3)
+    b = (rotated_boxes(N, 7, W / SCALE, H / SCALE, g, torch.float64) if rotated
+         else boxes_for(torch.float64))
+    results = []
+    for recorded in (False, True):
+        xi, bi = x.clone().requires_grad_(), b.clone().requires_grad_()
+        recorder = _Recorder()
+        with recorder if recorded else contextlib.nullcontext():
+            assert roiops.ops._declare.direct(xi, bi) is not recorded
+            out = fn(xi, bi)
+            out.backward(torch.randn(out.shape, generator=torch.Generator().manual_seed(1), dtype=out.dtype))
+        if recorded:
+            assert f"roiops.{op}.default" in recorder.ops
+            assert f"roiops._{op}_backward.default" in recorder.ops
+        results.append((out, xi.grad, bi.grad))
+    (out, gx, gb), (out_op, gx_op, gb_op) = results
+    assert torch.equal(out, out_op) and torch.equal(gx, gx_op)
+    if name in ("avg", "prroi"):  # the ops with a box gradient
+        assert torch.equal(gb, gb_op)
+    else:
+        assert gb is None and gb_op is None
+    assert gx.abs().sum() > 0
+
+
+@pytest.mark.filterwarnings("ignore::torch.jit.TracerWarning")  # the checks' shape tests, traced as constants
+def test_traced_and_profiled_calls_see_the_registered_op():
+    x, b = feature(), boxes_for()
+    fn = lambda x: roiops.roi_align(x, b, 3, SCALE, 2, True)  # noqa: E731
+    assert "roiops::roi_align" in str(torch.jit.trace(fn, (x,), check_trace=False).graph)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        fn(x)
+    assert "roiops::roi_align" in {e.name for e in prof.events()}
+
+    class PassThrough(torch.overrides.TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    direct = roiops.ops._declare.direct
+    assert direct(x, b)
+    with PassThrough():
+        assert not direct(x, b)
+    with torch._subclasses.FakeTensorMode() as mode:
+        assert not direct(mode.from_tensor(x), mode.from_tensor(b))
+    assert not direct(torch.nn.Parameter(x), b)
+    assert not direct(x.to("meta"), b.to("meta"))
+    assert torch.func.vmap(lambda t: t.sum() * 0 + direct(t, b))(x).eq(0).all()

@@ -95,8 +95,28 @@ def register_autograd(op: Any, backward: Callable[..., Any], setup_context: Call
     torch.library.register_autograd(op, backward, setup_context=setup_context, lib=_LIB)
 
 
-def register(spec: Kernels) -> None:
-    """Defines ``roiops::<name>`` and ``roiops::_<name>_backward`` from ``spec``."""
+def direct(*tensors: Tensor) -> bool:
+    """Whether an eager call may run its Python kernel itself instead of through the
+    dispatcher: plain CPU or CUDA tensors, and nothing that must see the registered op
+    (torch.compile and export, FakeTensor and other tensor subclasses or modes, vmap and
+    grad transforms, TorchScript tracing, the profiler's op records). The dispatcher and
+    torch.library's autograd layer cost a call 20-25 us warm, several times that cold."""
+    return (not torch.compiler.is_compiling()
+            and all(type(t) is Tensor and t.device.type in _DIRECT_DEVICES for t in tensors)
+            and not torch._C._is_torch_function_mode_enabled()
+            and torch._C._len_torch_dispatch_stack() == 0
+            and torch._C._functorch.peek_interpreter_stack() is None
+            and torch._C._get_tracing_state() is None
+            and not torch._C._autograd._profiler_enabled())
+
+
+_DIRECT_DEVICES = ("cpu", "cuda")
+
+
+def register(spec: Kernels) -> Callable[..., Any]:
+    """Defines ``roiops::<name>`` and ``roiops::_<name>_backward`` from ``spec``. Returns
+    the call the public function makes, ``call(input, rois, *args)``: the registered op,
+    or where :func:`direct` allows, its kernel with the same autograd formula."""
     types = dict((n, t) for t, n in spec.args) | _FROM_INPUT
     arg_names = [n for _, n in spec.args]
     n_inputs = 2 + len(spec.args)
@@ -129,6 +149,8 @@ def register(spec: Kernels) -> None:
                  backward, backward_fake)
     rois_bwd = _register_rois_backward(spec) if spec.rois_grad else None
 
+    backward_call = _backward_call(bwd, backward)
+
     # Where each backward argument comes from: a forward argument (its position), or the input.
     sources = [2 + arg_names.index(n) if n in arg_names else n for n in spec.backward]
 
@@ -154,7 +176,7 @@ def register(spec: Kernels) -> None:
         gi = gr = None
         with _backend.use_backend(ctx.backend) if ctx.backend else nullcontext():
             if ctx.needs_input_grad[0]:
-                gi = bwd(grad, *saved, rois, *ctx.args)
+                gi = backward_call(grad, *saved, rois, *ctx.args)
             if ctx.box_grad and rois_bwd is not None:
                 gr = rois_bwd(grad, input, rois, *ctx.forward_args)
         return (gi, gr) + (None,) * (n_inputs - 2)
@@ -162,9 +184,34 @@ def register(spec: Kernels) -> None:
     register_autograd(fwd, gradient, setup_context)
     refuse_double_backward(bwd, spec.title or spec.name)
 
+    class Direct(torch.autograd.Function):
+        """The op's autograd formula around its kernel, for calls :func:`direct` allows."""
 
-def _register_rois_backward(spec: Kernels) -> Any:
-    """``roiops::_<name>_rois_backward(grad, input, rois, *args) -> grad_rois``."""
+        # Not a setup_context staticmethod: apply would bind its arguments to the
+        # signature on every call (inspect, 25 us).
+        @staticmethod
+        def forward(ctx: Any, input: Tensor, rois: Tensor, *args: Any) -> Any:
+            output = forward(input, rois, *args)
+            setup_context(ctx, (input, rois, *args), output)
+            if spec.saved:
+                ctx.mark_non_differentiable(*output[1:])
+            return output
+
+        backward = staticmethod(gradient)
+
+    def call(input: Tensor, rois: Tensor, *args: Any) -> Any:
+        if not direct(input, rois):
+            return fwd(input, rois, *args)
+        if torch.is_grad_enabled() and (input.requires_grad or rois.requires_grad):
+            return Direct.apply(input, rois, *args)
+        return forward(input, rois, *args)
+
+    return call
+
+
+def _register_rois_backward(spec: Kernels) -> Callable[..., Tensor]:
+    """Defines ``roiops::_<name>_rois_backward(grad, input, rois, *args) -> grad_rois``;
+    returns its call (:func:`_backward_call`)."""
     kernel = f"{spec.name}_rois_backward"
 
     def rois_backward(grad: Tensor, input: Tensor, rois: Tensor, *args: Any) -> Tensor:
@@ -174,7 +221,19 @@ def _register_rois_backward(spec: Kernels) -> Any:
                 _schema([("Tensor", "grad"), ("Tensor", "input"), ("Tensor", "rois"), *spec.args], 1),
                 rois_backward, lambda grad, input, rois, *args: torch.empty_like(rois))
     refuse_double_backward(op, spec.title or spec.name)
-    return op
+    return _backward_call(op, rois_backward)
+
+
+def _backward_call(op: Any, kernel: Callable[..., Tensor]) -> Callable[..., Tensor]:
+    """A backward's call from an autograd formula: ``kernel`` itself where :func:`direct`
+    allows, else ``op``, also under ``create_graph``, where the op records its refusal of
+    double backward."""
+    def call(grad: Tensor, *args: Any) -> Tensor:
+        if not torch.is_grad_enabled() and direct(grad, *(a for a in args if isinstance(a, Tensor))):
+            return kernel(grad, *args)
+        return op(grad, *args)
+
+    return call
 
 
 def refuse_double_backward(backward_op: Any, title: str) -> None:

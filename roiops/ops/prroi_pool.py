@@ -10,9 +10,10 @@ from .. import _validation as v
 from .._validation import BoxesType, OutputSize
 from ._declare import Kernels, RoIModule, register
 
-register(Kernels("prroi_pool", (("float", "spatial_scale"), ("int", "pooled_height"), ("int", "pooled_width")),
-                 ("spatial_scale", "pooled_height", "pooled_width", "batch_size", "channels", "height", "width",
-                  "channels_last"), title="prroi_pool", rois_grad=True))
+_prroi_pool = register(Kernels(
+    "prroi_pool", (("float", "spatial_scale"), ("int", "pooled_height"), ("int", "pooled_width")),
+    ("spatial_scale", "pooled_height", "pooled_width", "batch_size", "channels", "height", "width", "channels_last"),
+    title="prroi_pool", rois_grad=True))
 
 
 def prroi_pool(
@@ -51,7 +52,7 @@ def prroi_pool(
     h, w = v.output_size(output_size)
     scale = v.spatial_scale(spatial_scale)
     rois = v.rois(input, boxes, scale)
-    return torch.ops.roiops.prroi_pool(input, rois, scale, h, w)
+    return _prroi_pool(input, rois, scale, h, w)
 
 
 class PrRoIPool(RoIModule):

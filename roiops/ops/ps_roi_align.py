@@ -19,10 +19,11 @@ def ps_channels(channels: Any, ph: int, pw: int) -> Any:
     return channels // (ph * pw)
 
 
-register(Kernels("ps_roi_align", (("float", "spatial_scale"), ("int", "pooled_height"), ("int", "pooled_width"),
-                                  ("int", "sampling_ratio")),
-                 ("spatial_scale", "pooled_height", "pooled_width", "batch_size", "channels", "height", "width",
-                  "sampling_ratio", "channels_last"), title="ps_roi_align", out_channels=ps_channels))
+_ps_roi_align = register(Kernels(
+    "ps_roi_align", (("float", "spatial_scale"), ("int", "pooled_height"), ("int", "pooled_width"),
+                     ("int", "sampling_ratio")),
+    ("spatial_scale", "pooled_height", "pooled_width", "batch_size", "channels", "height", "width", "sampling_ratio",
+     "channels_last"), title="ps_roi_align", out_channels=ps_channels))
 
 
 def ps_roi_align(
@@ -61,7 +62,7 @@ def ps_roi_align(
     scale = v.spatial_scale(spatial_scale)
     ratio = v.sampling_ratio(sampling_ratio)
     rois = v.rois(input, boxes, scale)
-    return torch.ops.roiops.ps_roi_align(input, rois, scale, h, w, ratio)
+    return _ps_roi_align(input, rois, scale, h, w, ratio)
 
 
 class PSRoIAlign(RoIModule):

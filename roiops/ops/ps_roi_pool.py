@@ -11,9 +11,10 @@ from .._validation import BoxesType, OutputSize
 from ._declare import Kernels, RoIModule, register
 from .ps_roi_align import ps_channels
 
-register(Kernels("ps_roi_pool", (("float", "spatial_scale"), ("int", "pooled_height"), ("int", "pooled_width")),
-                 ("spatial_scale", "pooled_height", "pooled_width", "batch_size", "channels", "height", "width",
-                  "channels_last"), title="ps_roi_pool", out_channels=ps_channels))
+_ps_roi_pool = register(Kernels(
+    "ps_roi_pool", (("float", "spatial_scale"), ("int", "pooled_height"), ("int", "pooled_width")),
+    ("spatial_scale", "pooled_height", "pooled_width", "batch_size", "channels", "height", "width", "channels_last"),
+    title="ps_roi_pool", out_channels=ps_channels))
 
 
 def ps_roi_pool(
@@ -46,7 +47,7 @@ def ps_roi_pool(
     v.position_sensitive(input, h, w)
     scale = v.spatial_scale(spatial_scale)
     rois = v.rois(input, boxes, scale)
-    return torch.ops.roiops.ps_roi_pool(input, rois, scale, h, w)
+    return _ps_roi_pool(input, rois, scale, h, w)
 
 
 class PSRoIPool(RoIModule):

@@ -16,8 +16,9 @@ _ARGS = (("float", "spatial_scale"), ("int", "pooled_height"), ("int", "pooled_w
          ("bool", "aligned"))
 _BACKWARD = ("spatial_scale", "pooled_height", "pooled_width", "batch_size", "channels", "height", "width",
              "sampling_ratio", "aligned", "channels_last")
-register(Kernels("roi_align", _ARGS, _BACKWARD, title="roi_align", rois_grad=True))
-register(Kernels("roi_align_max", _ARGS, _BACKWARD, saved=("argmax",), title="roi_align(mode='max')", rois_grad=True))
+_roi_align = register(Kernels("roi_align", _ARGS, _BACKWARD, title="roi_align", rois_grad=True))
+_roi_align_max = register(Kernels("roi_align_max", _ARGS, _BACKWARD, saved=("argmax",), title="roi_align(mode='max')",
+                                  rois_grad=True))
 
 
 def _box_grad(box_grad: bool, sampling_ratio: int) -> bool:
@@ -81,8 +82,8 @@ def roi_align(
     if not box_grad:
         rois = rois.detach()
     if mode == "avg":
-        return torch.ops.roiops.roi_align(input, rois, scale, h, w, ratio, aligned)
-    return torch.ops.roiops.roi_align_max(input, rois, scale, h, w, ratio, aligned)[0]
+        return _roi_align(input, rois, scale, h, w, ratio, aligned)
+    return _roi_align_max(input, rois, scale, h, w, ratio, aligned)[0]
 
 
 class RoIAlign(RoIModule):

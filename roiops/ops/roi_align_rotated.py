@@ -18,7 +18,7 @@ from ._declare import Kernels, RoIModule, register
 from .roi_align import _ARGS, _BACKWARD
 
 # RoIAlign's arguments, in the same order.
-register(Kernels("roi_align_rotated", _ARGS, _BACKWARD, title="roi_align_rotated"))
+_roi_align_rotated = register(Kernels("roi_align_rotated", _ARGS, _BACKWARD, title="roi_align_rotated"))
 
 
 def roi_align_rotated(
@@ -69,7 +69,7 @@ def roi_align_rotated(
     clockwise = v.flag("clockwise", clockwise)
     unit = v.choice("angle", angle, ("degrees", "radians"))
     rois = v.rotated_rois(input, boxes, scale, unit == "degrees", clockwise)
-    return torch.ops.roiops.roi_align_rotated(input, rois, scale, h, w, ratio, aligned)
+    return _roi_align_rotated(input, rois, scale, h, w, ratio, aligned)
 
 
 class RoIAlignRotated(RoIModule):

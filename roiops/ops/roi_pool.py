@@ -12,7 +12,7 @@ from .. import _validation as v
 from .._validation import BoxesType, OutputSize
 from ._declare import Kernels, RoIModule, register
 
-register(Kernels("roi_pool", (("float", "spatial_scale"), ("int", "pooled_height"), ("int", "pooled_width"),
+_roi_pool = register(Kernels("roi_pool", (("float", "spatial_scale"), ("int", "pooled_height"), ("int", "pooled_width"),
                               ("bool", "continuous")),
                  ("batch_size", "channels", "height", "width", "channels_last"), saved=("argmax",), title="roi_pool"))
 
@@ -46,7 +46,7 @@ def roi_pool(
     scale = v.spatial_scale(spatial_scale)
     convention = v.choice("convention", convention, ("caffe", "mmdet"))  # type: ignore[assignment]
     rois = v.rois(input, boxes, scale)
-    return torch.ops.roiops.roi_pool(input, rois, scale, h, w, convention == "mmdet")[0]
+    return _roi_pool(input, rois, scale, h, w, convention == "mmdet")[0]
 
 
 class RoIPool(RoIModule):
