@@ -131,3 +131,16 @@ VARIANTS |= {
     "_prroi_pool_backward": [dict(channels_last=True)],
     "_prroi_pool_rois_backward": [dict()],
 }
+
+
+class RecordOps(torch.utils._python_dispatch.TorchDispatchMode):
+    """Passes every op through and records its name: under it a roiops call must reach the
+    registered op (the eager path that skips the dispatcher is for calls without modes)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: list[str] = []
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        self.ops.append(str(func))
+        return func(*args, **(kwargs or {}))

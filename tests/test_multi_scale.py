@@ -2,6 +2,7 @@
 single-level roi_align on the level each box's size selects (the definition), on every
 kernel set."""
 
+import contextlib
 import importlib
 import math
 
@@ -9,7 +10,7 @@ import pytest
 import torch
 
 import roiops
-from cases import tol
+from cases import RecordOps, tol
 
 from roiops._backend import triton_too_old
 
@@ -101,6 +102,28 @@ def test_gradients_gradcheck_and_per_level():
         ref = torch.ops.roiops._roi_align_backward(g[chosen], rois[chosen].float(), SCALES[level], 2, 2, *f.shape,
                                                    0, False, False)
         assert torch.equal(f.grad, ref)
+
+
+def test_eager_call_equals_the_registered_op():
+    """A plain eager call runs the kernels without the dispatcher; under a dispatch mode it
+    calls the registered op: same bits, forward and each map's gradient."""
+    rois = boxes(count=12)
+    results = []
+    for recorded in (False, True):
+        feats = [f.requires_grad_() for f in maps(torch.float64, c=2)]
+        recorder = RecordOps()
+        with recorder if recorded else contextlib.nullcontext():
+            assert roiops.ops._declare.direct(rois, *feats) is not recorded
+            out = roiops.multi_scale_roi_align(feats, rois.double(), 3, SCALES, 2, True)
+            out.backward(torch.randn(out.shape, generator=torch.Generator().manual_seed(3), dtype=out.dtype))
+        if recorded:
+            assert "roiops.multi_scale_roi_align.default" in recorder.ops
+            assert "roiops._multi_scale_roi_align_backward.default" in recorder.ops
+        results.append((out, [f.grad for f in feats]))
+    (out, grads), (out_op, grads_op) = results
+    assert torch.equal(out, out_op)
+    assert all(torch.equal(a, b) for a, b in zip(grads, grads_op))
+    assert sum(int(g.ne(0).any()) for g in grads) >= 3  # the boxes reach several levels
 
 
 def test_opcheck():

@@ -12,7 +12,7 @@ import torchvision
 
 import roiops
 from boxes import nasty_boxes, nasty_rotated_boxes, random_boxes, rotated_boxes
-from cases import ALIGN, API, POOL, ROTATED_OPS, VARIANTS, contract_args, schema, tol
+from cases import ALIGN, API, POOL, ROTATED_OPS, VARIANTS, RecordOps, contract_args, schema, tol
 
 N, C, H, W = 2, 5, 11, 13
 SCALE = 0.5  # boxes are in image pixels of a 26 x 22 image
@@ -343,18 +343,6 @@ EAGER = {
 }
 
 
-class _Recorder(torch.utils._python_dispatch.TorchDispatchMode):
-    """Passes every op through and records its name."""
-
-    def __init__(self):
-        super().__init__()
-        self.ops = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.ops.append(str(func))
-        return func(*args, **(kwargs or {}))
-
-
 @pytest.mark.parametrize("name", list(EAGER))
 def test_eager_calls_run_the_kernels_as_the_registered_ops_do(name):
     """A plain eager call runs its kernel without the dispatcher; under a dispatch mode (as
@@ -368,7 +356,7 @@ def test_eager_calls_run_the_kernels_as_the_registered_ops_do(name):
     results = []
     for recorded in (False, True):
         xi, bi = x.clone().requires_grad_(), b.clone().requires_grad_()
-        recorder = _Recorder()
+        recorder = RecordOps()
         with recorder if recorded else contextlib.nullcontext():
             assert roiops.ops._declare.direct(xi, bi) is not recorded
             out = fn(xi, bi)

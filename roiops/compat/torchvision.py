@@ -227,8 +227,8 @@ class MultiScaleRoIAlign(nn.Module):
         # All levels in one op: one launch per pass on CUDA, levels picked on the device.
         maps = v.feature_maps(features)
         rois = v.rois(maps[0], rois, max(self.scales))
-        return torch.ops.roiops.multi_scale_roi_align(maps, rois, self.map_levels(boxes), self.scales,
-                                                      *self.output_size, self.sampling_ratio, False)
+        return F.multi_scale.multi_scale_call(maps, rois, self.map_levels(boxes), self.scales, *self.output_size,
+                                              self.sampling_ratio, False)
 
     def __repr__(self) -> str:
         return (f"{type(self).__name__}(featmap_names={self.featmap_names}, output_size={self.output_size}, "

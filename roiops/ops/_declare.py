@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass
-from typing import Any, Literal, get_args, get_origin, get_type_hints
+from typing import Any, Literal, TypeVar, get_args, get_origin, get_type_hints
 
 import torch
 from torch import Tensor, nn
@@ -149,7 +149,7 @@ def register(spec: Kernels) -> Callable[..., Any]:
                  backward, backward_fake)
     rois_bwd = _register_rois_backward(spec) if spec.rois_grad else None
 
-    backward_call = _backward_call(bwd, backward)
+    input_grad = backward_call(bwd, backward)
 
     # Where each backward argument comes from: a forward argument (its position), or the input.
     sources = [2 + arg_names.index(n) if n in arg_names else n for n in spec.backward]
@@ -176,7 +176,7 @@ def register(spec: Kernels) -> Callable[..., Any]:
         gi = gr = None
         with _backend.use_backend(ctx.backend) if ctx.backend else nullcontext():
             if ctx.needs_input_grad[0]:
-                gi = backward_call(grad, *saved, rois, *ctx.args)
+                gi = input_grad(grad, *saved, rois, *ctx.args)
             if ctx.box_grad and rois_bwd is not None:
                 gr = rois_bwd(grad, input, rois, *ctx.forward_args)
         return (gi, gr) + (None,) * (n_inputs - 2)
@@ -211,7 +211,7 @@ def register(spec: Kernels) -> Callable[..., Any]:
 
 def _register_rois_backward(spec: Kernels) -> Callable[..., Tensor]:
     """Defines ``roiops::_<name>_rois_backward(grad, input, rois, *args) -> grad_rois``;
-    returns its call (:func:`_backward_call`)."""
+    returns its call (:func:`backward_call`)."""
     kernel = f"{spec.name}_rois_backward"
 
     def rois_backward(grad: Tensor, input: Tensor, rois: Tensor, *args: Any) -> Tensor:
@@ -221,14 +221,17 @@ def _register_rois_backward(spec: Kernels) -> Callable[..., Tensor]:
                 _schema([("Tensor", "grad"), ("Tensor", "input"), ("Tensor", "rois"), *spec.args], 1),
                 rois_backward, lambda grad, input, rois, *args: torch.empty_like(rois))
     refuse_double_backward(op, spec.title or spec.name)
-    return _backward_call(op, rois_backward)
+    return backward_call(op, rois_backward)
 
 
-def _backward_call(op: Any, kernel: Callable[..., Tensor]) -> Callable[..., Tensor]:
+_R = TypeVar("_R")
+
+
+def backward_call(op: Any, kernel: Callable[..., _R]) -> Callable[..., _R]:
     """A backward's call from an autograd formula: ``kernel`` itself where :func:`direct`
     allows, else ``op``, also under ``create_graph``, where the op records its refusal of
     double backward."""
-    def call(grad: Tensor, *args: Any) -> Tensor:
+    def call(grad: Tensor, *args: Any) -> _R:
         if not torch.is_grad_enabled() and direct(grad, *(a for a in args if isinstance(a, Tensor))):
             return kernel(grad, *args)
         return op(grad, *args)

@@ -21,7 +21,8 @@ from .. import _validation as v
 from .._geometry import is_channels_last
 from .._validation import BoxesType, OutputSize
 from . import roi_align as _single_level  # noqa: F401  (the per-level kernels' ops)
-from ._declare import define, empty_grad, empty_output, refuse_double_backward, register_autograd
+from ._declare import (backward_call, define, direct, empty_grad, empty_output, refuse_double_backward,
+                       register_autograd)
 
 
 def fpn_levels(rois: Tensor, k_min: int, k_max: int, canonical_box_size: float = 224.0, canonical_level: int = 4,
@@ -88,7 +89,7 @@ def multi_scale_roi_align(
     rois = v.rois(maps[0], boxes, max(scales))
     levels = fpn_levels(rois, k_min, k_min + len(maps) - 1, canonical_box_size, canonical_level,
                         rule)  # type: ignore[arg-type]
-    return torch.ops.roiops.multi_scale_roi_align(maps, rois, levels, scales, h, w, ratio, aligned)
+    return multi_scale_call(maps, rois, levels, scales, h, w, ratio, aligned)
 
 
 def _levels_forward(kernels, inputs, rois, levels, spatial_scales, ph, pw, sampling_ratio, aligned):
@@ -165,14 +166,45 @@ def _setup_levels(ctx, inputs, output):
     ctx.no_grads = (None,) * (len(inputs) - 1)  # for the arguments after the maps
 
 
+_levels_backward_call = backward_call(_multi_scale_roi_align_backward, _multi_scale_backward)
+
+
 def _levels_grad(ctx, grad):
     if grad is None:  # a list input takes a list of gradients
         return [None] * len(ctx.args[5]), *ctx.no_grads
     rois, levels = ctx.saved_tensors
     with _backend.use_backend(ctx.backend) if ctx.backend else nullcontext():
-        grads = torch.ops.roiops._multi_scale_roi_align_backward(grad, rois, levels, *ctx.args)
+        grads = _levels_backward_call(grad, rois, levels, *ctx.args)
     return grads, *ctx.no_grads
 
 
 register_autograd(_multi_scale_roi_align_op, _levels_grad, _setup_levels)
 refuse_double_backward(_multi_scale_roi_align_backward, "multi_scale_roi_align")
+
+
+class _Direct(torch.autograd.Function):
+    """The op's autograd formula around its kernels for calls ``direct`` allows; the maps
+    come last and one by one, so that each gets its gradient."""
+
+    @staticmethod
+    def forward(ctx, rois, levels, spatial_scales, ph, pw, sampling_ratio, aligned, *maps):
+        inputs = (list(maps), rois, levels, spatial_scales, ph, pw, sampling_ratio, aligned)
+        out = _multi_scale_forward(*inputs)
+        _setup_levels(ctx, inputs, out)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        grads = _levels_grad(ctx, grad)[0]
+        return (None,) * 7 + tuple(grads)
+
+
+def multi_scale_call(maps: list[Tensor], rois: Tensor, levels: Tensor, spatial_scales: list[float], ph: int, pw: int,
+                     sampling_ratio: int, aligned: bool) -> Tensor:
+    """``roiops::multi_scale_roi_align``, or where ``direct`` allows, its kernels with the
+    same autograd formula."""
+    if not direct(rois, levels, *maps):
+        return _multi_scale_roi_align_op(maps, rois, levels, spatial_scales, ph, pw, sampling_ratio, aligned)
+    if torch.is_grad_enabled() and any(m.requires_grad for m in maps):
+        return _Direct.apply(rois, levels, spatial_scales, ph, pw, sampling_ratio, aligned, *maps)
+    return _multi_scale_forward(maps, rois, levels, spatial_scales, ph, pw, sampling_ratio, aligned)
