@@ -156,6 +156,14 @@ def _cpu_kernels() -> ModuleType:
                           f"{torch.__version__}: {_rebuild_hint(info)}") from e
 
 
+def kernels_of(t: torch.Tensor) -> ModuleType:
+    """``kernels(t.device)``; for a CPU tensor with no backend forced, without building
+    ``t.device``: a Python object, 20-30 us once other work has evicted the host code."""
+    if t.is_cpu and not _forced.get():
+        return _cpu_kernels()
+    return kernels(t.device)
+
+
 def kernels(device: torch.device) -> ModuleType:
     """The module holding the six kernel-contract functions for this call."""
     name = select(device)

@@ -115,7 +115,7 @@ def rois(input: Tensor, boxes: BoxesType, scale: float,
 
     ``max_grid = (h, w, sampling_ratio, aligned)`` for RoIAlign mode "max": also check that
     each box's sampling grid fits its int32 argmax."""
-    out = _box_rows(input, boxes, 5, _coord_type(input), _AXIS_ALIGNED_HINTS).contiguous()
+    out = _box_rows(input, boxes, 5, _coord_type(input), _AXIS_ALIGNED_HINTS)
     if _checking_values(out):
         _check_values(out, input.shape[0], scale)
         if max_grid is not None and max_grid[2] <= 0:
@@ -126,6 +126,14 @@ def rois(input: Tensor, boxes: BoxesType, scale: float,
 _AXIS_ALIGNED_HINTS = {5: " (rows (batch_index, x1, y1, x2, y2))", 4: " (rows (x1, y1, x2, y2))"}
 
 
+def _dense(t: Tensor, dtype: torch.dtype) -> Tensor:
+    """``t`` contiguous in ``dtype``. Asked first: to() and contiguous() go through the
+    dispatcher even when they return their tensor, 20-30 us each once a peer's call has
+    evicted the host code."""
+    t = t if t.dtype == dtype else t.to(dtype)
+    return t if t.is_contiguous() else t.contiguous()
+
+
 def _coord_type(input: Tensor) -> torch.dtype:
     """The kernels' coordinate type: float64 for float64 input, float32 otherwise."""
     return torch.float64 if input.dtype == torch.float64 else torch.float32
@@ -133,10 +141,11 @@ def _coord_type(input: Tensor) -> torch.dtype:
 
 def _box_rows(input: Tensor, boxes: BoxesType, width: int, dtype: torch.dtype, hints: dict[int, str]) -> Tensor:
     """Boxes as ``Tensor[K, width]`` rows led by the batch index, or a list of N
-    ``Tensor[L_i, width - 1]`` (image i's rows, without it) -> ``[K, width]`` in ``dtype``."""
+    ``Tensor[L_i, width - 1]`` (image i's rows, without it) -> contiguous ``[K, width]`` in
+    ``dtype``."""
     if isinstance(boxes, Tensor):
         _box_tensor(boxes, input, width, "boxes", hints)
-        return boxes.to(dtype)
+        return _dense(boxes, dtype)
     if isinstance(boxes, (list, tuple)):
         if len(boxes) != input.shape[0]:
             raise ValueError(f"boxes is a list of {len(boxes)} tensors but the input has batch size {input.shape[0]}")
@@ -301,7 +310,7 @@ def rotated_rois(input: Tensor, boxes: BoxesType, scale: float, degrees: bool, c
         turn = rows.narrow(1, 5, 1)
         turn = turn * math.pi / 180.0 if degrees else turn
         rows = torch.cat([rows.narrow(1, 0, 5), -turn if clockwise else turn], dim=1)
-    out = rows.to(_coord_type(input)).contiguous()
+    out = _dense(rows, _coord_type(input))
     if _checking_values(out):
         _check_values(out, input.shape[0], scale)
     return out

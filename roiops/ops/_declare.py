@@ -102,15 +102,12 @@ def direct(*tensors: Tensor) -> bool:
     grad transforms, TorchScript tracing, the profiler's op records). The dispatcher and
     torch.library's autograd layer cost a call 20-25 us warm, several times that cold."""
     return (not torch.compiler.is_compiling()
-            and all(type(t) is Tensor and t.device.type in _DIRECT_DEVICES for t in tensors)
+            and all(type(t) is Tensor and (t.is_cpu or t.is_cuda) for t in tensors)
             and not torch._C._is_torch_function_mode_enabled()
             and torch._C._len_torch_dispatch_stack() == 0
             and torch._C._functorch.peek_interpreter_stack() is None
             and torch._C._get_tracing_state() is None
             and not torch._C._autograd._profiler_enabled())
-
-
-_DIRECT_DEVICES = ("cpu", "cuda")
 
 
 def register(spec: Kernels) -> Callable[..., Any]:
@@ -123,10 +120,10 @@ def register(spec: Kernels) -> Callable[..., Any]:
     forward_kernel, backward_kernel = f"{spec.name}_forward", f"{spec.name}_backward"
 
     def forward(input: Tensor, rois: Tensor, *args: Any) -> Any:
-        return getattr(_backend.kernels(input.device), forward_kernel)(input, rois, *args)
+        return getattr(_backend.kernels_of(input), forward_kernel)(input, rois, *args)
 
     def backward(grad: Tensor, *args: Any) -> Tensor:
-        return getattr(_backend.kernels(grad.device), backward_kernel)(grad, *args)
+        return getattr(_backend.kernels_of(grad), backward_kernel)(grad, *args)
 
     def forward_fake(input: Tensor, rois: Tensor, *args: Any) -> Any:
         named = dict(zip(arg_names, args))
@@ -215,7 +212,7 @@ def _register_rois_backward(spec: Kernels) -> Callable[..., Tensor]:
     kernel = f"{spec.name}_rois_backward"
 
     def rois_backward(grad: Tensor, input: Tensor, rois: Tensor, *args: Any) -> Tensor:
-        return getattr(_backend.kernels(grad.device), kernel)(grad, input, rois, *args)
+        return getattr(_backend.kernels_of(grad), kernel)(grad, input, rois, *args)
 
     op = define(f"_{spec.name}_rois_backward",
                 _schema([("Tensor", "grad"), ("Tensor", "input"), ("Tensor", "rois"), *spec.args], 1),

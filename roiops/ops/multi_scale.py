@@ -114,7 +114,7 @@ def _levels_backward(kernels, grad, rois, levels, spatial_scales, ph, pw, batch_
 
 def _multi_scale_forward(inputs: list[Tensor], rois: Tensor, levels: Tensor, spatial_scales: list[float],
                          pooled_height: int, pooled_width: int, sampling_ratio: int, aligned: bool) -> Tensor:
-    kernels = _backend.kernels(rois.device)
+    kernels = _backend.kernels_of(rois)
     if hasattr(kernels, "multi_scale_roi_align_forward"):
         return kernels.multi_scale_roi_align_forward(inputs, rois, levels, spatial_scales, pooled_height,
                                                      pooled_width, sampling_ratio, aligned)
@@ -125,7 +125,7 @@ def _multi_scale_forward(inputs: list[Tensor], rois: Tensor, levels: Tensor, spa
 def _multi_scale_backward(grad: Tensor, rois: Tensor, levels: Tensor, spatial_scales: list[float],
                           pooled_height: int, pooled_width: int, batch_size: int, channels: int, heights: list[int],
                           widths: list[int], sampling_ratio: int, aligned: bool, channels_last: bool) -> list[Tensor]:
-    kernels = _backend.kernels(grad.device)
+    kernels = _backend.kernels_of(grad)
     args = (grad, rois, levels, spatial_scales, pooled_height, pooled_width, batch_size, channels, heights, widths,
             sampling_ratio, aligned, channels_last)
     if hasattr(kernels, "multi_scale_roi_align_backward"):
