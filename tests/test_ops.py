@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import sys
 
 import pytest
 import torch
@@ -396,3 +397,94 @@ def test_traced_and_profiled_calls_see_the_registered_op():
     assert not direct(torch.nn.Parameter(x), b)
     assert not direct(x.to("meta"), b.to("meta"))
     assert torch.func.vmap(lambda t: t.sum() * 0 + direct(t, b))(x).eq(0).all()
+
+
+# Outputs of 4 MiB or more come from blocks the C++ kernels keep when freed (sampling.h,
+# OutputCache): each must still be written in full, whatever a freed block held.
+def _big_map(channels, channels_last=False, requires_grad=False):
+    x = torch.randn(2, channels, 64, 64, generator=torch.Generator().manual_seed(5))
+    x = x.contiguous(memory_format=torch.channels_last) if channels_last else x
+    return x.requires_grad_(requires_grad)
+
+
+def _big_boxes(count):
+    return torch.cat([random_boxes(2, count, 128.0, 128.0, torch.Generator().manual_seed(6)),
+                      nasty_boxes(2, 128.0, 128.0)])
+
+
+BIG = {  # name: (function of (map, boxes), channels, boxes giving a forward output of >= 4 MiB)
+    "avg": (lambda x, b: roiops.roi_align(x, b, 7, 0.5, 2, True), 256, 96),
+    "max": (lambda x, b: roiops.roi_align(x, b, 7, 0.5, 0, False, mode="max"), 256, 96),
+    "caffe": (lambda x, b: roiops.roi_pool(x, b, 7, 0.5), 256, 96),
+    "prroi": (lambda x, b: roiops.prroi_pool(x, b, 7, 0.5), 256, 96),
+    "ps_align": (lambda x, b: roiops.ps_roi_align(x, b, 7, 0.5, 2), 294, 4000),
+    "ps_pool": (lambda x, b: roiops.ps_roi_pool(x, b, 7, 0.5), 294, 4000),
+    "rotated": (lambda x, b: roiops.roi_align_rotated(x, torch.cat([b[:, :1], (b[:, 1:3] + b[:, 3:5]) / 2,
+                                                                   (b[:, 3:5] - b[:, 1:3]).abs(),
+                                                                   b[:, 1:2] * 7.0], 1), 7, 0.5, 2),
+                256, 96),
+}
+
+
+linux_only = pytest.mark.skipif(sys.platform != "linux", reason="the kernels keep freed output blocks on Linux only")
+
+
+@linux_only
+@pytest.mark.parametrize("channels_last", [False, True], ids=["nchw", "cl"])
+@pytest.mark.parametrize("name", list(BIG))
+def test_large_outputs_are_written_in_full_in_reused_blocks(name, channels_last):
+    fn, channels, count = BIG[name]
+    boxes = _big_boxes(count)
+    x = _big_map(channels, channels_last, requires_grad=True)
+    out = fn(x, boxes)
+    grad = torch.randn(out.shape, generator=torch.Generator().manual_seed(7)).contiguous(
+        memory_format=torch.channels_last if channels_last else torch.contiguous_format)
+    makers = {"forward": lambda: fn(x.detach(), boxes),
+              "backward": lambda: torch.autograd.grad(out, x, grad, retain_graph=True)[0]}
+    for direction, make in makers.items():
+        first = make()
+        assert first.nbytes >= 4 << 20, (direction, first.nbytes)
+        expected, where = first.clone(), first.data_ptr()
+        first.fill_(float("nan"))
+        del first
+        second = make()
+        assert second.data_ptr() == where, direction  # the block freed last came back
+        assert torch.equal(second, expected), direction
+
+
+@linux_only
+def test_freed_output_blocks_kept_are_bounded():
+    from roiops import _C
+    no_boxes = torch.zeros(0, 5)
+    grads = []
+    for h in range(200, 272, 12):  # six gradients of 52-68 MiB, each its own size
+        x = torch.randn(1, 256, h, 256).requires_grad_()
+        out = roiops.roi_align(x, no_boxes, 7, 1.0, 2, True)
+        grads.append(torch.autograd.grad(out, x, torch.zeros(out.shape))[0])
+        assert torch.equal(grads[-1], torch.zeros_like(x))
+    del grads
+    assert 0 < _C.output_cache_bytes() <= 256 << 20
+
+
+def test_large_outputs_after_fork():
+    """A child forked while the parent keeps freed blocks allocates and frees its own."""
+    import multiprocessing
+
+    fn, channels, count = BIG["avg"]
+    boxes = _big_boxes(count)
+    x = _big_map(channels)
+    freed = fn(x, boxes)
+    del freed  # its block is kept, and the child inherits the cache
+    expected = fn(x, boxes)
+    ctx = multiprocessing.get_context("fork")
+    result = ctx.Queue()
+
+    def child():
+        torch.set_num_threads(1)  # the parent's OpenMP threads do not survive a fork
+        result.put([torch.equal(fn(x, boxes), expected) for _ in range(3)])
+
+    p = ctx.Process(target=child)
+    p.start()
+    got = result.get(timeout=120)
+    p.join(60)
+    assert p.exitcode == 0 and got == [True] * 3
