@@ -17,7 +17,7 @@ from torch import Tensor
 
 from . import _backend, config
 from ._geometry import (MAX_ARGMAX_GRID, MAX_COORDINATE, MAX_MAP_SIDE, MAX_OUTPUT_SIZE, MAX_SAMPLING_RATIO, MAX_SCALE,
-                        MIN_SCALE)
+                        MIN_SCALE, dense)
 
 BoxesType = Union[Tensor, Sequence[Tensor]]
 OutputSize = Union[int, tuple[int, int], list[int]]
@@ -126,14 +126,6 @@ def rois(input: Tensor, boxes: BoxesType, scale: float,
 _AXIS_ALIGNED_HINTS = {5: " (rows (batch_index, x1, y1, x2, y2))", 4: " (rows (x1, y1, x2, y2))"}
 
 
-def _dense(t: Tensor, dtype: torch.dtype) -> Tensor:
-    """``t`` contiguous in ``dtype``. Asked first: to() and contiguous() go through the
-    dispatcher even when they return their tensor, 20-30 us each once a peer's call has
-    evicted the host code."""
-    t = t if t.dtype == dtype else t.to(dtype)
-    return t if t.is_contiguous() else t.contiguous()
-
-
 def _coord_type(input: Tensor) -> torch.dtype:
     """The kernels' coordinate type: float64 for float64 input, float32 otherwise."""
     return torch.float64 if input.dtype == torch.float64 else torch.float32
@@ -145,7 +137,7 @@ def _box_rows(input: Tensor, boxes: BoxesType, width: int, dtype: torch.dtype, h
     ``dtype``."""
     if isinstance(boxes, Tensor):
         _box_tensor(boxes, input, width, "boxes", hints)
-        return _dense(boxes, dtype)
+        return dense(boxes, dtype)
     if isinstance(boxes, (list, tuple)):
         if len(boxes) != input.shape[0]:
             raise ValueError(f"boxes is a list of {len(boxes)} tensors but the input has batch size {input.shape[0]}")
@@ -164,7 +156,7 @@ def _checking_values(rois: Tensor) -> bool:
     """Whether box values are checked now: by default on CPU tensors only (on GPU ones the
     check syncs the device; see config.check_box_values), never while compiling."""
     check = config.check_box_values
-    return (rois.device.type == "cpu" if check is None else check) and not torch.compiler.is_compiling()
+    return not torch.compiler.is_compiling() and (rois.is_cpu if check is None else check)
 
 
 def _box_tensor(b: object, input: Tensor, width: int, name: str, hints: dict[int, str] = _AXIS_ALIGNED_HINTS) -> None:
@@ -185,7 +177,7 @@ def _check_values(rois: Tensor, batch_size: int, scale: float) -> None:
     """Rows ``(batch_index, 4 coordinates[, angle])``: the index an integer in
     ``[0, batch_size)``, coordinates finite and within 2^24 cells after ``scale``, the angle
     finite."""
-    if rois.shape[0] == 0 or rois.device.type == "meta":  # meta tensors hold no values
+    if rois.shape[0] == 0 or rois.is_meta:  # meta tensors hold no values
         return
     k, column = _scan(rois, batch_size, scale)
     if k < 0:
@@ -206,7 +198,7 @@ def _scan(rois: Tensor, batch_size: int, scale: float) -> tuple[int, int]:
     """The first invalid ``(row, column)``, ``(-1, -1)`` if none: for CPU boxes the C++
     kernels' own check (a microsecond, where the dozen tensor ops of _first_invalid take
     tens), unless their storage cannot be read (functorch transforms, fake tensors)."""
-    scan = _row_scan() if rois.device.type == "cpu" else None
+    scan = _row_scan() if rois.is_cpu else None
     if scan is not None:
         try:
             return scan(rois, batch_size, scale)
@@ -246,7 +238,7 @@ def _first_invalid(rois: Tensor, batch_size: int, scale: float) -> tuple[int, in
 
 def _check_max_grid(rois: Tensor, scale: float, h: int, w: int, ratio: int, aligned: bool) -> None:
     """Adaptive grids of mode "max", computed as the kernels do (docs/semantics.md)."""
-    if rois.shape[0] == 0 or rois.device.type == "meta":
+    if rois.shape[0] == 0 or rois.is_meta:
         return
     o = 0.5 if aligned else 0.0
     start = rois[:, 1:3] * scale - o
@@ -310,7 +302,7 @@ def rotated_rois(input: Tensor, boxes: BoxesType, scale: float, degrees: bool, c
         turn = rows.narrow(1, 5, 1)
         turn = turn * math.pi / 180.0 if degrees else turn
         rows = torch.cat([rows.narrow(1, 0, 5), -turn if clockwise else turn], dim=1)
-    out = _dense(rows, _coord_type(input))
+    out = dense(rows, _coord_type(input))
     if _checking_values(out):
         _check_values(out, input.shape[0], scale)
     return out

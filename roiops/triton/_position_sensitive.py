@@ -10,7 +10,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .._geometry import is_channels_last, memory_format
+from .._geometry import dense, is_channels_last, memory_format
 from ._common import GPU_TILE, LAUNCH_OPTS, cdiv, f64_bits, gather_blocks, opmath, tile_blocks, use_deterministic
 from ._jit import along_c as _c  # per-channel vector -> tile axis
 from ._jit import along_p as _p  # per-bin / per-pixel vector -> tile axis
@@ -49,7 +49,7 @@ def launch_forward(kernel: Any, input: torch.Tensor, rois: torch.Tensor, spatial
     program per (box, block of bins, block of output channels)."""
     N, C, H, W = input.shape
     K, c_out = rois.shape[0], C // (ph * pw)
-    rois = rois.to(opmath(input.dtype)).contiguous()
+    rois = dense(rois, opmath(input.dtype))
     out = torch.empty((K, c_out, ph, pw), dtype=input.dtype, device=input.device,
                       memory_format=memory_format(is_channels_last(input)))
     if out.numel() == 0:
@@ -71,7 +71,7 @@ def launch_backward(gather: Any, atomic: Any, grad: torch.Tensor, rois: torch.Te
     program per (box, block of bins, block of output channels) scatters with atomic adds,
     into a float32 scratch for half types."""
     K, c_out = grad.shape[0], grad.shape[1]
-    rois = rois.to(opmath(grad.dtype)).contiguous()
+    rois = dense(rois, opmath(grad.dtype))
     fmt = memory_format(channels_last)
     on_cpu = grad.device.type == "cpu"
     if use_deterministic(deterministic):

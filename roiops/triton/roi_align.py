@@ -66,7 +66,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .._geometry import is_channels_last, memory_format
+from .._geometry import dense, is_channels_last, memory_format
 from ._common import (GPU_TILE, LAUNCH_OPTS, cdiv, check_device, f64_bits, gather_blocks, kernel, next_pow2, opmath,
                       tile_blocks, use_deterministic)
 from ._common import check_align_backward, check_align_forward, check_align_rois_backward
@@ -639,7 +639,7 @@ def _forward(input, rois, spatial_scale, pooled_height, pooled_width, sampling_r
     N, C, H, W = input.shape
     K = rois.shape[0]
     ph, pw = int(pooled_height), int(pooled_width)
-    rois = rois.to(opmath(input.dtype)).contiguous()
+    rois = dense(rois, opmath(input.dtype))
     fmt = memory_format(is_channels_last(input))
     out = torch.empty((K, C, ph, pw), dtype=input.dtype, device=input.device, memory_format=fmt)
     argmax = torch.empty((K, C, ph, pw), dtype=torch.int32, device=input.device, memory_format=fmt) \
@@ -671,7 +671,7 @@ def _backward(grad, argmax, rois, spatial_scale, pooled_height, pooled_width, ba
     N, C, H, W = int(batch_size), int(channels), int(height), int(width)
     K = rois.shape[0]
     ph, pw = int(pooled_height), int(pooled_width)
-    rois = rois.to(opmath(grad.dtype)).contiguous()
+    rois = dense(rois, opmath(grad.dtype))
     fmt = memory_format(bool(channels_last))
     on_cpu = grad.device.type == "cpu"
     if K == 0 or N * C * H * W == 0:
@@ -726,7 +726,7 @@ def _rois_backward(grad, input, rois, spatial_scale, pooled_height, pooled_width
     out = torch.zeros((K, 5), dtype=acc, device=input.device)
     if K == 0 or C == 0:
         return out.to(rois.dtype)
-    r = rois.to(acc).contiguous()
+    r = dense(rois, acc)
     lanes_c = input.stride(1) < input.stride(3)
     # Four accumulators per tile element (max mode: per-element sample coordinates).
     budget = GPU_TILE // (4 if input.dtype == torch.float64 else 2)
@@ -814,8 +814,8 @@ def multi_scale_roi_align_forward(inputs: list[torch.Tensor], rois: torch.Tensor
     N, C = first.shape[:2]
     K = rois.shape[0]
     ph, pw = int(pooled_height), int(pooled_width)
-    rois = rois.to(opmath(first.dtype)).contiguous()
-    levels = levels.to(torch.int64).contiguous()
+    rois = dense(rois, opmath(first.dtype))
+    levels = dense(levels, torch.int64)
     out = torch.empty((K, C, ph, pw), dtype=first.dtype, device=first.device, memory_format=fmt)
     if out.numel() == 0:
         return out
@@ -841,8 +841,8 @@ def multi_scale_roi_align_backward(grad: torch.Tensor, rois: torch.Tensor, level
     N, C = int(batch_size), int(channels)
     K = rois.shape[0]
     ph, pw = int(pooled_height), int(pooled_width)
-    rois = rois.to(opmath(grad.dtype)).contiguous()
-    levels = levels.to(torch.int64).contiguous()
+    rois = dense(rois, opmath(grad.dtype))
+    levels = dense(levels, torch.int64)
     on_cpu = grad.device.type == "cpu"
     det = use_deterministic(deterministic)
     # The gather writes every cell once; the scatter adds into zeros, in float32 for half types.

@@ -30,7 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .._geometry import is_channels_last, memory_format
+from .._geometry import dense, is_channels_last, memory_format
 from ._common import (LAUNCH_OPTS, cdiv, check_device, f64_bits, gather_blocks, kernel, next_pow2, opmath, tile_blocks,
                       use_deterministic)
 from ._common import check_pool_backward, check_pool_forward
@@ -237,7 +237,7 @@ def roi_pool_forward(input: torch.Tensor, rois: torch.Tensor, spatial_scale: flo
     N, C, H, W = input.shape
     K = rois.shape[0]
     ph, pw = int(pooled_height), int(pooled_width)
-    rois = rois.to(opmath(input.dtype)).contiguous()
+    rois = dense(rois, opmath(input.dtype))
     fmt = memory_format(is_channels_last(input))
     out = torch.empty((K, C, ph, pw), dtype=input.dtype, device=input.device, memory_format=fmt)
     argmax = torch.empty((K, C, ph, pw), dtype=torch.int32, device=input.device, memory_format=fmt)
@@ -269,7 +269,7 @@ def roi_pool_backward(grad: torch.Tensor, argmax: torch.Tensor, rois: torch.Tens
     check_device(grad, _pool_bwd_atomic_kernel)
     N, C, H, W = int(batch_size), int(channels), int(height), int(width)
     K, _, ph, pw = grad.shape
-    rois = rois.to(opmath(grad.dtype)).contiguous()
+    rois = dense(rois, opmath(grad.dtype))
     fmt = memory_format(bool(channels_last))
     on_cpu = grad.device.type == "cpu"
     if K == 0 or N * C * H * W == 0 or ph * pw == 0:
