@@ -1,11 +1,12 @@
 """``roiops bench``: roiops against a peer (torchvision.ops) in one process, on the CPU or
 a CUDA GPU.
 
-Each case times roiops and its peer interleaved, repeat by repeat, and reports medians and
-their ratio, so that load from other processes hits both alike: on the CPU with the wall
-clock around each call, on a GPU between a pair of CUDA events. Every row also gives the
-effective bandwidth (the bytes the op must move at the least over roiops' time) and, where
-the memory bandwidth is known, its share of it. Writes a table to stdout, ``results.json``
+Each case times roiops and its peer interleaved, repeat by repeat (``--order back-to-back``:
+each library's calls in a row), and reports medians and their ratio, so that load from
+other processes hits both alike: on the CPU with the wall clock around each call, on a GPU
+between a pair of CUDA events. Every row also gives the effective bandwidth (the bytes the
+op must move at the least over roiops' time) and, where the memory bandwidth is known, its
+share of it. Writes a table to stdout, ``results.json``
 and ``ratios.png`` to ``--out``.
 
 An operator joins the suite with an ``OPS`` entry (how to call roiops and its peer on a
@@ -385,8 +386,18 @@ def _first_line(e: Exception) -> str:
     return (str(e).strip().splitlines() or [type(e).__name__])[0]
 
 
+ORDERS = ("alternate", "back-to-back")
+
+
+def timing_order(timed: list[str], repeats: int, order: str) -> list[str]:
+    """Whose call each timed run of one case and direction is, in the order they run."""
+    if order == "alternate":
+        return [who for _ in range(repeats) for who in timed]
+    return [who for who in timed for _ in range(repeats)]
+
+
 def measure(case: Case, device: Device, repeats: int, peers: dict[str, ModuleType],
-            peak_gbps: float | None) -> list[dict[str, Any]]:
+            peak_gbps: float | None, order: str) -> list[dict[str, Any]]:
     w = case.workload
     spec = OPS[w.op]
     torch.set_num_threads(case.threads)
@@ -449,9 +460,8 @@ def measure(case: Case, device: Device, repeats: int, peers: dict[str, ModuleTyp
                 if "peer" in results and against and against.same_result else None)
         del results
         times: dict[str, list[float]] = {who: [] for who in timed}
-        for _ in range(repeats):
-            for who in timed:
-                times[who].append(device.timer(runs[who][direction]))
+        for who in timing_order(timed, repeats, order):
+            times[who].append(device.timer(runs[who][direction]))
         peer_s = statistics.median(times["peer"]) if "peer" in times else None
         rows.append(result_row(case, device.name, direction, statistics.median(times["roiops"]),
                                None if against is None else against.module, peer_s, nbytes[direction], peak_gbps,
@@ -584,7 +594,9 @@ def build_parser() -> argparse.ArgumentParser:
             "process, forward and backward, on the CPU (--device cpu, the default: C++ kernels) "
             "or a CUDA GPU (--device cuda: Triton kernels; adds 'backward det', roiops' "
             "deterministic backward, which has no peer). Each case runs both once or more "
-            "untimed, then alternates them --repeats times; it prints a table of median times, "
+            "untimed, then times each --repeats times, alternating call by call (--order "
+            "alternate, the default) or all of roiops' calls then all of the peer's (--order "
+            "back-to-back); it prints a table of median times, "
             "their ratio (peer time / roiops time), the effective bandwidth (GB/s: the bytes the "
             "op must move at the least - the covered map cells once per channel, the output "
             "and argmax forward; grad, argmax and the whole input gradient backward - over "
@@ -614,6 +626,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="memory bandwidth that %%peak relates GB/s to (default: on cuda, the GPU's "
                         "memory clock x bus width, else a table of known GPUs, else a measured copy; "
                         "on the CPU, no %%peak column)")
+    p.add_argument("--order", choices=ORDERS, default="alternate",
+                   help="alternate (default): roiops' and the peer's calls alternate, so that each "
+                        "starts from the caches, and on the CPU the sleeping worker threads, that "
+                        "the other left; back-to-back: each library's calls in a row, each after its "
+                        "own previous call")
     p.add_argument("--quick", action="store_true",
                    help="a smoke run: 1 repeat, at the largest --threads count only")
     p.add_argument("--tiny", action="store_true",
@@ -704,7 +721,7 @@ def main(argv: list[str] | None = None) -> int:
     meta = {"date": datetime.date.today().isoformat(), "device": device.name, "cpu": cpu_model(), "gpu": gpu,
             "versions": versions, "threads": sorted({c.threads for c in cases}), "repeats": repeats,
             "warmup": device.warmup, "timer": device.timer_text,
-            "statistic": "median seconds, roiops and the peer interleaved", "peak_gbps": peak,
+            "order": args.order, "statistic": "median seconds", "peak_gbps": peak,
             "peak_source": peak_source}
     written = [args.out / "results.json"] + ([] if args.no_chart else [args.out / "ratios.png"])
     rows: list[dict[str, Any]] = []
@@ -724,7 +741,7 @@ def main(argv: list[str] | None = None) -> int:
         for i, case in enumerate(cases):
             label = f"{case.workload.name}, {case.layout}, {case.dtype}"
             progress(i, len(cases), label + (f", {case.threads} thread(s)" if device is CPU else ""))
-            rows += measure(case, device, repeats, peers, peak)
+            rows += measure(case, device, repeats, peers, peak, args.order)
             save(False)
         progress(len(cases), len(cases), "done")
     finally:

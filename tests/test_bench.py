@@ -47,6 +47,7 @@ def _check_results(out: Path, workloads: set[str], chart: bool = True) -> dict:
     assert meta["versions"]["torch"] == torch.__version__ and meta["versions"]["roiops"]
     assert meta["versions"]["torchvision"]
     assert meta["threads"] == sorted({r["threads"] for r in rows})
+    assert meta["order"] in bench.ORDERS
     assert (out / "ratios.png").exists() == chart
     if chart:
         assert (out / "ratios.png").read_bytes()[:8] == PNG_MAGIC
@@ -359,7 +360,7 @@ def test_gpu_suite_flow_on_cpu_tensors(monkeypatch, peer_call, failing):
     _Probe.switch.clear()
     device = replace(bench.CUDA, name="cpu", timer=bench.wall_clock, warmup=2)
     w = bench.Workload("probe", "probe", 2, 3, 8, 8, 1 / 4, 4, 2, devices=("cuda",))
-    rows = bench.measure(bench.Case(w, "channels_last", "float32", 1), device, 3, {"math": math}, 0.5)
+    rows = bench.measure(bench.Case(w, "channels_last", "float32", 1), device, 3, {"math": math}, 0.5, "alternate")
 
     assert [r["direction"] for r in rows] == ["forward", "backward", "backward det"]
     if not failing:  # setup, 2 warm-ups each, then alternating
@@ -438,5 +439,33 @@ def test_a_peer_can_take_the_boxes_in_the_maps_dtype(monkeypatch):
     monkeypatch.setitem(bench.OPS, "probe", bench.OpSpec(
         "probe", op("roiops"), bench.Peer("math", op("peer"), boxes_in_input_dtype=True)))
     w = bench.Workload("probe", "probe", 1, 2, 4, 4, 1 / 4, 2, 2)
-    bench.measure(bench.Case(w, "NCHW", "bfloat16", 1), bench.CPU, 1, {"math": math}, None)
+    bench.measure(bench.Case(w, "NCHW", "bfloat16", 1), bench.CPU, 1, {"math": math}, None, "alternate")
     assert seen == {"roiops": torch.float32, "peer": torch.bfloat16}
+
+
+def test_timing_order():
+    """--order alternate interleaves the libraries call by call; back-to-back runs each
+    library's calls in a row."""
+    assert bench.timing_order(["roiops", "peer"], 3, "alternate") == ["roiops", "peer"] * 3
+    assert bench.timing_order(["roiops", "peer"], 3, "back-to-back") == ["roiops"] * 3 + ["peer"] * 3
+    assert bench.timing_order(["roiops"], 2, "back-to-back") == ["roiops"] * 2
+
+
+def test_bench_back_to_back(tmp_path, monkeypatch):
+    """The calls a case times run in the order --order names, and results.json says which."""
+    calls = []
+    timer = bench.CPU.timer
+
+    def record(fn):
+        calls.append(fn)
+        return timer(fn)
+
+    monkeypatch.setattr(bench, "CPU", replace(bench.CPU, timer=record))
+    monkeypatch.setitem(bench.DEVICES, "cpu", bench.CPU)
+    assert bench.main(["--tiny", "--workload", "roi_pool", "--layouts", "nchw", "--threads", "1", "--repeats", "3",
+                       "--order", "back-to-back", "--no-chart", "--out", str(tmp_path)]) == 0
+    data = _check_results(tmp_path, {"roi_pool"}, chart=False)
+    assert data["meta"]["order"] == "back-to-back"
+    forward = calls[:6]  # the forward direction's timed calls: roiops' three, then the peer's three
+    assert forward[0] is forward[1] is forward[2] and forward[3] is forward[4] is forward[5]
+    assert forward[0] is not forward[3]
