@@ -489,7 +489,7 @@ constexpr int64_t kPsBandGain = 6;
 
 // Output channels per forward band task. A task copies each cell's run of them (their
 // channels are contiguous in the map) and sums them per bin in one pass: on the Xeon, 32
-// (all 21 of a 21-class head, as 24 lanes) made the R-FCN forwards 15-25% faster than 8
+// (all 21 of a 21-class head, as 24 lanes) made the R-FCN forwards 6-24% faster than 8
 // for 21 classes and 2x faster for 256, where 64 was slower for PSRoIAlign.
 constexpr int64_t kPsBandChannels = 32;
 
@@ -513,8 +513,8 @@ struct PsRowPart {
 // rows(k, i) = {first, last} (first > last: none). A task (image n, band, block of up to
 // kPsBandChannels output channels) copies the band's rows (and `reach` rows below, for
 // terms that also read the next rows: a sample's y_high) into PsBand's layout, each cell's
-// nc x bins block transposed in registers, then calls sum(band, buf, k, i, part) for each part of a bin
-// row in the band (PsRowPart), in increasing k. In the map a bin's output channels are
+// nc x bins block transposed in registers, then calls sum(band, buf, k, i, part) for each
+// part of a bin row in the band (PsRowPart), in increasing k. In the map a bin's output channels are
 // bins apart, a cache line each; in the buffer they are whole vectors, and each cell is
 // copied once instead of being gathered by every bin that reads it. (Bands that copied
 // every row their bin rows read copied 1.6 rows per map row on R-FCN's 21-class workload,
