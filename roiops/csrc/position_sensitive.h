@@ -495,18 +495,17 @@ constexpr int64_t kPsBandChannels = 32;
 
 // The part of a bin row that one band sums (ps_forward_bands): the terms of rows
 // [ya, yb). A bin row that spans several bands is summed in each, top to bottom: carry
-// holds its running sums (pw bins x `lanes` lanes) between them; `first`: start from zero,
-// not from carry; `last`: finish (divide and write the output), not store into carry. A
-// bin row within one band is one part, first and last, with no carry.
+// holds its running sums (pw bins x the band's lanes) between them; `first`: start from
+// zero, not from carry; `last`: finish (divide and write the output), not store into
+// carry. A bin row within one band is one part, first and last, with no carry.
 template <typename T>
 struct PsRowPart {
   int64_t ya, yb;
   T* carry;
   bool first, last;
-  int64_t lanes;  // of each bin's running sums
 
-  // Bin j's running sums, or none.
-  T* carry_of(int64_t j) const { return carry ? carry + j * lanes : nullptr; }
+  // Bin j's running sums in a band of `lanes` lanes, or none.
+  T* carry_of(int64_t j, int64_t lanes) const { return carry ? carry + j * lanes : nullptr; }
 };
 
 // The forward from a channels_last map by bands of rows. Bin row i of box k reads rows
@@ -514,17 +513,18 @@ struct PsRowPart {
 // kPsBandChannels output channels) copies the band's rows (and `reach` rows below, for
 // terms that also read the next rows: a sample's y_high) into PsBand's layout, each cell's
 // nc x bins block transposed in registers, then calls sum(band, buf, k, i, part) for each
-// part of a bin row in the band (PsRowPart), in increasing k. In the map a bin's output channels are
-// bins apart, a cache line each; in the buffer they are whole vectors, and each cell is
-// copied once instead of being gathered by every bin that reads it. (Bands that copied
-// every row their bin rows read copied 1.6 rows per map row on R-FCN's 21-class workload,
-// and were 10% slower with PSRoIPool.) A band's task copies its rows and sums the parts
-// that start a bin row, then waits for the band above (same image and channels) to finish
-// before it sums the parts that continue one, so each sum still adds its terms in order,
-// whatever the thread count, and the bands' copies run side by side. Tasks are handed out
-// in increasing order and wait only on earlier ones, already taken by a running thread,
-// so none waits for ever. Returns false, running nothing, when the copies would cost more
-// than the boxes' `reads` (cells or taps, over all bins) gathered in place.
+// part of a bin row in the band (PsRowPart), in increasing k within the two groups below.
+// In the map a bin's output channels are bins apart, a cache line each; in the buffer they
+// are whole vectors, and each cell is copied once instead of being gathered by every bin
+// that reads it. (Bands that copied every row their bin rows read copied 1.6 rows per map
+// row on R-FCN's 21-class workload, and were 10% slower with PSRoIPool.) A band's task
+// copies its rows and sums the parts that start a bin row, then waits for the band above
+// (same image and channels) to finish before it sums the parts that continue one, so each
+// sum still adds its terms in order, whatever the thread count, and the bands' copies run
+// side by side. Tasks are handed out in increasing order and wait only on earlier ones,
+// already taken by a running thread, so none waits for ever. Returns false, running
+// nothing, when the copies would cost more than the boxes' `reads` (cells or taps, over all
+// bins) gathered in place.
 template <typename T, typename scalar_t, typename Rows, typename Sum>
 bool ps_forward_bands(const at::Tensor& input, const std::vector<int64_t>& batch, int64_t C_out, int64_t ph,
                       int64_t pw, int64_t reads, int64_t reach, const Rows& rows, const Sum& sum) {
@@ -584,7 +584,7 @@ bool ps_forward_bands(const at::Tensor& input, const std::vector<int64_t>& batch
     const auto sum_parts = [&](bool continuing) {
       for (const auto& [k, i] : parts[nb]) {
         const auto [first, last] = rows(k, i);
-        PsRowPart<T> part{first, last + 1, nullptr, true, true, L};
+        PsRowPart<T> part{first, last + 1, nullptr, true, true};
         const int64_t x = crossing[static_cast<size_t>(k * ph + i)];
         if (x >= 0) {
           part.ya = std::max(first, r0), part.yb = std::min(last + 1, r0 + R);

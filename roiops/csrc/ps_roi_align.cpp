@@ -265,7 +265,7 @@ void forward_impl(const at::Tensor& input, const at::Tensor& rois, double spatia
   const auto sum_row = [&](const PsBand& band, const T* buf, int64_t k, int64_t i, const PsRowPart<T>& part) {
     align_bins_lanes<T, scalar_t>(pw, band.nc, [&](int64_t j) {
       return LanesBin<T, scalar_t>{&plans[k], i, j, band.view(buf, i * pw + j), result.row(i * pw + j, k) + band.c0,
-                                   part.ya, part.yb, part.carry_of(j), part.first, part.last};
+                                   part.ya, part.yb, part.carry_of(j, band.lanes), part.first, part.last};
     });
   };
   // A band adds the samples whose y_low is among its rows; their y_high may be the next row.

@@ -215,7 +215,7 @@ void forward_impl(const at::Tensor& input, const at::Tensor& rois, double spatia
     pool_bins_lanes<T, scalar_t>(pw, band.nc, [&](int64_t j) {
       return LanesBin<T, scalar_t>{band.view(buf, i * pw + j), boxes_bins.bin(k, i, j),
                                    result.row(i * pw + j, k) + band.c0, part.ya, part.yb,
-                                   part.carry_of(j), part.first, part.last};
+                                   part.carry_of(j, band.lanes), part.first, part.last};
     });
   };
   if (s.w != 1 && ps_forward_bands<T, scalar_t>(input, batch, C_out, ph, pw, total_reads(boxes_bins, ph, pw), 0, rows,
