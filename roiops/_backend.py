@@ -157,11 +157,20 @@ def _cpu_kernels() -> ModuleType:
 
 
 def kernels_of(t: torch.Tensor) -> ModuleType:
-    """``kernels(t.device)``; for a CPU tensor with no backend forced, without building
-    ``t.device``: a Python object, 20-30 us once other work has evicted the host code."""
-    if t.is_cpu and not _forced.get():
-        return _cpu_kernels()
+    """``kernels(t.device)``; for a CPU or CUDA tensor with no backend forced, without
+    building ``t.device``: a Python object, 20-30 us once other work has evicted the host
+    code."""
+    if not _forced.get():
+        if t.is_cpu:
+            return _cpu_kernels()
+        if t.is_cuda:
+            return _cuda_kernels()
     return kernels(t.device)
+
+
+@functools.cache
+def _cuda_kernels() -> ModuleType:
+    return importlib.import_module(_MODULES["triton" if _triton_available() else "reference"])
 
 
 def kernels(device: torch.device) -> ModuleType:

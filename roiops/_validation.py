@@ -266,6 +266,8 @@ def _is_numpy(v: object, name: str) -> bool:
 
 def _as_int(v: object) -> int | None:
     """Python, numpy and 0-d tensor integers (as torchvision takes them), not bools."""
+    if type(v) is int:
+        return v
     if _is_int(v) or _is_numpy(v, "integer"):
         return int(v)  # type: ignore[call-overload]
     if isinstance(v, Tensor) and v.dim() == 0 and not v.is_floating_point() and not v.is_complex() \
@@ -276,6 +278,8 @@ def _as_int(v: object) -> int | None:
 
 def _as_float(v: object) -> float | None:
     """Python, numpy and 0-d tensor reals, not bools."""
+    if type(v) is float:
+        return v
     if isinstance(v, (int, float)) and not isinstance(v, bool) or _is_numpy(v, "integer") or _is_numpy(v, "floating"):
         return float(v)  # type: ignore[arg-type]
     if isinstance(v, Tensor) and v.dim() == 0 and not v.is_complex() and v.dtype != torch.bool:

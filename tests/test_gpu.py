@@ -19,6 +19,7 @@ converts with numpy, so only a GPU shows what the compiled kernels do.
 
 from __future__ import annotations
 
+import importlib
 import math
 
 import pytest
@@ -111,6 +112,16 @@ def close(actual: torch.Tensor, expected: torch.Tensor, dtype: torch.dtype) -> N
     torch.testing.assert_close(actual, expected, **tol(dtype), equal_nan=True)
 
 
+def close_sums(actual: torch.Tensor, expected: torch.Tensor, magnitude: torch.Tensor, dtype: torch.dtype) -> None:
+    """Sums the GPU adds in another order than the CPU: within the dtype's tolerance of
+    each cell's sum of |terms| (``magnitude``), since terms that cancel leave the sum's
+    rounding, not its value, as the scale of the difference."""
+    t = tol(dtype)["atol"]
+    bad = (actual - expected).abs() > t + t * magnitude
+    assert not bool(bad.any()), (f"{int(bad.sum())} of {bad.numel()} cells beyond {t:g} x (1 + sum of |terms|); "
+                                 f"max |diff| {float((actual - expected).abs().max()):.3g}")
+
+
 def exact(actual: torch.Tensor, expected: torch.Tensor, what: str) -> None:
     actual = actual.cpu()
     if not torch.equal(actual, expected):
@@ -135,10 +146,13 @@ def test_align_avg_equals_torchvision_cpu(scale, H, W, cl, dtype):
         exact(out, ref.detach().contiguous(), f"forward aligned={aligned} sampling={sr} {ph}x{pw}")
         g = random_grad(ref.shape, dtype, seed=2)
         ref.backward(g)
+        # Each cell's sum of |terms|: the weights are non-negative, so the backward of |g|.
+        xa = x.clone().requires_grad_()
+        torchvision.ops.roi_align(xa, rois, (ph, pw), scale, sr, aligned).backward(g.abs())
         fast, det = both_backwards(lambda d: rt.roi_align_backward(cuda(g), rg, scale, ph, pw, N, C, H, W, sr,
                                                                      aligned, cl, deterministic=d))
-        close(fast, xr.grad, dtype)
-        close(det, xr.grad, dtype)
+        close_sums(fast, xr.grad, xa.grad, dtype)
+        close_sums(det, xr.grad, xa.grad, dtype)
 
 
 @pytest.mark.parametrize("cl", [False, True], ids=["nchw", "cl"])
@@ -434,6 +448,34 @@ def test_invalid_rows_on_cuda_give_zeros_or_raise_in_strict_mode():
             roiops.roi_align(x, rois, 7, scale, 2, True)
     finally:
         roiops.config.check_box_values = None
+
+
+def test_repeated_launches_run_the_kernel_of_their_own_specialization(monkeypatch):
+    """A launch whose arguments key it as an earlier one's calls that launch's compiled
+    kernel directly (_common._Kernel). Launches that Triton specializes differently, one
+    after another and then again in reverse: maps and boxes 4 or 8 bytes past 16-byte
+    alignment, rows of W + 1 cells, channels_last, float32 and float64. Each must equal
+    torchvision's CPU kernel bit for bit, and the second round must take no other path."""
+    scale, H, W = LEVELS[1]
+    cases = []
+    for dtype in (F32, F64):
+        wide = cuda(feature_map(H, W + 1, dtype, False, seed=21))
+        rows = cuda(torch.cat([torch.zeros(1, 5), gpu_boxes(scale, H, W, 7, 7, seed=22)]).to(dtype))
+        for x, rois in ((wide[..., :W], rows[1:].clone()),         # aligned map, rows of W + 1 cells
+                        (wide[..., 1:], rows[1:]),                 # both misaligned
+                        (cuda(feature_map(H, W, dtype, True, seed=23)), rows[1:].clone())):
+            expected = torchvision.ops.roi_align(x.cpu(), rois.cpu(), 7, scale, 2, True)
+            cases.append((x, rois, expected))
+    assert cases[1][0].data_ptr() % 16 and cases[1][1].data_ptr() % 16
+    for x, rois, expected in cases:
+        exact(rt.roi_align_forward(x, rois, scale, 7, 7, 2, True), expected, f"first round {x.dtype} {x.stride()}")
+    slow = []
+    kernel = importlib.import_module("roiops.triton.roi_align")._align_fwd_kernel
+    full_path = kernel.run
+    monkeypatch.setattr(kernel, "run", lambda *a, **k: slow.append(1) or full_path(*a, **k))
+    for x, rois, expected in reversed(cases):
+        exact(rt.roi_align_forward(x, rois, scale, 7, 7, 2, True), expected, f"second round {x.dtype} {x.stride()}")
+    assert not slow, "a repeated launch went through JITFunction.run"
 
 
 def test_cuda_graph_capture_and_replay():

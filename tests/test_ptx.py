@@ -411,6 +411,9 @@ def _compile_all(out: Path) -> None:
 
     J.JITFunction.run = record
     import roiops.triton as rt
+    from roiops.triton import _common
+
+    _common._Kernel.__getitem__ = J.JITFunction.__getitem__  # each launch through run: recorded
 
     # It runs under other torch releases than the C++ extension was built for.
     assert "roiops._C" not in sys.modules, "compiling the Triton kernels must not load roiops._C"

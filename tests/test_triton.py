@@ -731,3 +731,75 @@ def test_max_mode_grid_beyond_int32_argmax_is_masked():
     for det in (False, True):
         gi = rt.roi_align_max_backward(g, am, rois, 1.0, 1, 1, 1, 1, 2, 2, 0, False, False, deterministic=det)
         assert cpu(gi).flatten().tolist() == [0.0, 0.0, 0.0, 1.0]
+
+
+# ----------------------------------------------------------------------------- compiled launches
+
+def _probe(x_ptr, n, stride, K, BLOCK: tl.constexpr, EXTRA: tl.constexpr = 0):
+    pass
+
+
+def test_compiled_launch_reuses_a_kernel_only_for_what_triton_specializes_alike(monkeypatch):
+    """The compiled kernels' launches (_common._Kernel; the interpreter does not use it): a
+    launch takes JITFunction.run, which compiles and launches, unless an earlier one had
+    the same key: tensors' dtypes and 16-byte alignment, the values of the integers Triton
+    specializes (n and stride here), whether each other integer (K) fits in int32, the
+    constexprs and the options. Then it calls the kernel that run returned, with every
+    argument in the kernel's order."""
+    k = rt_common._Kernel(_probe, do_not_specialize=["K"])
+    full, direct = [], []
+
+    class Compiled:
+        function, packed_metadata = "function", "metadata"
+
+        def run(self, *args):
+            direct.append(args)
+
+    def run(self, *args, grid, warmup, **kwargs):
+        full.append(args)
+        return Compiled()
+
+    class Driver:
+        def get_current_device(self):
+            return 0
+
+        def get_current_stream(self, device):
+            return "stream"
+
+    monkeypatch.setattr(rt_common.JITFunction, "run", run)
+    monkeypatch.setattr(triton.runtime.driver, "_active", Driver())
+    x = torch.zeros(64)
+
+    def path(*args, warps=4, **constexprs):
+        before = len(full), len(direct)
+        k[(3, 2)](*args, **{"BLOCK": 16, "EXTRA": 0, **constexprs}, num_warps=warps)
+        return "full" if len(full) > before[0] else "direct" if len(direct) > before[1] else "none"
+
+    assert path(x, 5, 7, 3) == "full"
+    assert path(x, 5, 7, 3) == "direct"
+    assert direct[-1] == (3, 2, 1, "stream", "function", "metadata", None, None, None, x, 5, 7, 3, 16, 0)
+    assert path(x, 5, 7, 1) == path(x, 5, 7, 32) == "direct"  # K is not specialized
+    assert path(x, 5, 7, 2**31) == "full"            # but its int64 type is
+    assert path(x, 5, 7, -(2**40)) == "direct"
+    assert path(x, 5, 7, 2**63) == path(x, 5, 7, 2**63) == "full"  # uint64: never kept
+    assert path(x[1:], 5, 7, 3) == "full"            # 4 bytes past 16-byte alignment
+    assert path(x[4:], 5, 7, 3) == "direct"          # 16 bytes past: aligned
+    assert path(x.double(), 5, 7, 3) == "full"
+    for n in (6, 1, 32, 2**40):                      # specialized: each value its own key
+        assert path(x, n, 7, 3) == "full"
+        assert path(x, n, 7, 3) == "direct"
+    assert path(x, 5, 8, 3) == "full"
+    assert path(x, 5, 7, 3, BLOCK=32) == "full"
+    assert path(x, 5, 7, 3, warps=8) == "full"
+    assert path(x, 5, 7, 3, warps=8) == "direct"
+    # A bool or a float where the first launch had an int, a parameter left to its
+    # default, or a launch hook: Triton's path every time.
+    assert path(x, True, 7, 3) == path(x, True, 7, 3) == "full"
+    assert path(x, 5, 7, 3.0) == path(x, 5, 7, 3.0) == "full"
+    for _ in range(2):
+        before = len(full)
+        k[(3,)](x, 5, 7, 3, BLOCK=16, num_warps=4)
+        assert len(full) == before + 1
+    assert path(x, 5, 7, 3) == "direct"
+    monkeypatch.setattr(triton.knobs.runtime, "launch_enter_hook", lambda metadata: None)
+    assert path(x, 5, 7, 3) == "full"

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import inspect
 import numbers
+import operator
 import struct
 
 import torch
 import triton
+from triton.runtime.jit import JITFunction
 
 from .._geometry import MAX_MAP_SIDE, MAX_OUTPUT_SIZE, MAX_SAMPLING_RATIO, MAX_SCALE, MIN_SCALE
 from ._jit import FLAT
@@ -34,7 +36,7 @@ def use_deterministic(explicit: bool | None) -> bool:
 def check_device(t: torch.Tensor, kernel) -> None:
     # A compiled kernel handed CPU pointers fails deep inside Triton's launcher; say why.
     # (Whether kernels are interpreted is fixed when triton.jit decorates them.)
-    if t.device.type == "cpu" and isinstance(kernel, triton.runtime.jit.JITFunction):
+    if t.is_cpu and isinstance(kernel, triton.runtime.jit.JITFunction):
         raise RuntimeError(
             "roiops.triton got CPU tensors but its kernels are compiled for the GPU: set "
             "TRITON_INTERPRET=1 before roiops.triton is first imported to run them on the CPU "
@@ -122,9 +124,99 @@ _RUNTIME_INTS = {"scale_bits", "K", "N", "C", "H", "W", "ph", "pw", "sampling_ra
 
 
 def kernel(fn):
-    """triton.jit with the run-time integer arguments kept unspecialized."""
+    """triton.jit with the run-time integer arguments kept unspecialized; compiled (not
+    interpreted), a :class:`_Kernel`, whose repeated launches skip Triton's binder."""
     names = [p for p in inspect.signature(fn).parameters if p in _RUNTIME_INTS]
-    return triton.jit(fn, do_not_specialize=names)
+    return triton.jit(fn, do_not_specialize=names) if triton.knobs.runtime.interpret else \
+        _Kernel(fn, do_not_specialize=names)
+
+
+def _picker(positions: list[int]):
+    """values -> the tuple of values at these positions."""
+    if len(positions) > 1:
+        return operator.itemgetter(*positions)
+    return (lambda values: (values[positions[0]],)) if positions else (lambda values: ())
+
+
+class _Kernel(JITFunction):
+    """A JITFunction whose repeated launches call the compiled kernel directly.
+
+    JITFunction.run binds and specializes every argument in Python and checks its options
+    and globals on each launch: about 35 us of host time per launch on an H100 machine,
+    where the compiled kernel's own launcher takes 10. Here a launch is keyed by the
+    device, each tensor argument's dtype and 16-byte alignment, the exact values of the
+    integer arguments Triton specializes (strides: whether they are 1 or multiples of 16),
+    the constexpr values and the compile options; the integers it leaves unspecialized
+    only need to fit in int32. A key's first launch goes through JITFunction.run, which
+    compiles if needed and launches, and the kernel it returns serves the key's later
+    launches. The key separates at least what Triton's does, so it names one compiled
+    kernel. Which parameters are tensors and which integers is learnt from the first
+    launch; a launch that differs in that, has an unspecialized integer beyond int32, or
+    leaves a parameter to its default, and any launch while launch hooks (profilers) or
+    pre-run hooks are set, takes Triton's path."""
+
+    def __init__(self, fn, **kwargs):
+        super().__init__(fn, **kwargs)
+        self._param_names = frozenset(self.arg_names)
+        self._plan = None
+        self._compiled: dict = {}
+
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: self._launch(grid, args, kwargs)
+
+    def _make_plan(self, values):
+        kinds = ["const" if p.is_constexpr else "tensor" if isinstance(v, torch.Tensor) else
+                 ("runtime" if p.do_not_specialize else "int") if type(v) is int else "other"
+                 for p, v in zip(self.params, values)]
+        if "other" in kinds:
+            return False
+        return tuple(_picker([i for i, k in enumerate(kinds) if k == kind])
+                     for kind in ("tensor", "int", "runtime", "const"))
+
+    def _launch(self, grid, args, kwargs):
+        try:
+            values = args + tuple([kwargs[n] for n in self.arg_names[len(args):]])
+        except KeyError:
+            values = None
+        hooks = triton.knobs.runtime
+        if values is None or self.pre_run_hooks or _hooked(hooks.launch_enter_hook, hooks.launch_exit_hook):
+            self.run(*args, grid=grid, warmup=False, **kwargs)
+            return
+        if self._plan is None:
+            self._plan = self._make_plan(values)
+        key = None
+        if self._plan:
+            tensors, ints, runtime, consts = self._plan
+            tensors, ints, runtime = tensors(values), ints(values), runtime(values)
+            if _INTS.issuperset(map(type, ints + runtime)) and _TENSORS.issuperset(map(type, tensors)) and \
+                    max(runtime, default=0) < 2**63:
+                driver = triton.runtime.driver.active
+                device = driver.get_current_device()
+                key = (device, *[(t.dtype, not t.data_ptr() & 15) for t in tensors], ints,
+                       tuple(map(_I32.__contains__, runtime)), consts(values),
+                       *[item for item in kwargs.items() if item[0] not in self._param_names])
+                compiled = self._compiled.get(key)
+                if compiled is not None:
+                    compiled.run(grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1,
+                                 driver.get_current_stream(device), compiled.function, compiled.packed_metadata,
+                                 None, None, None, *values)
+                    return
+        compiled = self.run(*args, grid=grid, warmup=False, **kwargs)
+        if key is not None and compiled is not None and not hasattr(compiled, "result"):  # not a pending compile
+            if len(self._compiled) >= _MAX_KEYS:  # many map sizes: start again rather than grow
+                self._compiled.clear()
+            self._compiled[key] = compiled
+
+
+def _hooked(*hooks) -> bool:
+    # A launch hook is None or a chain of calls, depending on Triton's version.
+    return any(getattr(h, "calls", h) for h in hooks)
+
+
+_INTS = frozenset([int])
+_TENSORS = frozenset([torch.Tensor, torch.nn.Parameter])
+_I32 = range(-(2**31), 2**31)
+_MAX_KEYS = 4096
 
 
 # Compile options for every launch. fp fusion is off so that a*b+c rounds as on the CPU:
@@ -155,6 +247,8 @@ def _tensor(name: str, t: object) -> torch.Tensor:
 
 def _int(name: str, v: object) -> int:
     # bool is an int to Python but never a size; a Tensor would need a sync to read.
+    if type(v) is int:
+        return v
     if isinstance(v, bool) or not isinstance(v, numbers.Integral):
         raise TypeError(f"roiops: {name} must be an int, got {type(v).__name__}")
     return int(v)
@@ -209,7 +303,8 @@ def _pooled(pooled_height: int, pooled_width: int, source: str = "") -> None:
 
 
 def _scale(spatial_scale: object) -> None:
-    if isinstance(spatial_scale, bool) or not isinstance(spatial_scale, numbers.Real):
+    if type(spatial_scale) is not float and (isinstance(spatial_scale, bool)
+                                             or not isinstance(spatial_scale, numbers.Real)):
         raise TypeError(f"roiops: spatial_scale must be a number, got {type(spatial_scale).__name__}")
     if not MIN_SCALE <= float(spatial_scale) <= MAX_SCALE:
         raise ValueError(f"roiops: spatial_scale must be in [2^-64, 2^64], got {spatial_scale!r}")

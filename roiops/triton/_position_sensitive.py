@@ -55,7 +55,7 @@ def launch_forward(kernel: Any, input: torch.Tensor, rois: torch.Tensor, spatial
     if out.numel() == 0:
         return out
     lanes_c = input.stride(1) < input.stride(3)
-    block_p, block_c, n_pb, n_cb, cf = tile_blocks(ph * pw, c_out, lanes_c, input.device.type == "cpu")
+    block_p, block_c, n_pb, n_cb, cf = tile_blocks(ph * pw, c_out, lanes_c, input.is_cpu)
     assert ph == 1 or out.stride(2) == pw * out.stride(3)  # the kernels store bin p at p * soW
     kernel[(K * n_pb, n_cb)](
         input, rois, out, f64_bits(spatial_scale), N, c_out, H, W, ph, pw, *extra, n_pb,
@@ -73,7 +73,7 @@ def launch_backward(gather: Any, atomic: Any, grad: torch.Tensor, rois: torch.Te
     K, c_out = grad.shape[0], grad.shape[1]
     rois = dense(rois, opmath(grad.dtype))
     fmt = memory_format(channels_last)
-    on_cpu = grad.device.type == "cpu"
+    on_cpu = grad.is_cpu
     if use_deterministic(deterministic):
         gi = torch.empty((N, C, H, W), dtype=grad.dtype, device=grad.device, memory_format=fmt)
         if gi.numel() == 0:

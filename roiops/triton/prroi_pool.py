@@ -352,7 +352,7 @@ def prroi_pool_forward(input: torch.Tensor, rois: torch.Tensor, spatial_scale: f
         return out
     lanes_c = input.stride(1) < input.stride(3)
     budget = GPU_TILE // 2 if input.dtype == torch.float64 else GPU_TILE
-    block_p, block_c, n_pb, n_cb, cf = tile_blocks(ph * pw, C, lanes_c, input.device.type == "cpu", budget)
+    block_p, block_c, n_pb, n_cb, cf = tile_blocks(ph * pw, C, lanes_c, input.is_cpu, budget)
     assert ph == 1 or out.stride(2) == pw * out.stride(3)
     _prroi_fwd_kernel[(K * n_pb, n_cb)](
         input, rois, out, f64_bits(spatial_scale), N, C, H, W, ph, pw, n_pb, *input.stride(), *out.stride(),
@@ -376,7 +376,7 @@ def prroi_pool_backward(grad: torch.Tensor, rois: torch.Tensor, spatial_scale: f
     ph, pw = int(pooled_height), int(pooled_width)
     rois = rois.to(opmath(grad.dtype)).contiguous()
     fmt = memory_format(bool(channels_last))
-    on_cpu = grad.device.type == "cpu"
+    on_cpu = grad.is_cpu
     if K == 0 or N * C * H * W == 0:
         return torch.empty((N, C, H, W), dtype=grad.dtype, device=grad.device, memory_format=fmt).zero_()
     bits = f64_bits(spatial_scale)
@@ -424,7 +424,7 @@ def prroi_pool_rois_backward(grad: torch.Tensor, input: torch.Tensor, rois: torc
     lanes_c = input.stride(1) < input.stride(3)
     # Five accumulators per tile element.
     budget = GPU_TILE // 8 if input.dtype == torch.float64 else GPU_TILE // 4
-    block_p, block_c, n_pb, n_cb, cf = tile_blocks(ph * pw, C, lanes_c, input.device.type == "cpu", budget)
+    block_p, block_c, n_pb, n_cb, cf = tile_blocks(ph * pw, C, lanes_c, input.is_cpu, budget)
     part = torch.empty((K, n_pb, n_cb, 4), dtype=T, device=input.device)
     _prroi_rois_bwd_kernel[(K * n_pb, n_cb)](
         grad, input, rois.to(T).contiguous(), part, f64_bits(spatial_scale), N, C, H, W, ph, pw, n_pb,

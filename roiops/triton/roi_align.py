@@ -653,7 +653,7 @@ def _forward(input, rois, spatial_scale, pooled_height, pooled_width, sampling_r
         return out, argmax
     lanes_c = input.stride(1) < input.stride(3)
     budget = GPU_TILE // 2 if input.dtype == torch.float64 else GPU_TILE
-    block_p, block_c, n_pb, n_cb, cf = tile_blocks(ph * pw, C, lanes_c, input.device.type == "cpu", budget, flat=True)
+    block_p, block_c, n_pb, n_cb, cf = tile_blocks(ph * pw, C, lanes_c, input.is_cpu, budget, flat=True)
     assert ph == 1 or out.stride(2) == pw * out.stride(3)
     _align_fwd_kernel[(K * n_pb, n_cb)](
         input, rois, out, argmax if max_mode else out, f64_bits(spatial_scale),
@@ -673,7 +673,7 @@ def _backward(grad, argmax, rois, spatial_scale, pooled_height, pooled_width, ba
     ph, pw = int(pooled_height), int(pooled_width)
     rois = dense(rois, opmath(grad.dtype))
     fmt = memory_format(bool(channels_last))
-    on_cpu = grad.device.type == "cpu"
+    on_cpu = grad.is_cpu
     if K == 0 or N * C * H * W == 0:
         return torch.empty((N, C, H, W), dtype=grad.dtype, device=grad.device, memory_format=fmt).zero_()
     arg = argmax if max_mode else grad
@@ -730,7 +730,7 @@ def _rois_backward(grad, input, rois, spatial_scale, pooled_height, pooled_width
     lanes_c = input.stride(1) < input.stride(3)
     # Four accumulators per tile element (max mode: per-element sample coordinates).
     budget = GPU_TILE // (4 if input.dtype == torch.float64 else 2)
-    block_p, block_c, n_pb, n_cb, cf = tile_blocks(ph * pw, C, lanes_c, input.device.type == "cpu", budget)
+    block_p, block_c, n_pb, n_cb, cf = tile_blocks(ph * pw, C, lanes_c, input.is_cpu, budget)
     grid = (K * n_pb, n_cb)
     # One row of partial sums per program, added up in a fixed order: bit-identical runs.
     part = torch.empty((K, n_pb, n_cb, 4), dtype=acc, device=input.device)
@@ -822,7 +822,7 @@ def multi_scale_roi_align_forward(inputs: list[torch.Tensor], rois: torch.Tensor
     ptrs, sbits, hs, ws = _level_args(maps, spatial_scales, [x.shape[2] for x in maps], [x.shape[3] for x in maps])
     cl = fmt == torch.channels_last
     budget = GPU_TILE // 2 if first.dtype == torch.float64 else GPU_TILE
-    block_p, block_c, n_pb, n_cb, cf = tile_blocks(ph * pw, C, cl, first.device.type == "cpu", budget, flat=True)
+    block_p, block_c, n_pb, n_cb, cf = tile_blocks(ph * pw, C, cl, first.is_cpu, budget, flat=True)
     _align_fwd_levels_kernel[(K * n_pb, n_cb)](
         *ptrs, rois, levels, out, *sbits, *hs, *ws, len(maps),
         N, C, ph, pw, int(sampling_ratio), n_pb, *out.stride(),
@@ -843,7 +843,7 @@ def multi_scale_roi_align_backward(grad: torch.Tensor, rois: torch.Tensor, level
     ph, pw = int(pooled_height), int(pooled_width)
     rois = dense(rois, opmath(grad.dtype))
     levels = dense(levels, torch.int64)
-    on_cpu = grad.device.type == "cpu"
+    on_cpu = grad.is_cpu
     det = use_deterministic(deterministic)
     # The gather writes every cell once; the scatter adds into zeros, in float32 for half types.
     acc_dtype = grad.dtype if det or grad.dtype in (torch.float32, torch.float64) else torch.float32

@@ -298,7 +298,7 @@ def roi_align_rotated_forward(input: torch.Tensor, rois: torch.Tensor, spatial_s
         return out
     lanes_c = input.stride(1) < input.stride(3)
     budget = GPU_TILE // 2 if input.dtype == torch.float64 else GPU_TILE
-    block_p, block_c, n_pb, n_cb, cf = tile_blocks(ph * pw, C, lanes_c, input.device.type == "cpu", budget, flat=True)
+    block_p, block_c, n_pb, n_cb, cf = tile_blocks(ph * pw, C, lanes_c, input.is_cpu, budget, flat=True)
     _rotated_fwd_kernel[(K * n_pb, n_cb)](
         input, rois, _cos_sin(rois), out, f64_bits(spatial_scale),
         N, C, H, W, ph, pw, int(sampling_ratio), n_pb, *input.stride(), *out.stride(),
@@ -331,7 +331,7 @@ def roi_align_rotated_backward(grad: torch.Tensor, rois: torch.Tensor, spatial_s
     if use_deterministic(deterministic):
         # Each program walks every box, so the walk's length, not the lanes, sets its time:
         # many programs of one warp. Small tiles on the CPU test the tiles' edges.
-        on_cpu = grad.device.type == "cpu"
+        on_cpu = grad.is_cpu
         tile = 8 if on_cpu else 16
         block_c = min(triton.next_power_of_2(C), INTERP_TILE if on_cpu else 32)
         n_tw = cdiv(W, tile)
@@ -342,7 +342,7 @@ def roi_align_rotated_backward(grad: torch.Tensor, rois: torch.Tensor, spatial_s
     else:
         lanes_c = bool(channels_last)
         budget = GPU_TILE // 2 if grad.dtype == torch.float64 else GPU_TILE
-        block_p, block_c, n_pb, n_cb, cf = tile_blocks(ph * pw, C, lanes_c, grad.device.type == "cpu", budget)
+        block_p, block_c, n_pb, n_cb, cf = tile_blocks(ph * pw, C, lanes_c, grad.is_cpu, budget)
         _rotated_bwd_atomic_kernel[(K * n_pb, n_cb)](
             *common, N, C, H, W, ph, pw, int(sampling_ratio), n_pb, *grad.stride(), *gi.stride(),
             ALIGNED=bool(aligned), BLOCK_P=block_p, BLOCK_C=block_c, CF=cf, **LAUNCH_OPTS)

@@ -246,7 +246,7 @@ def roi_pool_forward(input: torch.Tensor, rois: torch.Tensor, spatial_scale: flo
     if H == 0 or W == 0:
         return out.zero_(), argmax.fill_(-1)
     lanes_c = input.stride(1) < input.stride(3)
-    block_p, block_c, n_pb, n_cb, cf = tile_blocks(ph * pw, C, lanes_c, input.device.type == "cpu")
+    block_p, block_c, n_pb, n_cb, cf = tile_blocks(ph * pw, C, lanes_c, input.is_cpu)
     grid = (K * n_pb, n_cb)
     assert ph == 1 or out.stride(2) == pw * out.stride(3)
     _pool_fwd_kernel[grid](
@@ -271,7 +271,7 @@ def roi_pool_backward(grad: torch.Tensor, argmax: torch.Tensor, rois: torch.Tens
     K, _, ph, pw = grad.shape
     rois = dense(rois, opmath(grad.dtype))
     fmt = memory_format(bool(channels_last))
-    on_cpu = grad.device.type == "cpu"
+    on_cpu = grad.is_cpu
     if K == 0 or N * C * H * W == 0 or ph * pw == 0:
         return torch.empty((N, C, H, W), dtype=grad.dtype, device=grad.device, memory_format=fmt).zero_()
 
