@@ -121,6 +121,9 @@ def test_units_and_direction():
     deg = roiops.roi_align_rotated(x, b, 3, SCALE, 2)
     assert torch.equal(deg, roiops.roi_align_rotated(x, radians, 3, SCALE, 2, angle="radians"))
     assert torch.equal(deg, roiops.roi_align_rotated(x, mirrored, 3, SCALE, 2, clockwise=True))
+    before = b.clone()  # float64 rows: their angles are converted on a copy, not in place
+    roiops.roi_align_rotated(x, b, 3, SCALE, 2, clockwise=True)
+    assert torch.equal(b, before)
 
 
 def test_list_of_boxes_equals_tensor():
