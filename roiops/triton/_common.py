@@ -144,16 +144,15 @@ class _Kernel(JITFunction):
     JITFunction.run binds and specializes every argument in Python and checks its options
     and globals on each launch: about 35 us of host time per launch on an H100 machine,
     where the compiled kernel's own launcher takes 10. Here a launch is keyed by the
-    device, each tensor argument's dtype and 16-byte alignment, the exact values of the
-    integer arguments Triton specializes (strides: whether they are 1 or multiples of 16),
-    the constexpr values and the compile options; the integers it leaves unspecialized
-    only need to fit in int32. A key's first launch goes through JITFunction.run, which
+    device, each tensor argument's dtype and 16-byte alignment, the values of the integer
+    arguments Triton specializes (the strides, on being 1 or a multiple of 16), whether
+    each of the others fits in int32, the constexpr values and the compile options. A key's first launch goes through JITFunction.run, which
     compiles if needed and launches, and the kernel it returns serves the key's later
     launches. The key separates at least what Triton's does, so it names one compiled
     kernel. Which parameters are tensors and which integers is learnt from the first
-    launch; a launch that differs in that, has an unspecialized integer beyond int32, or
-    leaves a parameter to its default, and any launch while launch hooks (profilers) or
-    pre-run hooks are set, takes Triton's path."""
+    launch; a launch that differs in that, has an integer of 2^63 or more, or leaves a
+    parameter to its default, and any launch while launch hooks (profilers) or pre-run
+    hooks are set, takes Triton's path."""
 
     def __init__(self, fn, **kwargs):
         super().__init__(fn, **kwargs)
