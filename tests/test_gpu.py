@@ -478,15 +478,28 @@ def test_repeated_launches_run_the_kernel_of_their_own_specialization(monkeypatc
     assert not slow, "a repeated launch went through JITFunction.run"
 
 
-def test_cuda_graph_capture_and_replay():
+@pytest.mark.parametrize("op", ["roi_align", "ps_roi_pool"])
+def test_cuda_graph_capture_and_replay(op):
+    """A step captured in a CUDA graph and replayed after new values were copied into its
+    inputs (the pattern of docs/ecosystem.md) gives what an eager call gives on them."""
     scale, H, W = LEVELS[0]
-    static_x = cuda(feature_map(H, W, F32, True, seed=17)).requires_grad_()
+    c, c_out = (C, C) if op == "roi_align" else (4 * 49, 4)
+
+    def call(x, rois):
+        return roiops.roi_align(x, rois, 7, scale, 2, True) if op == "roi_align" else \
+            roiops.ps_roi_pool(x, rois, 7, scale)
+
+    def fmap(seed):
+        x = torch.randn(N, c, H, W, generator=torch.Generator().manual_seed(seed))
+        return cuda(x.contiguous(memory_format=torch.channels_last))
+
+    static_x = fmap(17).requires_grad_()
     static_rois = cuda(gpu_boxes(scale, H, W, 7, 7, seed=18))
-    static_g = torch.randn(static_rois.shape[0], C, 7, 7, device="cuda")
+    static_g = torch.randn(static_rois.shape[0], c_out, 7, 7, device="cuda")
 
     def step():
         static_x.grad = None
-        out = roiops.roi_align(static_x, static_rois, 7, scale, 2, True)
+        out = call(static_x, static_rois)
         out.backward(static_g)
         return out
 
@@ -499,13 +512,13 @@ def test_cuda_graph_capture_and_replay():
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         static_out = step()
-    new_x = cuda(feature_map(H, W, F32, True, seed=19))
+    new_x = fmap(19)
     with torch.no_grad():
         static_x.copy_(new_x)
         static_rois[:, 1:] *= 0.5
     graph.replay()
     xe = new_x.clone().requires_grad_()
-    expected = roiops.roi_align(xe, static_rois.clone(), 7, scale, 2, True)
+    expected = call(xe, static_rois.clone())
     expected.backward(static_g)
     exact(static_out, expected.detach().cpu(), "replayed forward")
     close(static_x.grad.cpu(), xe.grad.cpu(), F32)
