@@ -2,7 +2,8 @@
 a CUDA GPU.
 
 Each case times roiops and its peer interleaved, repeat by repeat (``--order back-to-back``:
-each library's calls in a row), and reports medians and their ratio, so that load from
+each library's calls in a row; ``alternate-awake``: interleaved, each CPU call right after a
+small parallel op that wakes the worker threads), and reports medians and their ratio, so that load from
 other processes hits both alike: on the CPU with the wall clock around each call, on a GPU
 between a pair of CUDA events. Every row also gives the effective bandwidth (the bytes the
 op must move at the least over roiops' time) and, where the memory bandwidth is known, its
@@ -385,14 +386,21 @@ def _first_line(e: Exception) -> str:
     return (str(e).strip().splitlines() or [type(e).__name__])[0]
 
 
-ORDERS = ("alternate", "back-to-back")
+ORDERS = ("alternate", "alternate-awake", "back-to-back")
 
 
 def timing_order(timed: list[str], repeats: int, order: str) -> list[str]:
     """Whose call each timed run of one case and direction is, in the order they run."""
-    if order == "alternate":
+    if order in ("alternate", "alternate-awake"):
         return [who for _ in range(repeats) for who in timed]
     return [who for who in timed for _ in range(repeats)]
+
+
+def wake_threads() -> None:
+    """An untimed parallel add of one 128 KiB chunk per thread (ATen's grain size): every
+    CPU worker thread runs it, so the call after it finds them awake, as it would after a
+    model's other layers, while little of the caches is displaced."""
+    torch.ones(torch.get_num_threads() * 32768).add_(1.0)
 
 
 def measure(case: Case, device: Device, repeats: int, peers: dict[str, ModuleType],
@@ -459,7 +467,10 @@ def measure(case: Case, device: Device, repeats: int, peers: dict[str, ModuleTyp
                 if "peer" in results and against and against.same_result else None)
         del results
         times: dict[str, list[float]] = {who: [] for who in timed}
+        awake = order == "alternate-awake" and device.name == "cpu"
         for who in timing_order(timed, repeats, order):
+            if awake:
+                wake_threads()
             times[who].append(device.timer(runs[who][direction]))
         peer_s = statistics.median(times["peer"]) if "peer" in times else None
         rows.append(result_row(case, device.name, direction, statistics.median(times["roiops"]),
@@ -628,8 +639,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--order", choices=ORDERS, default="alternate",
                    help="alternate (default): roiops' and the peer's calls alternate, so that each "
                         "starts from the caches, and on the CPU the sleeping worker threads, that "
-                        "the other left; back-to-back: each library's calls in a row, each after its "
-                        "own previous call")
+                        "the other left; alternate-awake: the same, with a small untimed parallel op "
+                        "just before each timed call on the CPU, so that the worker threads are awake, "
+                        "as after a model's other layers; back-to-back: each library's calls in a row, "
+                        "each after its own previous call")
     p.add_argument("--quick", action="store_true",
                    help="a smoke run: 1 repeat, at the largest --threads count only")
     p.add_argument("--tiny", action="store_true",

@@ -449,6 +449,21 @@ def test_timing_order():
     assert bench.timing_order(["roiops", "peer"], 3, "alternate") == ["roiops", "peer"] * 3
     assert bench.timing_order(["roiops", "peer"], 3, "back-to-back") == ["roiops"] * 3 + ["peer"] * 3
     assert bench.timing_order(["roiops"], 2, "back-to-back") == ["roiops"] * 2
+    assert bench.timing_order(["roiops", "peer"], 3, "alternate-awake") == ["roiops", "peer"] * 3
+
+
+def test_alternate_awake_wakes_the_threads_before_each_timed_call(tmp_path, monkeypatch):
+    """--order alternate-awake: a parallel op on every CPU thread right before each timed
+    call, none before untimed ones."""
+    events = []
+    timer = bench.CPU.timer
+    monkeypatch.setattr(bench, "CPU", replace(bench.CPU, timer=lambda fn: events.append("timed") or timer(fn)))
+    monkeypatch.setitem(bench.DEVICES, "cpu", bench.CPU)
+    monkeypatch.setattr(bench, "wake_threads", lambda: events.append("wake"))
+    assert bench.main(["--tiny", "--workload", "roi_pool", "--layouts", "nchw", "--threads", "1", "--repeats", "3",
+                       "--order", "alternate-awake", "--no-chart", "--out", str(tmp_path)]) == 0
+    assert json.loads((tmp_path / "results.json").read_text())["meta"]["order"] == "alternate-awake"
+    assert len(events) == 2 * 2 * 2 * 3 and events == ["wake", "timed"] * (len(events) // 2)
 
 
 def test_bench_back_to_back(tmp_path, monkeypatch):
