@@ -303,13 +303,10 @@ def rotated_rois(input: Tensor, boxes: BoxesType, scale: float, degrees: bool, c
     rounded once; ``clockwise``: it is negated."""
     rows = _box_rows(input, boxes, 6, torch.float64, _ROTATED_HINTS)
     if degrees or clockwise:
-        if rows is boxes:  # the caller's own tensor: the angles change in place on a copy
-            rows = rows.clone()
+        # Out of place: torch 2.6's ONNX export cannot decompose an in-place op on a view.
         turn = rows.narrow(1, 5, 1)
-        if degrees:
-            turn.mul_(math.pi).div_(180.0)
-        if clockwise:
-            turn.neg_()
+        turn = turn * math.pi / 180.0 if degrees else turn
+        rows = torch.cat([rows.narrow(1, 0, 5), -turn if clockwise else turn], dim=1)
     out = dense(rows, _coord_type(input))
     if _checking_values(out):
         _check_values(out, input.shape[0], scale)
