@@ -170,7 +170,7 @@ def kernels_of(t: torch.Tensor) -> ModuleType:
 
 @functools.cache
 def _cuda_kernels() -> ModuleType:
-    return importlib.import_module(_MODULES["triton" if _triton_available() else "reference"])
+    return kernels(torch.device("cuda"))  # called with no backend forced: select's default
 
 
 def kernels(device: torch.device) -> ModuleType:

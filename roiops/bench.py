@@ -3,9 +3,9 @@ a CUDA GPU.
 
 Each case times roiops and its peer interleaved, repeat by repeat (``--order back-to-back``:
 each library's calls in a row; ``alternate-awake``: interleaved, each CPU call right after a
-small parallel op that wakes the worker threads), and reports medians and their ratio, so that load from
-other processes hits both alike: on the CPU with the wall clock around each call, on a GPU
-between a pair of CUDA events. Every row also gives the effective bandwidth (the bytes the
+small parallel op that wakes the worker threads), and reports medians and their ratio, so
+that load from other processes hits both alike: on the CPU with the wall clock around each
+call, on a GPU between a pair of CUDA events. Every row also gives the effective bandwidth (the bytes the
 op must move at the least over roiops' time) and, where the memory bandwidth is known, its
 share of it. Writes a table to stdout, ``results.json`` and ``ratios.png`` to ``--out``.
 

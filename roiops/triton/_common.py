@@ -138,6 +138,17 @@ def _picker(positions: list[int]):
     return (lambda values: (values[positions[0]],)) if positions else (lambda values: ())
 
 
+def _hooked(*hooks) -> bool:
+    # A launch hook is None or a chain of calls, depending on Triton's version.
+    return any(getattr(h, "calls", h) for h in hooks)
+
+
+_INTS = frozenset([int])
+_TENSORS = frozenset([torch.Tensor, torch.nn.Parameter])
+_I32 = range(-(2**31), 2**31)
+_MAX_KEYS = 4096
+
+
 class _Kernel(JITFunction):
     """A JITFunction whose repeated launches call the compiled kernel directly.
 
@@ -205,17 +216,6 @@ class _Kernel(JITFunction):
             if len(self._compiled) >= _MAX_KEYS:  # many map sizes: start again rather than grow
                 self._compiled.clear()
             self._compiled[key] = compiled
-
-
-def _hooked(*hooks) -> bool:
-    # A launch hook is None or a chain of calls, depending on Triton's version.
-    return any(getattr(h, "calls", h) for h in hooks)
-
-
-_INTS = frozenset([int])
-_TENSORS = frozenset([torch.Tensor, torch.nn.Parameter])
-_I32 = range(-(2**31), 2**31)
-_MAX_KEYS = 4096
 
 
 # Compile options for every launch. fp fusion is off so that a*b+c rounds as on the CPU:
