@@ -491,14 +491,31 @@ def progress(done: int, total: int, label: str) -> None:
         sys.stderr.write("\n")
 
 
-def cpu_model() -> str:
+def cpu_model(root: Path = Path("/")) -> str:
+    """The CPU's model name, with its family and model numbers and its L2 and L3 sizes where
+    Linux gives them: hosts of one name ("AMD EPYC" under a hypervisor) differ in those, and
+    the CPU ratios with them."""
+    info: dict[str, str] = {}
     try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
+        for line in (root / "proc/cpuinfo").read_text().splitlines():
+            if not line.strip():
+                break  # the first CPU's block
+            key, _, value = line.partition(":")
+            info.setdefault(key.strip(), value.strip())
     except OSError:
         pass
-    return platform.processor() or "unknown"
+    name = info.get("model name") or platform.processor() or "unknown"
+    ident = f"family {info['cpu family']}, model {info['model']}" if "cpu family" in info and "model" in info else ""
+    caches = []
+    for index in sorted((root / "sys/devices/system/cpu/cpu0/cache").glob("index*")):
+        try:
+            level, kind, size = ((index / f).read_text().strip() for f in ("level", "type", "size"))
+        except OSError:
+            continue
+        if level in ("2", "3") and kind != "Instruction":
+            caches.append(f"L{level} {size}")
+    details = "; ".join(part for part in (ident, ", ".join(caches)) if part)
+    return f"{name} ({details})" if details else name
 
 
 def _peer_label(rows: list[dict[str, Any]]) -> str:

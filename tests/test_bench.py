@@ -484,3 +484,23 @@ def test_bench_back_to_back(tmp_path, monkeypatch):
     forward = calls[:6]  # the forward direction's timed calls: roiops' three, then the peer's three
     assert forward[0] is forward[1] is forward[2] and forward[3] is forward[4] is forward[5]
     assert forward[0] is not forward[3]
+
+
+def test_cpu_model_names_family_model_and_caches(tmp_path):
+    """The CPU line of the bench: the first CPU's model name, family and model numbers, and
+    its L2 and L3 sizes (no instruction cache); the model name alone where Linux gives
+    nothing more."""
+    (tmp_path / "proc").mkdir()
+    (tmp_path / "proc/cpuinfo").write_text(
+        "processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 25\nmodel\t\t: 17\nmodel name\t: AMD EPYC\n\n"
+        "processor\t: 1\ncpu family\t: 99\nmodel\t\t: 1\nmodel name\t: Other\n")
+    caches = tmp_path / "sys/devices/system/cpu/cpu0/cache"
+    for index, (level, kind, size) in enumerate([("1", "Data", "32K"), ("1", "Instruction", "32K"),
+                                                  ("2", "Unified", "1024K"), ("3", "Unified", "32768K")]):
+        (caches / f"index{index}").mkdir(parents=True)
+        for name, value in (("level", level), ("type", kind), ("size", size)):
+            (caches / f"index{index}" / name).write_text(value + "\n")
+    assert bench.cpu_model(tmp_path) == "AMD EPYC (family 25, model 17; L2 1024K, L3 32768K)"
+    (tmp_path / "proc/cpuinfo").write_text("model name\t: Plain CPU\n")
+    shutil.rmtree(tmp_path / "sys")
+    assert bench.cpu_model(tmp_path) == "Plain CPU"
