@@ -5,9 +5,9 @@ Each case times roiops and its peer interleaved, repeat by repeat (``--order bac
 each library's calls in a row; ``alternate-awake``: interleaved, each CPU call right after a
 small parallel op that wakes the worker threads), and reports medians and their ratio, so
 that load from other processes hits both alike: on the CPU with the wall clock around each
-call, on a GPU between a pair of CUDA events. Every row also gives the effective bandwidth (the bytes the
-op must move at the least over roiops' time) and, where the memory bandwidth is known, its
-share of it. Writes a table to stdout, ``results.json`` and ``ratios.png`` to ``--out``.
+call, on a GPU between a pair of CUDA events. Every row also gives the effective bandwidth
+(the bytes the op must move at the least over roiops' time) and, where the memory bandwidth
+is known, its share of it. Writes a table to stdout, ``results.json`` and ``ratios.png`` to ``--out``.
 
 An operator joins the suite with an ``OPS`` entry (how to call roiops and its peer on a
 workload's map and boxes) and one ``Workload`` per shape in ``WORKLOADS``; the timing

@@ -85,9 +85,9 @@ def gpu_boxes(scale: float, H: int, W: int, ph: int, pw: int, seed: int, k_rando
     return torch.tensor(rows, dtype=torch.float64).to(F32)
 
 
-def feature_map(H: int, W: int, dtype: torch.dtype, cl: bool, seed: int) -> torch.Tensor:
+def feature_map(H: int, W: int, dtype: torch.dtype, cl: bool, seed: int, channels: int = C) -> torch.Tensor:
     g = torch.Generator().manual_seed(seed)
-    x = torch.randn(N, C, H, W, generator=g).to(dtype)
+    x = torch.randn(N, channels, H, W, generator=g).to(dtype)
     return x.contiguous(memory_format=torch.channels_last) if cl else x
 
 
@@ -489,11 +489,7 @@ def test_cuda_graph_capture_and_replay(op):
         return roiops.roi_align(x, rois, 7, scale, 2, True) if op == "roi_align" else \
             roiops.ps_roi_pool(x, rois, 7, scale)
 
-    def fmap(seed):
-        x = torch.randn(N, c, H, W, generator=torch.Generator().manual_seed(seed))
-        return cuda(x.contiguous(memory_format=torch.channels_last))
-
-    static_x = fmap(17).requires_grad_()
+    static_x = cuda(feature_map(H, W, F32, True, seed=17, channels=c)).requires_grad_()
     static_rois = cuda(gpu_boxes(scale, H, W, 7, 7, seed=18))
     static_g = torch.randn(static_rois.shape[0], c_out, 7, 7, device="cuda")
 
@@ -512,7 +508,7 @@ def test_cuda_graph_capture_and_replay(op):
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         static_out = step()
-    new_x = fmap(19)
+    new_x = cuda(feature_map(H, W, F32, True, seed=19, channels=c))
     with torch.no_grad():
         static_x.copy_(new_x)
         static_rois[:, 1:] *= 0.5
