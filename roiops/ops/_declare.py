@@ -16,7 +16,6 @@ uses it when ``rois`` requires grad.
 from __future__ import annotations
 
 from collections.abc import Callable
-from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar, get_args, get_origin, get_type_hints
 
@@ -169,13 +168,20 @@ def register(spec: Kernels) -> Callable[..., Any]:
     def gradient(ctx: Any, grad: Tensor | None, *_int_outputs: Any) -> tuple[Tensor | None, ...]:
         if grad is None:  # the output took no part in the loss
             return (None,) * n_inputs
+        if ctx.backend:  # the backend the forward was forced to
+            with _backend.use_backend(ctx.backend):
+                return gradients(ctx, grad)
+        # No nullcontext in its place: three more Python calls, several microseconds each
+        # once other work has evicted the host code (see direct).
+        return gradients(ctx, grad)
+
+    def gradients(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
         rois, input, *saved = ctx.saved_tensors
         gi = gr = None
-        with _backend.use_backend(ctx.backend) if ctx.backend else nullcontext():
-            if ctx.needs_input_grad[0]:
-                gi = input_grad(grad, *saved, rois, *ctx.args)
-            if ctx.box_grad and rois_bwd is not None:
-                gr = rois_bwd(grad, input, rois, *ctx.forward_args)
+        if ctx.needs_input_grad[0]:
+            gi = input_grad(grad, *saved, rois, *ctx.args)
+        if ctx.box_grad and rois_bwd is not None:
+            gr = rois_bwd(grad, input, rois, *ctx.forward_args)
         return (gi, gr) + (None,) * (n_inputs - 2)
 
     register_autograd(fwd, gradient, setup_context)
@@ -229,7 +235,8 @@ def backward_call(op: Any, kernel: Callable[..., _R]) -> Callable[..., _R]:
     allows, else ``op``, also under ``create_graph``, where the op records its refusal of
     double backward."""
     def call(grad: Tensor, *args: Any) -> _R:
-        if not torch.is_grad_enabled() and direct(grad, *(a for a in args if isinstance(a, Tensor))):
+        # A list, not a generator: no frame per argument.
+        if not torch.is_grad_enabled() and direct(grad, *[a for a in args if isinstance(a, Tensor)]):
             return kernel(grad, *args)
         return op(grad, *args)
 
