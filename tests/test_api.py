@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
+import threading
 
 import pytest
 import torch
@@ -110,6 +111,28 @@ def test_use_backend():
     from roiops import _backend
     with roiops.use_backend("cpu"), pytest.raises(RuntimeError, match="cannot run on cuda"):
         _backend.select(torch.device("cuda"))
+
+
+def test_backward_runs_on_the_backend_of_its_forward(monkeypatch):
+    # Forced in the forward's block, the backend also computes the backward run after the
+    # block, here from another thread; with none forced, the C++ kernels do.
+    calls: list[str] = []
+    for name, module in (("reference", roiops.reference), ("cpu", roiops._C)):
+        kernel = module.ps_roi_pool_backward
+        monkeypatch.setattr(module, "ps_roi_pool_backward",
+                            lambda *a, name=name, kernel=kernel: calls.append(name) or kernel(*a))
+    x = torch.randn(1, 2 * 4, 6, 7, generator=torch.Generator().manual_seed(3)).requires_grad_()
+    boxes = torch.tensor([[0, 0.5, 1.0, 5.0, 4.5]])
+    g = torch.randn(1, 2, 2, 2, generator=torch.Generator().manual_seed(4))
+    with roiops.use_backend("reference"):
+        out = roiops.ps_roi_pool(x, boxes, 2)
+    grads: list[torch.Tensor] = []
+    worker = threading.Thread(target=lambda: grads.append(torch.autograd.grad(out, x, g)[0]))
+    worker.start()
+    worker.join(60)
+    assert calls == ["reference"]
+    torch.testing.assert_close(grads[0], torch.autograd.grad(roiops.ps_roi_pool(x, boxes, 2), x, g)[0])
+    assert calls == ["reference", "cpu"]
 
 
 def test_meta_tensors_propagate_shapes():
