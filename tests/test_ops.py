@@ -210,6 +210,25 @@ def test_opcheck(op, variant):
 
 
 @pytest.mark.parametrize("op", list(API))
+@pytest.mark.parametrize("shape, dim", [((1, C, H, 1), 3), ((1, C, 1, W), 2), ((1, C, H, W), 0), ((N, 1, H, W), 1)])
+def test_size_one_dimensions_with_any_stride(op, shape, dim):
+    """A contiguous map may carry any stride on a dimension of size 1 (a transposed
+    [N, C, 1, H] map is a contiguous [N, C, H, 1] with stride(3) = H); the kernels must not
+    take it for a layout: the usual strides give the same bits, forward and backward."""
+    g = torch.Generator().manual_seed(8)
+    x = torch.randn(shape, generator=g)
+    strides = list(x.stride())
+    strides[dim] = 1000
+    odd = torch.empty(2 * x.numel() + 1000).as_strided(shape, strides)
+    odd.copy_(x)
+    assert odd.is_contiguous() and odd.stride() != x.stride()
+    boxes = random_boxes(shape[0], 40, 2 * shape[3] / SCALE, 2 * shape[2] / SCALE, g)  # many reach past the map
+    out, grad = run(op, odd, boxes, 3)
+    ref, ref_grad = run(op, x, boxes, 3)
+    assert torch.equal(out, ref) and torch.equal(grad, ref_grad)
+
+
+@pytest.mark.parametrize("op", list(API))
 def test_empty_boxes(op):
     x = feature().requires_grad_()
     out = API[op](x, torch.zeros(0, 5), (3, 4), SCALE, 2, True)

@@ -257,6 +257,46 @@ def test_channels_last_forward_bands_agree_for_any_thread_count(op, sr):
         torch.set_num_threads(threads)
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+def test_upside_down_boxes_with_channels_last_bands(threads):
+    """Boxes with y2 < y1 and a fixed sampling ratio place their samples bottom to top.
+    Twenty full-map boxes send the channels_last forward through bands of rows, which sum a
+    bin row top band first; such a box's bin rows span several bands, so the call must sum
+    them in the samples' order all the same: torchvision's bits, forward and backward."""
+    g = torch.Generator().manual_seed(6)
+    x = torch.randn(1, 8, 71, 35, generator=g, dtype=torch.float64).contiguous(memory_format=torch.channels_last)
+    rows = [[0, -0.5, -0.5, 34.5, 70.5]] * 20 + [[0, 45.2, 76.5, 3.2, -29.4], [0, 3.2, 60.0, 30.0, 2.0]]
+    boxes = torch.tensor(rows, dtype=torch.float64) * torch.tensor([1, 2, 2, 2, 2])  # image pixels, SCALE 0.5
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(threads)
+        out, grad = run(OPS["align"], x, boxes, 2, 5)
+    finally:
+        torch.set_num_threads(before)
+    ref, ref_grad = run(TV["align"], x, boxes, 2, 5)
+    assert torch.equal(out, ref) and torch.equal(grad, ref_grad)
+
+
+@pytest.mark.parametrize("op", list(OPS))
+@pytest.mark.parametrize("shape, dim", [((1, 98, 9, 1), 3), ((1, 98, 1, 9), 2), ((1, 98, 9, 11), 0)])
+def test_size_one_dimensions_with_any_stride(op, shape, dim):
+    """A contiguous map may carry any stride on a dimension of size 1 (a transposed
+    [N, C, 1, H] map is a contiguous [N, C, H, 1] with stride(3) = H). The kernels must not
+    take such a stride for a layout: the same values with the usual strides give the same
+    bits, forward and backward."""
+    g = torch.Generator().manual_seed(7)
+    x = torch.randn(shape, generator=g)
+    strides = list(x.stride())
+    strides[dim] = 1000
+    odd = torch.empty(2 * x.numel() + 1000).as_strided(shape, strides)
+    odd.copy_(x)
+    assert odd.is_contiguous() and odd.stride() != x.stride()
+    boxes = random_boxes(1, 300, 2 * shape[3] / SCALE, 2 * shape[2] / SCALE, g)  # many reach past the map
+    out, grad = run(OPS[op], odd, boxes, 7, 2)
+    ref, ref_grad = run(OPS[op], x, boxes, 7, 2)
+    assert torch.equal(out, ref) and torch.equal(grad, ref_grad)
+
+
 @pytest.mark.parametrize("fn", [roiops.ps_roi_align, roiops.ps_roi_pool, roiops.compat.torchvision.ps_roi_align,
                                 roiops.compat.torchvision.ps_roi_pool])
 def test_channels_must_be_a_multiple_of_the_bins(fn):

@@ -12,6 +12,7 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <utility>
@@ -127,6 +128,19 @@ inline at::MemoryFormat format_of(bool channels_last) {
   return channels_last ? at::MemoryFormat::ChannelsLast : at::MemoryFormat::Contiguous;
 }
 
+// A 4-D tensor in the kernels' layout, with the strides that layout gives every dimension.
+// A contiguous tensor may carry any stride on a dimension of size 1 (a transposed
+// [N, C, 1, W] map is a contiguous [N, C, W, 1] with stride(3) = W), and contiguous()
+// leaves it so; kernels that choose a path by a stride would misread it. The same
+// elements at the same addresses: only the size-1 dimensions' strides change.
+inline at::Tensor in_layout(const at::Tensor& t, bool channels_last) {
+  at::Tensor c = t.contiguous(format_of(channels_last));
+  const int64_t C = c.size(1), H = c.size(2), W = c.size(3);
+  const std::array<int64_t, 4> dense = channels_last ? std::array<int64_t, 4>{H * W * C, 1, W * C, C}
+                                                     : std::array<int64_t, 4>{C * H * W, H * W, W, 1};
+  return c.strides() == c10::IntArrayRef(dense) ? c : c.as_strided(c.sizes(), dense);
+}
+
 // A box-gradient kernel's checked arguments (grad [K, C, ph, pw] of the input's dtype,
 // the input, rois [K, 5]), grad and input in the input's layout, rois contiguous.
 struct RoisBackwardArgs {
@@ -143,8 +157,8 @@ struct RoisBackwardArgs {
                       grad_.scalar_type(), " and ", input_.scalar_type());
     TORCH_CHECK_VALUE(grad_.device().is_cpu(), "roiops: CPU kernel called with non-CPU tensors");
     const bool channels_last = is_channels_last(input_);
-    input = input_.contiguous(format_of(channels_last));
-    grad = grad_.contiguous(format_of(channels_last));
+    input = in_layout(input_, channels_last);
+    grad = in_layout(grad_, channels_last);
     rois = rois_.contiguous();
     check_rois(rois, input.size(0), spatial_scale);
   }

@@ -290,7 +290,7 @@ struct PsForward {
     check_args(rois_, input_.scalar_type(), input_.size(2), input_.size(3), spatial_scale, ph, pw);
     C_out = ps_out_channels(input_.size(1), ph, pw);
     const bool channels_last = is_channels_last(input_);
-    input = input_.contiguous(format_of(channels_last));
+    input = in_layout(input_, channels_last);
     rois = rois_.contiguous();
     check_rois(rois, input.size(0), spatial_scale);
     out = empty_output({rois.size(0), C_out, ph, pw}, input.options().memory_format(format_of(channels_last)));
@@ -315,7 +315,7 @@ struct PsBackward {
                       "roiops: grad must be [K, C / (ph * pw), ph, pw], got ", grad_.sizes());
     rois = rois_.contiguous();
     check_rois(rois, N, spatial_scale);
-    grad = grad_.contiguous(format_of(channels_last));
+    grad = in_layout(grad_, channels_last);
     const at::ScalarType opmath = grad.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
     acc = empty_output({N, C, H, W}, grad.options().dtype(opmath).memory_format(format_of(channels_last)));
   }

@@ -475,7 +475,7 @@ at::Tensor prroi_pool_forward(const at::Tensor& input_, const at::Tensor& rois_,
   check_input(input_);
   check_args(rois_, input_.scalar_type(), input_.size(2), input_.size(3), spatial_scale, ph, pw);
   const bool channels_last = is_channels_last(input_);
-  const at::Tensor input = input_.contiguous(format_of(channels_last));
+  const at::Tensor input = in_layout(input_, channels_last);
   const at::Tensor rois = rois_.contiguous();
   check_rois(rois, input.size(0), spatial_scale);
   at::Tensor out = empty_output({rois.size(0), input.size(1), ph, pw},
@@ -493,7 +493,7 @@ at::Tensor prroi_pool_backward(const at::Tensor& grad_, const at::Tensor& rois_,
   TORCH_CHECK_VALUE(N >= 0 && C >= 0, "roiops: batch size and channels must be non-negative");
   const at::Tensor rois = rois_.contiguous();
   check_rois(rois, N, spatial_scale);
-  const at::Tensor grad = grad_.contiguous(format_of(channels_last));
+  const at::Tensor grad = in_layout(grad_, channels_last);
   at::Tensor gi = empty_output({N, C, H, W}, grad.options().memory_format(format_of(channels_last)));
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, grad.scalar_type(), "roiops_prroi_pool_backward",
                                   [&] { backward_impl<scalar_t>(grad, rois, spatial_scale, ph, pw, gi); });

@@ -10,6 +10,7 @@
 #include <ATen/OpMathType.h>
 #include <ATen/Parallel.h>
 
+#include <algorithm>
 #include <climits>
 #include <cmath>
 #include <vector>
@@ -41,7 +42,7 @@ inline void for_each_sample(const AlignPlan<T>& p, int64_t i, int64_t j, int64_t
                             int64_t ya = INT64_MIN, int64_t yb = INT64_MAX) {
   const AxisPlan<T>&ys = p.ys, &xs = p.xs;
   for (int64_t ty = ys.begin[i]; ty < ys.begin[i + 1]; ++ty) {
-    if (ys.lo[ty] < ya) continue;  // y_low never decreases along a bin
+    if (ys.lo[ty] < ya) continue;  // y_low never decreases along a bin of an upright box
     if (ys.lo[ty] >= yb) break;
     const int64_t ylo = ys.lo[ty] * sH, yhi = ys.hi[ty] * sH;
     const T ly = ys.l[ty], hy = ys.h[ty];
@@ -269,7 +270,12 @@ void forward_impl(const at::Tensor& input, const at::Tensor& rois, double spatia
     });
   };
   // A band adds the samples whose y_low is among its rows; their y_high may be the next row.
-  if (s.w != 1 &&
+  // A bin row that spans bands is summed top band first, which is its samples' order only
+  // where their rows never decrease: a box upside down (y2 < y1 with a fixed sampling ratio)
+  // has its samples run bottom to top, and such a call takes the per-bin path below.
+  const bool upright = std::none_of(plans.begin(), plans.end(),
+                                    [](const AlignPlan<T>& p) { return !p.empty() && p.ys.bin < T(0); });
+  if (s.w != 1 && upright &&
       ps_forward_bands<T, scalar_t>(input, batch, C_out, ph, pw, total_reads(plans, ph, pw), 1, rows, sum_row)) {
     return;
   }

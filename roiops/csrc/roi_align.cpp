@@ -836,7 +836,7 @@ std::tuple<at::Tensor, at::Tensor> forward(const at::Tensor& input_, const at::T
   check_args(rois_, input_.scalar_type(), input_.size(2), input_.size(3), spatial_scale, ph, pw);
   check_sampling_ratio(sampling_ratio);
   const bool channels_last = is_channels_last(input_);
-  const at::Tensor input = input_.contiguous(format_of(channels_last));
+  const at::Tensor input = in_layout(input_, channels_last);
   const at::Tensor rois = rois_.contiguous();
   check_rois(rois, input.size(0), spatial_scale);
   const auto opts = input.options().memory_format(format_of(channels_last));
@@ -872,9 +872,9 @@ at::Tensor backward(const at::Tensor& grad_, const at::Tensor& argmax_, const at
   TORCH_CHECK_VALUE(N >= 0 && C >= 0, "roiops: batch size and channels must be non-negative");
   const at::Tensor rois = rois_.contiguous();
   check_rois(rois, N, spatial_scale);
-  const at::Tensor grad = grad_.contiguous(format_of(channels_last));
+  const at::Tensor grad = in_layout(grad_, channels_last);
   // grad and argmax share strides, so one offset serves both.
-  const at::Tensor argmax = max_mode ? argmax_.contiguous(format_of(channels_last)) : at::Tensor();
+  const at::Tensor argmax = max_mode ? in_layout(argmax_, channels_last) : at::Tensor();
   at::Tensor gi = empty_output({N, C, H, W}, grad.options().memory_format(format_of(channels_last)));
   const int64_t K = rois.size(0);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, grad.scalar_type(), "roiops_roi_align_backward", [&] {

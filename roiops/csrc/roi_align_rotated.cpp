@@ -472,7 +472,7 @@ at::Tensor roi_align_rotated_forward(const at::Tensor& input_, const at::Tensor&
   check_rotated(rois_, input_.scalar_type(), input_.size(0), input_.size(2), input_.size(3), spatial_scale, ph, pw,
                 sampling_ratio);
   const bool channels_last = is_channels_last(input_);
-  const at::Tensor input = input_.contiguous(format_of(channels_last));
+  const at::Tensor input = in_layout(input_, channels_last);
   const at::Tensor rois = rois_.contiguous();
   const int64_t N = input.size(0), C = input.size(1), H = input.size(2), W = input.size(3);
   at::Tensor out = empty_output({rois.size(0), C, ph, pw}, input.options().memory_format(format_of(channels_last)));
@@ -534,7 +534,7 @@ at::Tensor roi_align_rotated_backward(const at::Tensor& grad_, const at::Tensor&
   TORCH_CHECK_VALUE(grad_.size(0) == rois_.size(0) && grad_.size(1) == C && grad_.size(2) == ph && grad_.size(3) == pw,
                     "roiops: grad must be [K, C, pooled_height, pooled_width], got ", grad_.sizes());
   const at::Tensor rois = rois_.contiguous();
-  const at::Tensor grad = grad_.contiguous(format_of(channels_last));
+  const at::Tensor grad = in_layout(grad_, channels_last);
   const auto opts = grad.options().memory_format(format_of(channels_last));
   at::Tensor gi = empty_output({N, C, H, W}, opts);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, grad.scalar_type(), "roiops_roi_align_rotated_backward",

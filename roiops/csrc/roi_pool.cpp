@@ -348,7 +348,7 @@ std::tuple<at::Tensor, at::Tensor> roi_pool_forward(const at::Tensor& input_, co
   check_args(rois_, input_.scalar_type(), input_.size(2), input_.size(3), spatial_scale, ph, pw);
   TORCH_CHECK_VALUE(input_.size(2) * input_.size(3) <= INT32_MAX, "roiops: roi_pool needs H * W < 2^31");
   const bool channels_last = is_channels_last(input_);
-  const at::Tensor input = input_.contiguous(format_of(channels_last));
+  const at::Tensor input = in_layout(input_, channels_last);
   const at::Tensor rois = rois_.contiguous();
   check_rois(rois, input.size(0), spatial_scale);
   const auto opts = input.options().memory_format(format_of(channels_last));
@@ -372,8 +372,8 @@ at::Tensor roi_pool_backward(const at::Tensor& grad_, const at::Tensor& argmax_,
   // Only batch indices: the coordinates were checked (with spatial_scale, which this op
   // does not receive) by the forward, and the argmax values are checked below.
   check_rois(rois, N, 1.0, /*check_coords=*/false);
-  const at::Tensor grad = grad_.contiguous(format_of(channels_last));
-  const at::Tensor argmax = argmax_.contiguous(format_of(channels_last));
+  const at::Tensor grad = in_layout(grad_, channels_last);
+  const at::Tensor argmax = in_layout(argmax_, channels_last);
   // Per box and bin row: the map rows its argmax values point to, each value checked to
   // lie in [-1, H * W) so that no access leaves the map.
   const int64_t K = grad.size(0), ph = grad.size(2), pw = grad.size(3);
