@@ -1,7 +1,10 @@
 """Property-based fuzzing of the public API (hypothesis, derandomized: the same cases on
 every run). Every case runs on the C++ kernels and on the reference, forward and
 backward, and is also checked against torchvision where it has the op and the case is
-in its domain. Invalid boxes must raise ValueError naming the row.
+in its domain. Invalid boxes must raise ValueError naming the row. The position-sensitive
+ops are checked against the reference alone, on maps that include size-1 dimensions with
+odd strides and with up to 30 more boxes, some upside down, so that their tiles and bands
+run; 1 and 2 threads must give the same bits.
 
 Cases with huge or extreme values run in a child interpreter (`_risky_cases`), so that a
 crash or a hang fails a test instead of ending the run.
@@ -215,6 +218,81 @@ def check_torchvision(x, values, rois, boxes, op, args, out, g_in):
     g_out = torch.randn(o.shape, generator=torch.Generator().manual_seed(1)).to(o.dtype)
     (tg,) = torch.autograd.grad(o, xg, g_out) if o.numel() else (torch.zeros_like(x),)
     torch.testing.assert_close(g_in, tg, rtol=0, atol=0)
+
+
+# ---- position-sensitive ops: enough boxes for their tiles and bands ------------------------
+
+PS = {
+    "ps_align": lambda x, b, size, s, sr: roiops.ps_roi_align(x, b, size, s, sr),
+    "ps_pool": lambda x, b, size, s, sr: roiops.ps_roi_pool(x, b, size, s),
+}
+FORMATS = [torch.contiguous_format, torch.channels_last]
+
+
+def odd_unit_strides(x):
+    """The same values with a stride of 1000 on each dimension of size 1: still
+    contiguous (in x's format), but no layout's usual strides."""
+    strides = [1000 if d == 1 else stride for d, stride in zip(x.shape, x.stride())]
+    odd = torch.zeros(x.numel() + 4000, dtype=x.dtype).as_strided(x.shape, strides)
+    odd.copy_(x)
+    return odd
+
+
+@st.composite
+def ps_cases(draw):
+    ph, pw = draw(st.integers(1, 3)), draw(st.integers(1, 3))
+    n, c_out = draw(st.integers(1, 2)), draw(st.sampled_from([1, 2, 9]))  # 9: past one vector of lanes
+    h, w = draw(st.integers(1, 14)), draw(st.integers(1, 14))
+    dtype = draw(st.sampled_from([torch.float32, torch.float64]))
+    g = torch.Generator().manual_seed(draw(st.integers(0, 2**16)))
+    x = torch.randn(n, c_out * ph * pw, h, w, generator=g, dtype=torch.float64).to(dtype)
+    layout = draw(st.sampled_from(["nchw", "channels_last", "strided", "odd unit strides"]))
+    if layout == "channels_last":
+        x = x.contiguous(memory_format=torch.channels_last)
+    elif layout == "strided":
+        x = x.transpose(2, 3).contiguous().transpose(2, 3)  # columns contiguous
+    elif layout == "odd unit strides":
+        x = odd_unit_strides(x.contiguous(memory_format=draw(st.sampled_from(FORMATS))))
+    scale = draw(st.sampled_from(SCALES))
+    few, _ = draw(box_rows(n, h, w, scale, allow_invalid=False))
+    # Many boxes over the whole map (some upside down) make the kernels rearrange it: per
+    # bin for NCHW, by bands of rows for channels_last.
+    many = draw(st.integers(0, 30))
+    corners = (torch.rand(many, 4, generator=g, dtype=torch.float64) * 1.2 - 0.1) * torch.tensor([w, h, w, h])
+    upright = torch.rand(many, generator=g) < 0.8
+    x1, x2 = corners[:, [0, 2]].sort(dim=1).values.unbind(1)
+    y1, y2 = corners[:, [1, 3]].sort(dim=1).values.unbind(1)
+    y1, y2 = torch.where(upright, y1, y2), torch.where(upright, y2, y1)
+    index = torch.randint(0, n, (many,), generator=g, dtype=torch.float64)
+    packed = torch.stack([index, x1 / scale, y1 / scale, x2 / scale, y2 / scale], 1)
+    rois = torch.cat([few, packed]).to(dtype)
+    op = draw(st.sampled_from(list(PS)))
+    return x, rois, op, (ph, pw), scale, draw(st.sampled_from([-1, 0, 1, 2, 5]))
+
+
+@settings(max_examples=300, **SETTINGS)
+@given(ps_cases())
+def test_ps_cpu_agrees_with_the_reference_at_any_thread_count(case):
+    x, rois, op, size, scale, sr = case
+    event(f"{op}, {'many' if rois.shape[0] > 8 else 'few'} boxes")
+    results = {}
+    threads = torch.get_num_threads()
+    try:
+        for backend, n_threads in (("cpu", 1), ("cpu", 2), ("reference", threads)):
+            torch.set_num_threads(n_threads)
+            xg = x.detach().requires_grad_(True)
+            with roiops.use_backend(backend):
+                out = PS[op](xg, rois, size, scale, sr)
+                g_out = torch.randn(out.shape, generator=torch.Generator().manual_seed(1)).to(out.dtype)
+                (g_in,) = torch.autograd.grad(out, xg, g_out) if out.numel() else (torch.zeros_like(x),)
+            results[backend, n_threads] = out.detach(), g_in
+    finally:
+        torch.set_num_threads(threads)
+    (out, g_in), (out2, g_in2) = results["cpu", 1], results["cpu", 2]
+    assert torch.equal(out, out2) and torch.equal(g_in, g_in2)  # deterministic: the same bits
+    rout, rg_in = results["reference", threads]
+    torch.testing.assert_close(out, rout, **tol(x.dtype))
+    torch.testing.assert_close(g_in, rg_in, **tol(x.dtype))
 
 
 # ---- extreme values, in a child interpreter -----------------------------------------------
