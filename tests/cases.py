@@ -50,6 +50,16 @@ def tol(dtype: torch.dtype, kind: str = "same input") -> dict[str, float]:
     return dict(rtol=t, atol=t)
 
 
+def odd_unit_strides(x: torch.Tensor, dims: list[int] | None = None) -> torch.Tensor:
+    """Dense x's values with a stride of 1000 on its size-1 dimensions ``dims`` (default:
+    all of them): still contiguous in x's format, but not that format's usual strides. A
+    size-1 dimension's stride moves no element, so x's copy serves as the storage."""
+    dims = [d for d, n in enumerate(x.shape) if n == 1] if dims is None else dims
+    assert all(x.shape[d] == 1 for d in dims)
+    strides = [1000 if d in dims else stride for d, stride in enumerate(x.stride())]
+    return x.clone().as_strided(x.shape, strides)
+
+
 # The public operators, called alike: (input, boxes, output_size, spatial_scale,
 # sampling_ratio, aligned). RoIPool and PrRoIPool take no sampling_ratio nor aligned.
 API = {

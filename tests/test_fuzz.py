@@ -24,7 +24,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 import roiops
-from cases import ALIGN, API, tol
+from cases import ALIGN, API, odd_unit_strides, tol
 
 SETTINGS = dict(derandomize=True, database=None, deadline=None, print_blob=True,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
@@ -226,16 +226,6 @@ PS = {
     "ps_align": lambda x, b, size, s, sr: roiops.ps_roi_align(x, b, size, s, sr),
     "ps_pool": lambda x, b, size, s, sr: roiops.ps_roi_pool(x, b, size, s),
 }
-FORMATS = [torch.contiguous_format, torch.channels_last]
-
-
-def odd_unit_strides(x):
-    """The same values with a stride of 1000 on each dimension of size 1: still
-    contiguous (in x's format), but no layout's usual strides."""
-    strides = [1000 if d == 1 else stride for d, stride in zip(x.shape, x.stride())]
-    odd = torch.zeros(x.numel() + 4000, dtype=x.dtype).as_strided(x.shape, strides)
-    odd.copy_(x)
-    return odd
 
 
 @st.composite
@@ -252,7 +242,8 @@ def ps_cases(draw):
     elif layout == "strided":
         x = x.transpose(2, 3).contiguous().transpose(2, 3)  # columns contiguous
     elif layout == "odd unit strides":
-        x = odd_unit_strides(x.contiguous(memory_format=draw(st.sampled_from(FORMATS))))
+        fmt = draw(st.sampled_from([torch.contiguous_format, torch.channels_last]))
+        x = odd_unit_strides(x.contiguous(memory_format=fmt))
     scale = draw(st.sampled_from(SCALES))
     few, _ = draw(box_rows(n, h, w, scale, allow_invalid=False))
     # Many boxes over the whole map (some upside down) make the kernels rearrange it: per

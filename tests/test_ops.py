@@ -13,7 +13,7 @@ import torchvision
 
 import roiops
 from boxes import nasty_boxes, nasty_rotated_boxes, random_boxes, rotated_boxes
-from cases import ALIGN, API, POOL, ROTATED_OPS, VARIANTS, RecordOps, contract_args, schema, tol
+from cases import ALIGN, API, POOL, ROTATED_OPS, VARIANTS, RecordOps, contract_args, odd_unit_strides, schema, tol
 
 N, C, H, W = 2, 5, 11, 13
 SCALE = 0.5  # boxes are in image pixels of a 26 x 22 image
@@ -217,10 +217,7 @@ def test_size_one_dimensions_with_any_stride(op, shape, dim):
     take it for a layout: the usual strides give the same bits, forward and backward."""
     g = torch.Generator().manual_seed(8)
     x = torch.randn(shape, generator=g)
-    strides = list(x.stride())
-    strides[dim] = 1000
-    odd = torch.empty(2 * x.numel() + 1000).as_strided(shape, strides)
-    odd.copy_(x)
+    odd = odd_unit_strides(x, [dim])
     assert odd.is_contiguous() and odd.stride() != x.stride()
     boxes = random_boxes(shape[0], 40, 2 * shape[3] / SCALE, 2 * shape[2] / SCALE, g)  # many reach past the map
     out, grad = run(op, odd, boxes, 3)

@@ -13,7 +13,7 @@ from torch._dynamo.testing import CompileCounterWithBackend
 
 import roiops
 from boxes import nasty_boxes, random_boxes
-from cases import device_for, tol
+from cases import device_for, odd_unit_strides, tol
 
 N, H, W = 2, 11, 13
 SCALE = 0.5  # boxes are in image pixels of a 26 x 22 image
@@ -286,10 +286,7 @@ def test_size_one_dimensions_with_any_stride(op, shape, dim):
     bits, forward and backward."""
     g = torch.Generator().manual_seed(7)
     x = torch.randn(shape, generator=g)
-    strides = list(x.stride())
-    strides[dim] = 1000
-    odd = torch.empty(2 * x.numel() + 1000).as_strided(shape, strides)
-    odd.copy_(x)
+    odd = odd_unit_strides(x, [dim])
     assert odd.is_contiguous() and odd.stride() != x.stride()
     boxes = random_boxes(1, 300, 2 * shape[3] / SCALE, 2 * shape[2] / SCALE, g)  # many reach past the map
     out, grad = run(OPS[op], odd, boxes, 7, 2)
