@@ -6,7 +6,8 @@ ops are checked against the reference alone, on maps that include size-1 dimensi
 odd strides and with up to 30 more boxes, some upside down, so that their tiles and bands
 run; 1 and 2 threads must give the same bits. So is rotated RoIAlign, with up to 24
 oriented boxes at any angle (exact quarter turns among them), given in either unit and
-direction, and in both box forms.
+direction, and in both box forms. A dozen cases of each also run the Triton kernels, each
+on one of their two backward paths (atomic adds or the deterministic gather).
 
 Cases with huge or extreme values run in a child interpreter (`_risky_cases`), so that a
 crash or a hang fails a test instead of ending the run.
@@ -26,7 +27,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 import roiops
-from cases import ALIGN, API, odd_unit_strides, tol
+from cases import ALIGN, API, device_for, odd_unit_strides, tol
 
 SETTINGS = dict(derandomize=True, database=None, deadline=None, print_blob=True,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
@@ -263,27 +264,57 @@ def ps_cases(draw):
     return x, rois, op, (ph, pw), scale, draw(st.sampled_from([-1, 0, 1, 2, 5]))
 
 
+def forward_backward(fn, x, backend):
+    """(fn(x), the gradient of x for a fixed random output gradient) on `backend`, x moved
+    to where that backend runs."""
+    xg = x.detach().to(device_for(backend)).requires_grad_(True)
+    with roiops.use_backend(backend):
+        out = fn(xg)
+        g_out = torch.randn(out.shape, generator=torch.Generator().manual_seed(1)).to(out.device, out.dtype)
+        (g_in,) = torch.autograd.grad(out, xg, g_out) if out.numel() else (torch.zeros_like(xg),)
+    return out.detach().cpu(), g_in.cpu()
+
+
+def on_threads(n, fn, *args):
+    threads = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        return fn(*args)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def ps_call(case):
+    x, rois, op, size, scale, sr = case
+    return lambda t: PS[op](t, rois.to(t.device), size, scale, sr)
+
+
 @settings(max_examples=300, **SETTINGS)
 @given(ps_cases())
 def test_ps_cpu_agrees_with_the_reference_at_any_thread_count(case):
-    x, rois, op, size, scale, sr = case
+    x, rois, op = case[:3]
     event(f"{op}, {'many' if rois.shape[0] > 8 else 'few'} boxes")
-    results = {}
-    threads = torch.get_num_threads()
-    try:
-        for backend, n_threads in (("cpu", 1), ("cpu", 2), ("reference", threads)):
-            torch.set_num_threads(n_threads)
-            xg = x.detach().requires_grad_(True)
-            with roiops.use_backend(backend):
-                out = PS[op](xg, rois, size, scale, sr)
-                g_out = torch.randn(out.shape, generator=torch.Generator().manual_seed(1)).to(out.dtype)
-                (g_in,) = torch.autograd.grad(out, xg, g_out) if out.numel() else (torch.zeros_like(x),)
-            results[backend, n_threads] = out.detach(), g_in
-    finally:
-        torch.set_num_threads(threads)
-    (out, g_in), (out2, g_in2) = results["cpu", 1], results["cpu", 2]
+    out, g_in = on_threads(1, forward_backward, ps_call(case), x, "cpu")
+    out2, g_in2 = on_threads(2, forward_backward, ps_call(case), x, "cpu")
     assert torch.equal(out, out2) and torch.equal(g_in, g_in2)  # deterministic: the same bits
-    rout, rg_in = results["reference", threads]
+    rout, rg_in = forward_backward(ps_call(case), x, "reference")
+    torch.testing.assert_close(out, rout, **tol(x.dtype))
+    torch.testing.assert_close(g_in, rg_in, **tol(x.dtype))
+
+
+# The Triton kernels on fewer cases (without a GPU the interpreter runs them), with both
+# backward paths: the atomic adds' and the deterministic gather's.
+@pytest.mark.parametrize("backend", ["triton"])
+@settings(max_examples=12, **SETTINGS)
+@given(case=ps_cases(), deterministic=st.booleans())
+def test_ps_triton_agrees_with_the_reference(backend, case, deterministic):
+    x = case[0]
+    try:
+        roiops.config.deterministic_backward = deterministic
+        out, g_in = forward_backward(ps_call(case), x, backend)
+    finally:
+        roiops.config.deterministic_backward = None
+    rout, rg_in = forward_backward(ps_call(case), x, "reference")
     torch.testing.assert_close(out, rout, **tol(x.dtype))
     torch.testing.assert_close(g_in, rg_in, **tol(x.dtype))
 
@@ -329,43 +360,52 @@ def rotated_cases(draw):
     return x, rois, args
 
 
+def rotated_call(rois, args):
+    return lambda t: roiops.roi_align_rotated(t, rois.to(t.device), **args)
+
+
+def assert_rotated_close(x, rois, args, out, g_in):
+    """out and g_in against the reference's. A cell under many boxes sums thousands of
+    terms that cancel: two sums in their own orders may differ by a few roundings of the
+    magnitudes they add (the reference's gradient of |grad| in float64)."""
+    rout, rg_in = forward_backward(rotated_call(rois, args), x, "reference")
+    torch.testing.assert_close(out, rout, **tol(x.dtype))
+    xg = x.detach().double().requires_grad_(True)
+    with roiops.use_backend("reference"):
+        o = roiops.roi_align_rotated(xg, rois, **args)
+        g_abs = torch.randn(o.shape, generator=torch.Generator().manual_seed(1)).to(x.dtype).double().abs()
+        (terms,) = torch.autograd.grad(o, xg, g_abs) if o.numel() else (torch.zeros_like(xg),)
+    off = (g_in.double() - rg_in.double()).abs()
+    assert (off <= tol(x.dtype)["atol"] * (1 + terms)).all(), f"gradient off by up to {off.max():.3g}"
+
+
 @settings(max_examples=300, **SETTINGS)
 @given(rotated_cases())
 def test_rotated_cpu_agrees_with_the_reference_at_any_thread_count(case):
     x, rois, args = case
     event(f"{'many' if rois.shape[0] > 8 else 'few'} boxes")
-    results = {}
-    threads = torch.get_num_threads()
-    try:
-        for backend, n_threads in (("cpu", 1), ("cpu", 2), ("reference", threads)):
-            torch.set_num_threads(n_threads)
-            xg = x.detach().requires_grad_(True)
-            with roiops.use_backend(backend):
-                out = roiops.roi_align_rotated(xg, rois, **args)
-                g_out = torch.randn(out.shape, generator=torch.Generator().manual_seed(1)).to(out.dtype)
-                (g_in,) = torch.autograd.grad(out, xg, g_out) if out.numel() else (torch.zeros_like(x),)
-            results[backend, n_threads] = out.detach(), g_in
-        with roiops.use_backend("reference"):  # the magnitudes of the terms each cell's gradient sums
-            xg = x.detach().double().requires_grad_(True)
-            out = roiops.roi_align_rotated(xg, rois, **args)
-            g_abs = torch.randn(out.shape, generator=torch.Generator().manual_seed(1)).to(x.dtype).double().abs()
-            (terms,) = torch.autograd.grad(out, xg, g_abs) if out.numel() else (torch.zeros_like(xg),)
-        # The other box form, a list of [L, 5] per image, in the order the rows come.
-        per_image = [rois[rois[:, 0] == i, 1:] for i in range(x.shape[0])]
-        order = torch.cat([torch.nonzero(rois[:, 0] == i).flatten() for i in range(x.shape[0])])
-        with roiops.use_backend("cpu"):
-            listed = roiops.roi_align_rotated(x, per_image, **args)
-    finally:
-        torch.set_num_threads(threads)
-    (out, g_in), (out2, g_in2) = results["cpu", 1], results["cpu", 2]
+    out, g_in = on_threads(1, forward_backward, rotated_call(rois, args), x, "cpu")
+    out2, g_in2 = on_threads(2, forward_backward, rotated_call(rois, args), x, "cpu")
     assert torch.equal(out, out2) and torch.equal(g_in, g_in2)  # deterministic: the same bits
-    assert torch.equal(listed, out[order])
-    rout, rg_in = results["reference", threads]
-    torch.testing.assert_close(out, rout, **tol(x.dtype))
-    # A cell under many boxes sums thousands of terms that cancel: the two sums, in their
-    # own orders, may differ by a few roundings of the magnitudes they add.
-    off = (g_in.double() - rg_in.double()).abs()
-    assert (off <= tol(x.dtype)["atol"] * (1 + terms)).all(), f"gradient off by up to {off.max():.3g}"
+    # The other box form, a list of [L, 5] per image, in the order the rows come.
+    per_image = [rois[rois[:, 0] == i, 1:] for i in range(x.shape[0])]
+    order = torch.cat([torch.nonzero(rois[:, 0] == i).flatten() for i in range(x.shape[0])])
+    with roiops.use_backend("cpu"):
+        assert torch.equal(roiops.roi_align_rotated(x, per_image, **args), out[order])
+    assert_rotated_close(x, rois, args, out, g_in)
+
+
+@pytest.mark.parametrize("backend", ["triton"])
+@settings(max_examples=12, **SETTINGS)
+@given(case=rotated_cases(), deterministic=st.booleans())
+def test_rotated_triton_agrees_with_the_reference(backend, case, deterministic):
+    x, rois, args = case
+    try:
+        roiops.config.deterministic_backward = deterministic
+        out, g_in = forward_backward(rotated_call(rois, args), x, backend)
+    finally:
+        roiops.config.deterministic_backward = None
+    assert_rotated_close(x, rois, args, out, g_in)
 
 
 # ---- extreme values, in a child interpreter -----------------------------------------------
