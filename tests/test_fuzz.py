@@ -15,6 +15,7 @@ crash or a hang fails a test instead of ending the run.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import subprocess
@@ -284,6 +285,16 @@ def on_threads(n, fn, *args):
         torch.set_num_threads(threads)
 
 
+@contextlib.contextmanager
+def backward_path(deterministic):
+    before = roiops.config.deterministic_backward
+    roiops.config.deterministic_backward = deterministic
+    try:
+        yield
+    finally:
+        roiops.config.deterministic_backward = before
+
+
 def ps_call(case):
     x, rois, op, size, scale, sr = case
     return lambda t: PS[op](t, rois.to(t.device), size, scale, sr)
@@ -309,11 +320,8 @@ def test_ps_cpu_agrees_with_the_reference_at_any_thread_count(case):
 @given(case=ps_cases(), deterministic=st.booleans())
 def test_ps_triton_agrees_with_the_reference(backend, case, deterministic):
     x = case[0]
-    try:
-        roiops.config.deterministic_backward = deterministic
+    with backward_path(deterministic):
         out, g_in = forward_backward(ps_call(case), x, backend)
-    finally:
-        roiops.config.deterministic_backward = None
     rout, rg_in = forward_backward(ps_call(case), x, "reference")
     torch.testing.assert_close(out, rout, **tol(x.dtype))
     torch.testing.assert_close(g_in, rg_in, **tol(x.dtype))
@@ -400,11 +408,8 @@ def test_rotated_cpu_agrees_with_the_reference_at_any_thread_count(case):
 @given(case=rotated_cases(), deterministic=st.booleans())
 def test_rotated_triton_agrees_with_the_reference(backend, case, deterministic):
     x, rois, args = case
-    try:
-        roiops.config.deterministic_backward = deterministic
+    with backward_path(deterministic):
         out, g_in = forward_backward(rotated_call(rois, args), x, backend)
-    finally:
-        roiops.config.deterministic_backward = None
     assert_rotated_close(x, rois, args, out, g_in)
 
 
