@@ -3,6 +3,8 @@ their kernel-contract functions and argument variants."""
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -48,6 +50,19 @@ def tol(dtype: torch.dtype, kind: str = "same input") -> dict[str, float]:
     """assert_close's rtol and atol for a comparison of this kind in this dtype."""
     t = TOL[kind][dtype]
     return dict(rtol=t, atol=t)
+
+
+@contextlib.contextmanager
+def config_set(**options: Any) -> Iterator[None]:
+    """roiops.config's switches set to ``options`` inside the block, restored after it."""
+    before = {name: getattr(roiops.config, name) for name in options}
+    for name, value in options.items():
+        setattr(roiops.config, name, value)
+    try:
+        yield
+    finally:
+        for name, value in before.items():
+            setattr(roiops.config, name, value)
 
 
 def odd_unit_strides(x: torch.Tensor, dims: list[int] | None = None) -> torch.Tensor:

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import roiops
+from cases import config_set
 
 X = torch.randn(2, 3, 8, 9)
 BOX = torch.tensor([[0, 1.0, 1.0, 6.0, 5.0]])
@@ -67,12 +68,8 @@ def test_value_checks_can_be_skipped_and_kernels_still_refuse():
     assert roiops.config.check_box_values is None  # default: checked on CPU tensors
     with pytest.raises(ValueError, match="boxes row 0"):
         roiops.roi_align(X, bad, 2)
-    try:
-        roiops.config.check_box_values = False
-        with pytest.raises(ValueError, match="batch index"):  # now raised by the C++ kernel
-            roiops.roi_align(X, bad, 2)
-    finally:
-        roiops.config.check_box_values = None
+    with config_set(check_box_values=False), pytest.raises(ValueError, match="batch index"):
+        roiops.roi_align(X, bad, 2)  # now raised by the C++ kernel
 
 
 def test_output_size_forms_agree():

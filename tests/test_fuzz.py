@@ -15,7 +15,6 @@ crash or a hang fails a test instead of ending the run.
 
 from __future__ import annotations
 
-import contextlib
 import math
 import os
 import subprocess
@@ -28,7 +27,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 import roiops
-from cases import ALIGN, API, device_for, odd_unit_strides, tol
+from cases import ALIGN, API, config_set, device_for, odd_unit_strides, tol
 
 SETTINGS = dict(derandomize=True, database=None, deadline=None, print_blob=True,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
@@ -233,21 +232,28 @@ PS = {
 
 
 @st.composite
+def laid_out(draw, x):
+    """x's values in NCHW, channels_last, with contiguous columns, or with odd strides on
+    its size-1 dimensions (in either format)."""
+    layout = draw(st.sampled_from(["nchw", "channels_last", "strided", "odd unit strides"]))
+    if layout == "channels_last":
+        return x.contiguous(memory_format=torch.channels_last)
+    if layout == "strided":
+        return x.transpose(2, 3).contiguous().transpose(2, 3)  # columns contiguous
+    if layout == "odd unit strides":
+        fmt = draw(st.sampled_from([torch.contiguous_format, torch.channels_last]))
+        return odd_unit_strides(x.contiguous(memory_format=fmt))
+    return x
+
+
+@st.composite
 def ps_cases(draw):
     ph, pw = draw(st.integers(1, 3)), draw(st.integers(1, 3))
     n, c_out = draw(st.integers(1, 2)), draw(st.sampled_from([1, 2, 9]))  # 9: past one vector of lanes
     h, w = draw(st.integers(1, 14)), draw(st.integers(1, 14))
     dtype = draw(st.sampled_from([torch.float32, torch.float64]))
     g = torch.Generator().manual_seed(draw(st.integers(0, 2**16)))
-    x = torch.randn(n, c_out * ph * pw, h, w, generator=g, dtype=torch.float64).to(dtype)
-    layout = draw(st.sampled_from(["nchw", "channels_last", "strided", "odd unit strides"]))
-    if layout == "channels_last":
-        x = x.contiguous(memory_format=torch.channels_last)
-    elif layout == "strided":
-        x = x.transpose(2, 3).contiguous().transpose(2, 3)  # columns contiguous
-    elif layout == "odd unit strides":
-        fmt = draw(st.sampled_from([torch.contiguous_format, torch.channels_last]))
-        x = odd_unit_strides(x.contiguous(memory_format=fmt))
+    x = draw(laid_out(torch.randn(n, c_out * ph * pw, h, w, generator=g, dtype=torch.float64).to(dtype)))
     scale = draw(st.sampled_from(SCALES))
     few, _ = draw(box_rows(n, h, w, scale, allow_invalid=False))
     # Many boxes over the whole map (some upside down) make the kernels rearrange it: per
@@ -285,16 +291,6 @@ def on_threads(n, fn, *args):
         torch.set_num_threads(threads)
 
 
-@contextlib.contextmanager
-def backward_path(deterministic):
-    before = roiops.config.deterministic_backward
-    roiops.config.deterministic_backward = deterministic
-    try:
-        yield
-    finally:
-        roiops.config.deterministic_backward = before
-
-
 def ps_call(case):
     x, rois, op, size, scale, sr = case
     return lambda t: PS[op](t, rois.to(t.device), size, scale, sr)
@@ -320,7 +316,7 @@ def test_ps_cpu_agrees_with_the_reference_at_any_thread_count(case):
 @given(case=ps_cases(), deterministic=st.booleans())
 def test_ps_triton_agrees_with_the_reference(backend, case, deterministic):
     x = case[0]
-    with backward_path(deterministic):
+    with config_set(deterministic_backward=deterministic):
         out, g_in = forward_backward(ps_call(case), x, backend)
     rout, rg_in = forward_backward(ps_call(case), x, "reference")
     torch.testing.assert_close(out, rout, **tol(x.dtype))
@@ -336,15 +332,7 @@ def rotated_cases(draw):
     h, w = draw(st.integers(1, 12)), draw(st.integers(1, 12))
     dtype = draw(st.sampled_from(DTYPES))
     g = torch.Generator().manual_seed(draw(st.integers(0, 2**16)))
-    x = torch.randn(n, c, h, w, generator=g, dtype=torch.float64).to(dtype)
-    layout = draw(st.sampled_from(["nchw", "channels_last", "strided", "odd unit strides"]))
-    if layout == "channels_last":
-        x = x.contiguous(memory_format=torch.channels_last)
-    elif layout == "strided":
-        x = x.transpose(2, 3).contiguous().transpose(2, 3)  # columns contiguous
-    elif layout == "odd unit strides":
-        fmt = draw(st.sampled_from([torch.contiguous_format, torch.channels_last]))
-        x = odd_unit_strides(x.contiguous(memory_format=fmt))
+    x = draw(laid_out(torch.randn(n, c, h, w, generator=g, dtype=torch.float64).to(dtype)))
     scale = draw(st.sampled_from(SCALES))
     k = draw(st.integers(0, 24))
     u = torch.rand(k, 5, generator=g, dtype=torch.float64)
@@ -408,7 +396,7 @@ def test_rotated_cpu_agrees_with_the_reference_at_any_thread_count(case):
 @given(case=rotated_cases(), deterministic=st.booleans())
 def test_rotated_triton_agrees_with_the_reference(backend, case, deterministic):
     x, rois, args = case
-    with backward_path(deterministic):
+    with config_set(deterministic_backward=deterministic):
         out, g_in = forward_backward(rotated_call(rois, args), x, backend)
     assert_rotated_close(x, rois, args, out, g_in)
 

@@ -32,7 +32,7 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(),
 
 import roiops
 import roiops.reference as REF
-from cases import tol
+from cases import config_set, tol
 # Skipped, with the reason, where Triton is older than roiops supports (torch < 2.11).
 from roiops._backend import triton_too_old
 
@@ -423,16 +423,14 @@ def test_no_host_sync_by_default(op, deterministic):
     boxes = [cuda(cpu_rois[cpu_rois[:, 0] == i, 1:]) for i in range(N)]  # the list form too
     g = torch.ones(1, device="cuda")
     torch.cuda.synchronize()
-    previous = roiops.config.deterministic_backward
-    roiops.config.deterministic_backward = deterministic
     torch.cuda.set_sync_debug_mode("error")
     try:
-        for b in (rois, boxes):
-            out = OPS[op](x, b, scale)
-            out.backward(g.expand_as(out))
+        with config_set(deterministic_backward=deterministic):
+            for b in (rois, boxes):
+                out = OPS[op](x, b, scale)
+                out.backward(g.expand_as(out))
     finally:
         torch.cuda.set_sync_debug_mode(0)
-        roiops.config.deterministic_backward = previous
 
 
 def test_invalid_rows_on_cuda_give_zeros_or_raise_in_strict_mode():
@@ -442,12 +440,8 @@ def test_invalid_rows_on_cuda_give_zeros_or_raise_in_strict_mode():
                               [1, float("nan"), 8.0, 200.0, 160.0]]))
     out = roiops.roi_align(x, rois, 7, scale, 2, True)
     assert out[0].abs().sum() > 0 and not out[1:].any()
-    try:
-        roiops.config.check_box_values = True
-        with pytest.raises(ValueError, match="boxes row 1"):
-            roiops.roi_align(x, rois, 7, scale, 2, True)
-    finally:
-        roiops.config.check_box_values = None
+    with config_set(check_box_values=True), pytest.raises(ValueError, match="boxes row 1"):
+        roiops.roi_align(x, rois, 7, scale, 2, True)
 
 
 def test_repeated_launches_run_the_kernel_of_their_own_specialization(monkeypatch):

@@ -4,7 +4,6 @@ limit, or the right answer (checked against torchvision or the reference)."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import shutil
 import subprocess
@@ -21,7 +20,7 @@ import roiops
 import roiops.reference as ref
 from roiops import _backend
 from roiops.compat import torchvision as ctv
-from cases import tol
+from cases import config_set, tol
 
 OPS = torch.ops.roiops
 
@@ -102,18 +101,8 @@ def test_max_mode_adaptive_grid_beyond_int32_is_refused():
         OPS.roi_align_max(x, box, 1.0, 1, 1, 0, False)  # the kernel checks too
     with pytest.raises(ValueError, match="row 0.*int32 argmax"):
         ref.roi_align_max_forward(x, box, 1.0, 1, 1, 0, False)
-    with _no_box_checks(), pytest.raises(ValueError, match="2\\^31 - 1"):
+    with config_set(check_box_values=False), pytest.raises(ValueError, match="2\\^31 - 1"):
         roiops.roi_align(x, box, 1, mode="max")
-
-
-@contextlib.contextmanager
-def _no_box_checks():
-    old = roiops.config.check_box_values
-    roiops.config.check_box_values = False
-    try:
-        yield
-    finally:
-        roiops.config.check_box_values = old
 
 
 @pytest.mark.parametrize("backend", ["cpu", "reference"])
@@ -351,7 +340,7 @@ def test_many_boxes_run_in_chunks_with_the_same_results():
                                        roiops.roi_align(x, rois[half:], 3, 1.0, 0, True, mode="max")]))
     bad = rois.clone()
     bad[(1 << 14) + 5] = torch.tensor([0, -46341.0, -46341.0, 2.0, 2.0])
-    with _no_box_checks(), pytest.raises(ValueError, match=f"row {(1 << 14) + 5}:"):
+    with config_set(check_box_values=False), pytest.raises(ValueError, match=f"row {(1 << 14) + 5}:"):
         roiops.roi_align(x, bad, 1, mode="max")
 
 

@@ -23,7 +23,7 @@ if triton_too_old():
 import roiops.triton as rt
 import roiops.triton._common as rt_common
 from boxes import nasty_boxes, nasty_rotated_boxes, random_boxes, rotated_boxes
-from cases import API, ROTATED_OPS, contract_args, contract_ops, device_for, kernel_name, tol
+from cases import API, ROTATED_OPS, config_set, contract_args, contract_ops, device_for, kernel_name, tol
 
 DEVICE = device_for("triton")
 
@@ -474,16 +474,12 @@ def test_deterministic_path(cl):
         torch.use_deterministic_algorithms(True)
         assert _common.use_deterministic(None) is True
         assert _common.use_deterministic(False) is False
-        roiops.config.deterministic_backward = False
-        assert _common.use_deterministic(None) is False
+        with config_set(deterministic_backward=False):
+            assert _common.use_deterministic(None) is False
     finally:
-        roiops.config.deterministic_backward = None
         torch.use_deterministic_algorithms(previous)
-    roiops.config.deterministic_backward = True
-    try:
+    with config_set(deterministic_backward=True):
         assert _common.use_deterministic(None) is True
-    finally:
-        roiops.config.deterministic_backward = None
 
 
 # ----------------------------------------------------------------------------- float min/max
