@@ -65,6 +65,17 @@ def config_set(**options: Any) -> Iterator[None]:
             setattr(roiops.config, name, value)
 
 
+@contextlib.contextmanager
+def num_threads(n: int) -> Iterator[None]:
+    """torch's intra-op thread count set to n inside the block, restored after it."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
 def odd_unit_strides(x: torch.Tensor, dims: list[int] | None = None) -> torch.Tensor:
     """Dense x's values with a stride of 1000 on its size-1 dimensions ``dims`` (default:
     all of them): still contiguous in x's format, but not that format's usual strides. A

@@ -17,7 +17,7 @@ import torchvision
 import roiops
 import roiops.compat.torchvision as compat_tv
 from boxes import nasty_boxes, random_boxes
-from cases import F32, F64, device_for, tol
+from cases import F32, F64, device_for, num_threads, tol
 
 BACKENDS = ("reference", "cpu", "triton")
 KERNEL_SETS = {"cpu": "roiops._C", "triton": "roiops.triton", "reference": "roiops.reference"}
@@ -298,13 +298,9 @@ def test_cpu_kernels_deterministic_across_threads(mode, channels_last):
     x = feature(F32, channels_last, seed=4, shape=(2, 40, 12, 14))
     rois = boxes_for(F32)
     grad = torch.randn(len(rois), 40, 3, 3, generator=torch.Generator().manual_seed(6))
-    threads = torch.get_num_threads()
-    try:
-        results = []
-        for n in (1, 2, 3):
-            torch.set_num_threads(n)
+    results = []
+    for n in (1, 2, 3):
+        with num_threads(n):
             results.append(rois_grad("cpu", mode, x, rois, grad, (3, 3), 2, True))
-    finally:
-        torch.set_num_threads(threads)
     assert results[0].abs().sum() > 0
     assert all(torch.equal(r, results[0]) for r in results[1:])

@@ -27,7 +27,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 import roiops
-from cases import ALIGN, API, config_set, device_for, odd_unit_strides, tol
+from cases import ALIGN, API, config_set, device_for, num_threads, odd_unit_strides, tol
 
 SETTINGS = dict(derandomize=True, database=None, deadline=None, print_blob=True,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
@@ -282,15 +282,6 @@ def forward_backward(fn, x, backend):
     return out.detach().cpu(), g_in.cpu()
 
 
-def on_threads(n, fn, *args):
-    threads = torch.get_num_threads()
-    torch.set_num_threads(n)
-    try:
-        return fn(*args)
-    finally:
-        torch.set_num_threads(threads)
-
-
 def ps_call(case):
     x, rois, op, size, scale, sr = case
     return lambda t: PS[op](t, rois.to(t.device), size, scale, sr)
@@ -301,8 +292,10 @@ def ps_call(case):
 def test_ps_cpu_agrees_with_the_reference_at_any_thread_count(case):
     x, rois, op = case[:3]
     event(f"{op}, {'many' if rois.shape[0] > 8 else 'few'} boxes")
-    out, g_in = on_threads(1, forward_backward, ps_call(case), x, "cpu")
-    out2, g_in2 = on_threads(2, forward_backward, ps_call(case), x, "cpu")
+    with num_threads(1):
+        out, g_in = forward_backward(ps_call(case), x, "cpu")
+    with num_threads(2):
+        out2, g_in2 = forward_backward(ps_call(case), x, "cpu")
     assert torch.equal(out, out2) and torch.equal(g_in, g_in2)  # deterministic: the same bits
     rout, rg_in = forward_backward(ps_call(case), x, "reference")
     torch.testing.assert_close(out, rout, **tol(x.dtype))
@@ -380,8 +373,10 @@ def assert_rotated_close(x, rois, args, out, g_in):
 def test_rotated_cpu_agrees_with_the_reference_at_any_thread_count(case):
     x, rois, args = case
     event(f"{'many' if rois.shape[0] > 8 else 'few'} boxes")
-    out, g_in = on_threads(1, forward_backward, rotated_call(rois, args), x, "cpu")
-    out2, g_in2 = on_threads(2, forward_backward, rotated_call(rois, args), x, "cpu")
+    with num_threads(1):
+        out, g_in = forward_backward(rotated_call(rois, args), x, "cpu")
+    with num_threads(2):
+        out2, g_in2 = forward_backward(rotated_call(rois, args), x, "cpu")
     assert torch.equal(out, out2) and torch.equal(g_in, g_in2)  # deterministic: the same bits
     # The other box form, a list of [L, 5] per image, in the order the rows come.
     per_image = [rois[rois[:, 0] == i, 1:] for i in range(x.shape[0])]

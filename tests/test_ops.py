@@ -13,7 +13,8 @@ import torchvision
 
 import roiops
 from boxes import nasty_boxes, nasty_rotated_boxes, random_boxes, rotated_boxes
-from cases import ALIGN, API, POOL, ROTATED_OPS, VARIANTS, RecordOps, contract_args, odd_unit_strides, schema, tol
+from cases import (ALIGN, API, POOL, ROTATED_OPS, VARIANTS, RecordOps, contract_args, num_threads, odd_unit_strides,
+                   schema, tol)
 
 N, C, H, W = 2, 5, 11, 13
 SCALE = 0.5  # boxes are in image pixels of a 26 x 22 image
@@ -276,15 +277,11 @@ def test_hand_computed_pool_conventions():
 
 def test_backward_deterministic_across_threads():
     x, boxes = feature(channels_last=True), boxes_for()
-    prev = torch.get_num_threads()
-    try:
-        results = []
-        for threads in (1, 2, 2):
-            torch.set_num_threads(threads)
+    results = []
+    for threads in (1, 2, 2):
+        with num_threads(threads):
             for op in API:
                 results.append((op, threads, run(op, x, boxes, (3, 4), 2, True)[1]))
-    finally:
-        torch.set_num_threads(prev)
     for op in API:
         grads = [g for o, _, g in results if o == op]
         assert all(torch.equal(grads[0], g) for g in grads[1:])
@@ -302,14 +299,10 @@ def test_backward_split_into_bands_and_channel_blocks(op, sr, channels_last, dty
     g = torch.Generator().manual_seed(4)
     boxes = torch.cat([random_boxes(2, 12, 320, 360, g), nasty_boxes(2, 320, 360),
                        torch.tensor([[0, 10.0, 2.0, 300.0, 355.0], [1, 40.0, 100.0, 60.0, 350.0]])])
-    prev = torch.get_num_threads()
-    try:
-        torch.set_num_threads(1)
+    with num_threads(1):
         _, grad1 = run(op, x, boxes, 7, sr, True)
-        torch.set_num_threads(2)
+    with num_threads(2):
         _, grad2 = run(op, x, boxes, 7, sr, True)
-    finally:
-        torch.set_num_threads(prev)
     _, ref = run(op, x, boxes, 7, sr, True, backend="reference")
     assert torch.equal(grad1, grad2)
     assert grad2.is_contiguous(memory_format=torch.channels_last if channels_last else torch.contiguous_format)

@@ -11,7 +11,7 @@ import torch
 
 import roiops
 from boxes import nasty_boxes, random_boxes
-from cases import backward_paths, device_for, tol
+from cases import backward_paths, device_for, num_threads, tol
 from roiops import reference as ref
 
 N, C, H, W = 2, 3, 7, 9
@@ -394,14 +394,10 @@ def test_cpp_box_gradient_matches_reference(dtype, channels_last, size):
 @pytest.mark.parametrize("channels_last", [False, True])
 def test_cpp_results_do_not_depend_on_threads(channels_last):
     x, b = feature(F32, channels_last, c=40), boxes_for(F32, count=20)
-    threads = torch.get_num_threads()
-    try:
-        torch.set_num_threads(1)
+    with num_threads(1):
         one = run(x, b, 4, "cpu")
-        torch.set_num_threads(3)
+    with num_threads(3):
         many = run(x, b, 4, "cpu")
-    finally:
-        torch.set_num_threads(threads)
     for a, m in zip(one, many):
         assert torch.equal(a, m)
 

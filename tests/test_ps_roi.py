@@ -13,7 +13,7 @@ from torch._dynamo.testing import CompileCounterWithBackend
 
 import roiops
 from boxes import nasty_boxes, random_boxes
-from cases import device_for, odd_unit_strides, tol
+from cases import device_for, num_threads, odd_unit_strides, tol
 
 N, H, W = 2, 11, 13
 SCALE = 0.5  # boxes are in image pixels of a 26 x 22 image
@@ -226,14 +226,10 @@ def test_gradcheck(op):
 @pytest.mark.parametrize("channels_last", [False, True])
 def test_backward_deterministic_across_threads(op, channels_last):
     x, boxes = feature((7, 7), c_out=21, channels_last=channels_last), boxes_for()
-    threads = torch.get_num_threads()
-    try:
-        results = []
-        for n in (1, 2, 3):
-            torch.set_num_threads(n)
+    results = []
+    for n in (1, 2, 3):
+        with num_threads(n):
             results.append(run(OPS[op], x, boxes, 7, 0))
-    finally:
-        torch.set_num_threads(threads)
     for out, grad in results[1:]:
         assert torch.equal(out, results[0][0]) and torch.equal(grad, results[0][1])
 
@@ -248,13 +244,9 @@ def test_channels_last_forward_bands_agree_for_any_thread_count(op, sr):
     boxes = random_boxes(1, 600, 56.0, 36.0, g)  # image pixels, SCALE 0.5: bins cross band edges
     want = OPS[op](x, boxes, 3, SCALE, sr)
     xcl = x.contiguous(memory_format=torch.channels_last)
-    threads = torch.get_num_threads()
-    try:
-        for n in (1, 2, 3, 5):
-            torch.set_num_threads(n)
+    for n in (1, 2, 3, 5):
+        with num_threads(n):
             assert torch.equal(OPS[op](xcl, boxes, 3, SCALE, sr), want), n
-    finally:
-        torch.set_num_threads(threads)
 
 
 @pytest.mark.parametrize("threads", [1, 2])
@@ -267,12 +259,8 @@ def test_upside_down_boxes_with_channels_last_bands(threads):
     x = torch.randn(1, 8, 71, 35, generator=g, dtype=torch.float64).contiguous(memory_format=torch.channels_last)
     rows = [[0, -0.5, -0.5, 34.5, 70.5]] * 20 + [[0, 45.2, 76.5, 3.2, -29.4], [0, 3.2, 60.0, 30.0, 2.0]]
     boxes = torch.tensor(rows, dtype=torch.float64) * torch.tensor([1, 2, 2, 2, 2])  # image pixels, SCALE 0.5
-    before = torch.get_num_threads()
-    try:
-        torch.set_num_threads(threads)
+    with num_threads(threads):
         out, grad = run(OPS["align"], x, boxes, 2, 5)
-    finally:
-        torch.set_num_threads(before)
     ref, ref_grad = run(TV["align"], x, boxes, 2, 5)
     assert torch.equal(out, ref) and torch.equal(grad, ref_grad)
 

@@ -12,7 +12,7 @@ import torch
 
 import roiops
 from boxes import nasty_rotated_boxes, rotated_boxes
-from cases import backward_paths, device_for, tol
+from cases import backward_paths, device_for, num_threads, tol
 
 N, C, H, W = 2, 3, 9, 11
 SCALE = 0.5  # boxes in pixels of a 22 x 18 image
@@ -215,15 +215,11 @@ def test_gradcheck(backend, monkeypatch):
 
 def test_cpu_backward_deterministic_across_threads():
     x, b = feature(F32, channels_last=True, c=40), boxes(F32, count=40)
-    prev = torch.get_num_threads()
-    try:
-        grads = []
-        for threads in (1, 2, 2):
-            torch.set_num_threads(threads)
+    grads = []
+    for threads in (1, 2, 2):
+        with num_threads(threads):
             grads.append(run(x, b, 3, 0, True)[1])
             grads.append(run(x.contiguous(), b, 3, 2, True)[1].contiguous(memory_format=torch.channels_last))
-    finally:
-        torch.set_num_threads(prev)
     assert all(torch.equal(grads[i], grads[i + 2]) for i in range(4))
 
 
