@@ -25,6 +25,16 @@ OutputSize = Union[int, tuple[int, int], list[int]]
 DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
+class BoxFormatError(ValueError):
+    """Boxes of the wrong shape (the drop-ins of peers that assert the shape also make it
+    an AssertionError)."""
+
+
+def _quantized(name: str, t: Tensor) -> ValueError:
+    return ValueError(f"{name} is a quantized tensor ({t.dtype}): roiops does not support quantized tensors, which "
+                      f"PyTorch deprecates; dequantize it first ({name}.dequantize())")
+
+
 def output_size(value: object) -> tuple[int, int]:
     """``int`` or ``(h, w)`` of positive ints -> ``(h, w)``."""
     one = _as_int(value)
@@ -72,6 +82,8 @@ def feature_map(input: object) -> Tensor:
     if input.dim() != 4:
         raise ValueError(f"input must be 4-D [N, C, H, W], got shape {tuple(input.shape)}")
     if input.dtype not in DTYPES:
+        if input.is_quantized:
+            raise _quantized("input", input)
         raise ValueError(f"input must be floating point (float16, bfloat16, float32 or float64), got {input.dtype}")
     if not (0 < input.shape[2] <= MAX_MAP_SIDE and 0 < input.shape[3] <= MAX_MAP_SIDE):
         raise ValueError(f"input height and width must be in [1, 2^24], got shape {tuple(input.shape)}")
@@ -164,10 +176,12 @@ def _box_tensor(b: object, input: Tensor, width: int, name: str, hints: dict[int
         raise TypeError(f"{name} must be a Tensor, got {type(b).__name__}")
     if b.dim() != 2 or b.shape[1] != width:
         hint = hints[width]
-        raise ValueError(f"{name} must have shape [K, {width}]{hint}, got {tuple(b.shape)}")
+        raise BoxFormatError(f"{name} must have shape [K, {width}]{hint}, got {tuple(b.shape)}")
     if b.layout != torch.strided:
         raise ValueError(f"{name} must be a dense (strided) tensor, got layout {b.layout}")
     if not b.is_floating_point():
+        if b.is_quantized:
+            raise _quantized(name, b)
         raise ValueError(f"{name} must be floating point, got {b.dtype}")
     if b.device != input.device:
         raise ValueError(f"{name} is on {b.device} but the input is on {input.device}")

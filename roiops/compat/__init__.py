@@ -23,19 +23,26 @@ defaults, box format) and reproduces its numbers on top of roiops:
   ``roi_align_rotated``; ``PrRoIPool`` and ``prroi_pool`` (gradient to the boxes too).
 
 The modules are imported on first use (``roiops.compat.mmdet``, or
-``from roiops.compat import mmdet``) so that importing roiops does not pay for them. ``docs/porting.md`` lists, per system,
-the old import, the new one and every behavioural difference.
+``from roiops.compat import mmdet``) so that importing roiops does not pay for them.
+Where a peer asserts the boxes' shape, its drop-in raises :class:`BoxAssertionError` for
+malformed boxes: an ``AssertionError`` as the peer's and roiops' ``ValueError``.
+``docs/porting.md`` lists, per system, the old import, the new one and every behavioural
+difference.
 """
 
 import importlib
 from types import ModuleType
 
-__all__ = ["detectron2", "faster_rcnn_pytorch", "maskrcnn_benchmark", "mmcv", "mmdet", "simple_faster_rcnn",
-           "torchvision"]
+from ._util import BoxAssertionError
+
+# The drop-in modules, imported on first use.
+_MODULES = ("detectron2", "faster_rcnn_pytorch", "maskrcnn_benchmark", "mmcv", "mmdet", "simple_faster_rcnn",
+            "torchvision")
+__all__ = ["BoxAssertionError", *_MODULES]
 
 
 def __getattr__(name: str) -> ModuleType:
-    if name in __all__:
+    if name in _MODULES:
         return importlib.import_module(f"{__name__}.{name}")
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 

@@ -2,7 +2,16 @@
 
 from __future__ import annotations
 
+import functools
 import numbers
+from collections.abc import Callable
+from typing import ParamSpec, TypeVar
+
+from .._validation import BoxFormatError
+from ..ops._declare import fx_leaf
+
+_P = ParamSpec("_P")
+_T = TypeVar("_T")
 
 
 def as_int(value: object, name: str, minimum: int) -> int:
@@ -25,3 +34,21 @@ def as_int(value: object, name: str, minimum: int) -> int:
     if result < minimum:
         raise ValueError(f"{name} must be >= {minimum}, got {result}")
     return result
+
+
+class BoxAssertionError(BoxFormatError, AssertionError):
+    """Boxes of the wrong shape, from a drop-in whose peer asserts their shape: an
+    AssertionError, as the peer raises, and roiops' ValueError."""
+
+
+def asserts_box_shape(function: Callable[_P, _T]) -> Callable[_P, _T]:
+    """A drop-in function whose peer asserts the boxes' shape: it raises
+    :class:`BoxAssertionError` for malformed boxes; a torch.fx leaf, as every RoI function."""
+    @functools.wraps(function)
+    def call(*args: _P.args, **kwargs: _P.kwargs) -> _T:
+        try:
+            return function(*args, **kwargs)
+        except BoxFormatError as error:
+            raise BoxAssertionError(*error.args) from None
+
+    return fx_leaf(call)

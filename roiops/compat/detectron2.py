@@ -28,6 +28,8 @@ from torch import Tensor, nn
 from .. import _validation as v
 
 from .. import ops as F
+from ..ops._declare import fx_leaf
+from ._util import BoxAssertionError
 from . import torchvision as tv
 from .torchvision import roi_align
 
@@ -49,12 +51,19 @@ class ROIAlign(tv.RoIAlign):
         super().__init__(output_size, spatial_scale, sampling_ratio, aligned)
 
     def forward(self, input: Tensor, rois: Tensor) -> Tensor:  # type: ignore[override]
-        if not isinstance(rois, Tensor) or rois.dim() != 2 or rois.shape[1] != 5:
-            shape = tuple(rois.shape) if isinstance(rois, Tensor) else type(rois).__name__
-            raise ValueError(f"rois must be a Tensor[K, 5] (batch_index, x1, y1, x2, y2), got {shape}")
-        if isinstance(input, Tensor):
-            rois = rois.to(dtype=input.dtype)
-        return F.roi_align(input, rois, self.output_size, self.spatial_scale, self.sampling_ratio, self.aligned)
+        return _roi_align(input, rois, self.output_size, self.spatial_scale, self.sampling_ratio, self.aligned)
+
+
+@fx_leaf
+def _roi_align(input: Tensor, rois: Tensor, output_size: tv.OutputSize, spatial_scale: float, sampling_ratio: int,
+               aligned: bool) -> Tensor:
+    """``ROIAlign.forward``, which asserts the shape of ``rois`` as detectron2's."""
+    if not isinstance(rois, Tensor) or rois.dim() != 2 or rois.shape[1] != 5:
+        shape = tuple(rois.shape) if isinstance(rois, Tensor) else type(rois).__name__
+        raise BoxAssertionError(f"rois must be a Tensor[K, 5] (batch_index, x1, y1, x2, y2), got {shape}")
+    if isinstance(input, Tensor):
+        rois = rois.to(dtype=input.dtype)
+    return F.roi_align(input, rois, output_size, spatial_scale, sampling_ratio, aligned)
 
 
 class ROIAlignRotated(nn.Module):
@@ -74,12 +83,19 @@ class ROIAlignRotated(nn.Module):
         self.sampling_ratio = v.sampling_ratio(sampling_ratio)
 
     def forward(self, input: Tensor, rois: Tensor) -> Tensor:
-        if not isinstance(rois, Tensor) or rois.dim() != 2 or rois.shape[1] != 6:
-            shape = tuple(rois.shape) if isinstance(rois, Tensor) else type(rois).__name__
-            raise ValueError(f"rois must be a Tensor[K, 6] (batch_index, cx, cy, w, h, angle), got {shape}")
-        return F.roi_align_rotated(input, rois, self.output_size, self.spatial_scale, self.sampling_ratio,
-                                   aligned=True, clockwise=False, angle="degrees")
+        return _roi_align_rotated(input, rois, self.output_size, self.spatial_scale, self.sampling_ratio)
 
     def __repr__(self) -> str:
         return (f"{type(self).__name__}(output_size={self.output_size}, spatial_scale={self.spatial_scale}, "
                 f"sampling_ratio={self.sampling_ratio})")
+
+
+@fx_leaf
+def _roi_align_rotated(input: Tensor, rois: Tensor, output_size: tuple[int, int], spatial_scale: float,
+                       sampling_ratio: int) -> Tensor:
+    """``ROIAlignRotated.forward``, which asserts the shape of ``rois`` as detectron2's."""
+    if not isinstance(rois, Tensor) or rois.dim() != 2 or rois.shape[1] != 6:
+        shape = tuple(rois.shape) if isinstance(rois, Tensor) else type(rois).__name__
+        raise BoxAssertionError(f"rois must be a Tensor[K, 6] (batch_index, cx, cy, w, h, angle), got {shape}")
+    return F.roi_align_rotated(input, rois, output_size, spatial_scale, sampling_ratio, aligned=True, clockwise=False,
+                               angle="degrees")

@@ -45,6 +45,7 @@ from torch import Tensor, nn
 import roiops
 
 from .. import _validation as v
+from ..ops._declare import fx_leaf
 from ._util import as_int
 
 __all__ = ["RoIAlign", "RoIAlignAvg", "RoIAlignMax", "RoIPool", "roi_align_corners"]
@@ -64,6 +65,7 @@ def _corner_axis(start: Tensor, end: Tensor, size: int, points: int):
     return index, weights
 
 
+@fx_leaf
 def roi_align_corners(features: Tensor, rois, aligned_height: int, aligned_width: int,
                       spatial_scale: float) -> Tensor:
     """faster-rcnn.pytorch's RoIAlign as a function (see the module docstring)."""

@@ -20,16 +20,19 @@ from __future__ import annotations
 from torch import Tensor, nn
 
 import roiops
+from roiops.ops._declare import fx_leaf
 
 __all__ = ["ROIAlign", "ROIPool", "roi_align", "roi_pool"]
 
 
+@fx_leaf
 def roi_align(input: Tensor, rois, output_size, spatial_scale: float,
               sampling_ratio: int) -> Tensor:
     return roiops.roi_align(input, rois, output_size, spatial_scale, sampling_ratio,
                             aligned=False)
 
 
+@fx_leaf
 def roi_pool(input: Tensor, rois, output_size, spatial_scale: float) -> Tensor:
     return roiops.roi_pool(input, rois, output_size, spatial_scale, convention="caffe")
 

@@ -45,6 +45,8 @@ from torch import Tensor, nn
 
 from .. import _validation as v
 from .. import ops as F
+from ..ops._declare import fx_leaf
+from ._util import asserts_box_shape
 
 __all__ = ["PrRoIPool", "RoIAlign", "RoIAlignRotated", "RoIPool", "prroi_pool", "roi_align", "roi_align_rotated",
            "roi_pool"]
@@ -86,6 +88,7 @@ def _sampling_ratio(value: object) -> int:
     return v.sampling_ratio(value)
 
 
+@asserts_box_shape
 def roi_align(input: Tensor, rois: Tensor, output_size: OutputSize, spatial_scale: float = 1.0,
               sampling_ratio: int = 0, pool_mode: str = "avg", aligned: bool = True) -> Tensor:
     """``mmcv.ops.roi_align``: ``rois[K, 5]`` on ``input[N, C, H, W]`` -> ``Tensor[K, C, h, w]``."""
@@ -94,6 +97,7 @@ def roi_align(input: Tensor, rois: Tensor, output_size: OutputSize, spatial_scal
                        "max" if mode == "max" else "avg")
 
 
+@asserts_box_shape
 def roi_pool(input: Tensor, rois: Tensor, output_size: OutputSize, spatial_scale: float = 1.0) -> Tensor:
     """``mmcv.ops.roi_pool``: continuous-coordinate RoIPool -> ``Tensor[K, C, h, w]``."""
     return F.roi_pool(input, rois, output_size, spatial_scale, "mmdet")
@@ -154,6 +158,7 @@ class RoIPool(_SizeAndScale):
     function = roi_pool
 
 
+@fx_leaf
 def roi_align_rotated(input: Tensor, rois: Tensor, output_size: OutputSize, spatial_scale: float = 1.0,
                       sampling_ratio: int = 0, aligned: bool = True, clockwise: bool = False) -> Tensor:
     """``mmcv.ops.roi_align_rotated``: ``rois[K, 6]`` (angle in radians) on ``input[N, C, H, W]``
@@ -191,6 +196,7 @@ class RoIAlignRotated(nn.Module):
                 f"sampling_ratio={self.sampling_ratio}, aligned={self.aligned}, clockwise={self.clockwise})")
 
 
+@fx_leaf
 def prroi_pool(input: Tensor, rois: Tensor, output_size: OutputSize, spatial_scale: float = 1.0) -> Tensor:
     """``mmcv.ops.prroi_pool``: Precise RoI Pooling of ``rois[K, 5]`` on ``input[N, C, H, W]``
     -> ``Tensor[K, C, h, w]``, differentiable with respect to ``input`` and ``rois``."""

@@ -25,6 +25,7 @@ from torch import Tensor, nn
 import roiops
 
 from .. import _validation as v
+from ..ops._declare import fx_leaf
 
 __all__ = ["RoIPool", "roi_pool"]
 
@@ -45,6 +46,7 @@ def _out_hw(out_size) -> tuple[int, int]:
     return hw
 
 
+@fx_leaf
 def roi_pool(features: Tensor, rois, out_size, spatial_scale: float) -> Tensor:
     return roiops.roi_pool(features, rois, _out_hw(out_size), spatial_scale,
                            convention="mmdet")

@@ -32,6 +32,7 @@ from torch import Tensor, nn
 import roiops
 
 from .. import _validation as v
+from ..ops._declare import fx_leaf
 from ._util import as_int
 
 __all__ = ["RoIPooling2D"]
@@ -54,6 +55,7 @@ class RoIPooling2D(nn.Module):
         return f"outh={self.outh}, outw={self.outw}, spatial_scale={self.spatial_scale}"
 
 
+@fx_leaf
 def _yx_rois_with_indices(x: Tensor, rois, roi_indices) -> Tensor:
     dtype = torch.float64 if isinstance(x, Tensor) and x.dtype == torch.float64 else torch.float32
     device = x.device if isinstance(x, Tensor) else None

@@ -10,52 +10,101 @@ and likewise ``ps_roi_align``, ``ps_roi_pool``, ``PSRoIAlign`` and ``PSRoIPool``
 
 Same names, argument order, defaults (``aligned=False``, ``sampling_ratio=-1``, Caffe
 RoIPool) and box formats; results are torchvision's bit for bit (docs/semantics.md).
-What differs: invalid boxes (a batch index outside the batch, NaN/inf coordinates) raise
-``ValueError`` instead of reading out of bounds; ``aligned=True`` boxes of size <= 0 with
-adaptive sampling give 0, and so do ``ps_roi_align`` bins with an empty adaptive grid
-(torchvision: NaN); ``ps_roi_pool`` bins on the last row or column average it (torchvision's
-forward leaves it out, its backward does not); quantized tensors are not supported.
+The functions and modules script with ``torch.jit.script`` (torchvision's annotations)
+and are torch.fx leaves, as torchvision's. Boxes of the wrong shape raise an
+``AssertionError``, as torchvision's (also roiops' ``ValueError``). What differs: invalid
+box values (a batch index outside the batch, NaN/inf coordinates) raise ``ValueError``
+instead of reading out of bounds; ``aligned=True`` boxes of size <= 0 with adaptive
+sampling give 0, and so do ``ps_roi_align`` bins with an empty adaptive grid
+(torchvision: NaN); ``ps_roi_pool`` bins on the last row or column average it
+(torchvision's forward leaves it out, its backward does not); quantized tensors are
+refused (PyTorch deprecates them).
 """
 
-from __future__ import annotations
-
-import math
-from collections.abc import Mapping, Sequence
-from typing import Optional, Union
+from typing import Any, Callable, Optional, Union
 
 import torch
 from torch import Tensor, nn
+from torch.jit.annotations import BroadcastingList2
 
 from .. import _validation as v
 from .. import ops as F
+from ..ops._declare import fx_proxy
+from ..ops.multi_scale import levels_of
+from ._util import BoxAssertionError
 
 __all__ = ["LevelMapper", "MultiScaleRoIAlign", "RoIAlign", "RoIPool", "roi_align", "roi_pool"]
 __all__ += ["PSRoIAlign", "PSRoIPool", "ps_roi_align", "ps_roi_pool"]
 
-Boxes = Union[Tensor, Sequence[Tensor]]
+# The annotations are torchvision's, which TorchScript reads (this module has no
+# `from __future__ import annotations` for that reason).
+Boxes = Union[Tensor, list[Tensor]]
 OutputSize = Union[int, tuple[int, int], list[int]]
 
 
-def _boxes(input: Tensor, boxes: Boxes) -> Boxes:
-    """torchvision accepts a list with fewer tensors than images (the last images get no
-    boxes); roiops wants one per image, so pad with empty ones."""
+def _eager(public: Callable[..., Tensor], function: Callable[..., Tensor], input: Tensor, boxes: Boxes,
+           *args: Any) -> Tensor:
+    """An eager call of the roiops ``function`` behind the drop-in ``public``: one torch.fx
+    node of ``public`` while fx traces (a leaf, as torchvision's); a list with fewer
+    tensors than images padded with empty ones (torchvision gives the last images no
+    boxes); boxes of the wrong shape raise :class:`BoxAssertionError`, an AssertionError
+    as torchvision's ``check_roi_boxes_shape``."""
+    proxy = fx_proxy((input, boxes, *args))
+    if proxy is not None:
+        node = proxy.tracer.create_proxy("call_function", public, (input, boxes, *args), {})
+        return node  # type: ignore[return-value]
     if isinstance(boxes, (list, tuple)) and boxes and isinstance(input, Tensor) and input.dim() == 4:
         missing = input.shape[0] - len(boxes)
         if missing > 0 and isinstance(boxes[0], Tensor):
             boxes = [*boxes, *[boxes[0].new_zeros((0, 4))] * missing]
-    return boxes
+    try:
+        return function(input, boxes, *args)
+    except v.BoxFormatError as error:
+        raise BoxAssertionError(*error.args) from None
 
 
-def roi_align(input: Tensor, boxes: Boxes, output_size: OutputSize, spatial_scale: float = 1.0,
+def _rois(input: Tensor, boxes: Boxes) -> Tensor:
+    """Under TorchScript: ``boxes`` as the registered ops' ``[K, 5]`` rows in their
+    coordinate type, after torchvision's shape assertions; quantized tensors refused. The
+    ops' kernels check the rest (argument ranges, batch indices, finite coordinates)."""
+    tensors = [boxes] if isinstance(boxes, Tensor) else boxes
+    for t in [input] + tensors:
+        if t.is_quantized:
+            raise ValueError("roiops does not support quantized tensors, which PyTorch deprecates; dequantize the "
+                             "input and boxes first (.dequantize())")
+    if isinstance(boxes, Tensor):
+        torch._assert(boxes.dim() == 2 and boxes.size(1) == 5,
+                      "boxes must have shape [K, 5] (rows (batch_index, x1, y1, x2, y2))")
+        rois = boxes
+    else:
+        rows: list[Tensor] = []
+        for i, b in enumerate(boxes):
+            torch._assert(b.dim() == 2 and b.size(1) == 4, "boxes[i] must have shape [K, 4] (rows (x1, y1, x2, y2))")
+            rows.append(torch.cat([torch.full_like(b[:, :1], i), b], dim=1))
+        rois = torch.cat(rows) if len(rows) > 0 else input.new_zeros((0, 5))
+    return rois.to(torch.float64 if input.dtype == torch.float64 else torch.float32).contiguous()
+
+
+def roi_align(input: Tensor, boxes: Boxes, output_size: BroadcastingList2[int], spatial_scale: float = 1.0,
               sampling_ratio: int = -1, aligned: bool = False) -> Tensor:
     """``torchvision.ops.roi_align``: RoIAlign (average) of ``boxes`` (``Tensor[K, 5]`` or a
     list of ``Tensor[L, 4]``) on ``input[N, C, H, W]`` -> ``Tensor[K, C, h, w]``."""
-    return F.roi_align(input, _boxes(input, boxes), output_size, spatial_scale, sampling_ratio, aligned)
+    if not torch.jit.is_scripting():
+        return _eager(roi_align, F.roi_align, input, boxes, output_size, spatial_scale, sampling_ratio, aligned)
+    return torch.ops.roiops.roi_align(input, _rois(input, boxes), spatial_scale, output_size[0], output_size[1],
+                                      sampling_ratio, aligned)
 
 
-def roi_pool(input: Tensor, boxes: Boxes, output_size: OutputSize, spatial_scale: float = 1.0) -> Tensor:
+def _caffe_roi_pool(input: Tensor, boxes: Boxes, output_size: OutputSize, spatial_scale: float) -> Tensor:
+    return F.roi_pool(input, boxes, output_size, spatial_scale, "caffe")
+
+
+def roi_pool(input: Tensor, boxes: Boxes, output_size: BroadcastingList2[int], spatial_scale: float = 1.0) -> Tensor:
     """``torchvision.ops.roi_pool``: Fast R-CNN RoIPool (Caffe convention) -> ``Tensor[K, C, h, w]``."""
-    return F.roi_pool(input, _boxes(input, boxes), output_size, spatial_scale, "caffe")
+    if not torch.jit.is_scripting():
+        return _eager(roi_pool, _caffe_roi_pool, input, boxes, output_size, spatial_scale)
+    return torch.ops.roiops.roi_pool(input, _rois(input, boxes), spatial_scale, output_size[0], output_size[1],
+                                     False)[0]
 
 
 class RoIAlign(nn.Module):
@@ -99,16 +148,22 @@ class RoIPool(nn.Module):
         return f"{type(self).__name__}(output_size={self.output_size}, spatial_scale={self.spatial_scale})"
 
 
-def ps_roi_align(input: Tensor, boxes: Boxes, output_size: OutputSize, spatial_scale: float = 1.0,
+def ps_roi_align(input: Tensor, boxes: Boxes, output_size: BroadcastingList2[int], spatial_scale: float = 1.0,
                  sampling_ratio: int = -1) -> Tensor:
     """``torchvision.ops.ps_roi_align``: position-sensitive RoIAlign (R-FCN) of ``input[N,
     C_out * h * w, H, W]`` -> ``Tensor[K, C_out, h, w]``."""
-    return F.ps_roi_align(input, _boxes(input, boxes), output_size, spatial_scale, sampling_ratio)
+    if not torch.jit.is_scripting():
+        return _eager(ps_roi_align, F.ps_roi_align, input, boxes, output_size, spatial_scale, sampling_ratio)
+    return torch.ops.roiops.ps_roi_align(input, _rois(input, boxes), spatial_scale, output_size[0], output_size[1],
+                                         sampling_ratio)
 
 
-def ps_roi_pool(input: Tensor, boxes: Boxes, output_size: OutputSize, spatial_scale: float = 1.0) -> Tensor:
+def ps_roi_pool(input: Tensor, boxes: Boxes, output_size: BroadcastingList2[int],
+                spatial_scale: float = 1.0) -> Tensor:
     """``torchvision.ops.ps_roi_pool``: position-sensitive RoIPool (R-FCN) -> ``Tensor[K, C_out, h, w]``."""
-    return F.ps_roi_pool(input, _boxes(input, boxes), output_size, spatial_scale)
+    if not torch.jit.is_scripting():
+        return _eager(ps_roi_pool, F.ps_roi_pool, input, boxes, output_size, spatial_scale)
+    return torch.ops.roiops.ps_roi_pool(input, _rois(input, boxes), spatial_scale, output_size[0], output_size[1])
 
 
 class PSRoIAlign(nn.Module):
@@ -156,10 +211,10 @@ class LevelMapper:
         self.lvl0 = canonical_level
         self.eps = eps
 
-    def __call__(self, boxlists: Sequence[Tensor]) -> Tensor:
-        boxes = torch.cat(list(boxlists))
+    def __call__(self, boxlists: list[Tensor]) -> Tensor:
+        boxes = torch.cat(boxlists)
         rois = torch.cat([boxes.new_zeros((boxes.shape[0], 1)), boxes], dim=1)
-        return F.fpn_levels(rois, self.k_min, self.k_max, self.s0, self.lvl0, "torchvision", self.eps)
+        return levels_of(rois, self.k_min, self.k_max, float(self.s0), self.lvl0, True, self.eps)
 
 
 def _power_of_two_scale(feature_size: int, image_size: int) -> float:
@@ -167,6 +222,22 @@ def _power_of_two_scale(feature_size: int, image_size: int) -> float:
     with the logarithm in float32 and ties rounded to even, as torchvision."""
     exponent = torch.tensor(float(feature_size) / float(image_size), dtype=torch.float32).log2().round()
     return 2.0 ** float(exponent)
+
+
+def _scales_and_levels(features: list[Tensor], image_shapes: list[tuple[int, int]], canonical_scale: int,
+                       canonical_level: int) -> tuple[list[float], LevelMapper]:
+    """Each map's scale, the power of two nearest to ``H_l / max(height)`` (torchvision
+    infers it from the heights alone), and the level mapper of those scales."""
+    if len(image_shapes) == 0:
+        raise ValueError("image_shapes must list the size of at least one image")
+    max_height = 0
+    for shape in image_shapes:
+        max_height = max(max_height, shape[0])
+    scales = [_power_of_two_scale(f.shape[-2], max_height) for f in features]
+    # Exact: each scale is a power of two.
+    k_min = -int(torch.tensor(scales[0], dtype=torch.float64).log2())
+    k_max = -int(torch.tensor(scales[-1], dtype=torch.float64).log2())
+    return scales, LevelMapper(k_min, k_max, canonical_scale, canonical_level)
 
 
 class MultiScaleRoIAlign(nn.Module):
@@ -180,6 +251,7 @@ class MultiScaleRoIAlign(nn.Module):
     ``k_min = -log2(first scale)``, ``k_max = -log2(last scale)`` are fixed for the
     module's life (as torchvision does). Each box is pooled from the level chosen by
     :class:`LevelMapper` with ``aligned=False``; the result is ``[K, C, h, w]`` in box order.
+    Scripts with ``torch.jit.script``, as torchvision's.
 
     Example::
 
@@ -203,32 +275,33 @@ class MultiScaleRoIAlign(nn.Module):
         self.canonical_scale = canonical_scale
         self.canonical_level = canonical_level
 
-    def _infer_levels(self, features: list[Tensor], image_shapes: Sequence[tuple[int, int]]) -> None:
-        if not image_shapes:
-            raise ValueError("image_shapes must list the size of at least one image")
-        max_height = max(int(s[0]) for s in image_shapes)
-        # torchvision infers each scale from the heights alone
-        self.scales = [_power_of_two_scale(f.shape[-2], max_height) for f in features]
-        k_min = -math.log2(self.scales[0])
-        k_max = -math.log2(self.scales[-1])
-        self.map_levels = LevelMapper(int(k_min), int(k_max), self.canonical_scale, self.canonical_level)
-
-    def forward(self, x: Mapping[str, Tensor], boxes: list[Tensor],
-                image_shapes: list[tuple[int, int]]) -> Tensor:
-        features = [f for name, f in x.items() if name in self.featmap_names]
-        if not features:
-            raise ValueError(f"none of featmap_names {self.featmap_names} is in the features ({list(x)})")
-        if self.scales is None or self.map_levels is None:
-            self._infer_levels(features, image_shapes)
-        assert self.scales is not None and self.map_levels is not None
-        rois = torch.cat([torch.cat([b.new_full((b.shape[0], 1), i), b], dim=1) for i, b in enumerate(boxes)])
+    def forward(self, x: dict[str, Tensor], boxes: list[Tensor], image_shapes: list[tuple[int, int]]) -> Tensor:
+        features: list[Tensor] = []
+        for name, f in x.items():
+            if name in self.featmap_names:
+                features.append(f)
+        if len(features) == 0:
+            raise ValueError(f"none of featmap_names {self.featmap_names} is in the features ({list(x.keys())})")
+        scales, map_levels = self.scales, self.map_levels
+        if scales is None or map_levels is None:
+            scales, map_levels = _scales_and_levels(features, image_shapes, self.canonical_scale,
+                                                    self.canonical_level)
+            self.scales, self.map_levels = scales, map_levels
+        h, w = self.output_size
+        if not torch.jit.is_scripting():
+            rois = torch.cat([torch.cat([b.new_full((b.shape[0], 1), i), b], dim=1) for i, b in enumerate(boxes)])
+            if len(features) == 1:
+                return roi_align(features[0], rois, self.output_size, scales[0], self.sampling_ratio)
+            # All levels in one op: one launch per pass on CUDA, levels picked on the device.
+            maps = v.feature_maps(features)
+            rois = v.rois(maps[0], rois, max(scales))
+            return F.multi_scale.multi_scale_call(maps, rois, map_levels(boxes), scales, h, w, self.sampling_ratio,
+                                                  False)
+        rois = _rois(features[0], boxes)
         if len(features) == 1:
-            return roi_align(features[0], rois, self.output_size, self.scales[0], self.sampling_ratio)
-        # All levels in one op: one launch per pass on CUDA, levels picked on the device.
-        maps = v.feature_maps(features)
-        rois = v.rois(maps[0], rois, max(self.scales))
-        return F.multi_scale.multi_scale_call(maps, rois, self.map_levels(boxes), self.scales, *self.output_size,
-                                              self.sampling_ratio, False)
+            return torch.ops.roiops.roi_align(features[0], rois, scales[0], h, w, self.sampling_ratio, False)
+        return torch.ops.roiops.multi_scale_roi_align(features, rois, map_levels(boxes), scales, h, w,
+                                                      self.sampling_ratio, False)
 
     def __repr__(self) -> str:
         return (f"{type(self).__name__}(featmap_names={self.featmap_names}, output_size={self.output_size}, "

@@ -15,12 +15,14 @@ uses it when ``rois`` requires grad.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal, TypeVar, get_args, get_origin, get_type_hints
+from typing import Any, Literal, ParamSpec, TypeVar, get_args, get_origin, get_type_hints
 
 import torch
 from torch import Tensor, nn
+from torch.fx import Proxy
 
 from .. import _backend
 from .. import _validation as v
@@ -107,6 +109,50 @@ def direct(*tensors: Tensor) -> bool:
             and torch._C._functorch.peek_interpreter_stack() is None
             and torch._C._get_tracing_state() is None
             and not torch._C._autograd._profiler_enabled())
+
+
+def fx_proxy(args: tuple[Any, ...], kwargs: dict[str, Any] | None = None) -> Proxy | None:
+    """The first torch.fx ``Proxy`` among a call's arguments (and the items of list
+    arguments), or None: whether torch.fx is tracing the call."""
+    for values in (args, kwargs.values() if kwargs else ()):
+        for a in values:
+            kind = type(a)
+            if kind in _PLAIN:
+                continue
+            if kind is list or kind is tuple:
+                for item in a:
+                    if type(item) not in _PLAIN and isinstance(item, Proxy):
+                        return item
+            elif isinstance(a, Proxy):
+                return a
+    return None
+
+
+# Argument types that are never a proxy, skipped at the cost of one lookup.
+_PLAIN = frozenset({Tensor, int, float, bool, str, type(None)})
+
+
+_P = ParamSpec("_P")
+_T = TypeVar("_T")
+
+
+def fx_leaf(function: Callable[_P, _T]) -> Callable[_P, _T]:
+    """A public RoI function that torch.fx records whole: while fx traces, the call is one
+    ``call_function`` node of it (a leaf, as torchvision's RoI functions are), so that
+    fx-based tools (feature extraction, graph-mode quantization) see the op, and its checks
+    never run on proxies."""
+    @functools.wraps(function)
+    def call(*args: _P.args, **kwargs: _P.kwargs) -> _T:
+        # The common eager call, with plain tensors for the map and the boxes in front, costs
+        # two type tests: a traced call has a proxy among those (its other arguments are
+        # constants of the traced module).
+        if len(args) < 2 or type(args[0]) is not Tensor or type(args[1]) is not Tensor:
+            proxy = fx_proxy(args, kwargs)
+            if proxy is not None:
+                return proxy.tracer.create_proxy("call_function", call, args, kwargs)  # type: ignore[return-value]
+        return function(*args, **kwargs)
+
+    return call
 
 
 def register(spec: Kernels) -> Callable[..., Any]:

@@ -21,8 +21,8 @@ from .. import _validation as v
 from .._geometry import is_channels_last
 from .._validation import BoxesType, OutputSize
 from . import roi_align as _single_level  # noqa: F401  (the per-level kernels' ops)
-from ._declare import (backward_call, define, direct, empty_grad, empty_output, refuse_double_backward,
-                       register_autograd)
+from ._declare import (backward_call, define, direct, empty_grad, empty_output, fx_leaf,
+                       refuse_double_backward, register_autograd)
 
 
 def fpn_levels(rois: Tensor, k_min: int, k_max: int, canonical_box_size: float = 224.0, canonical_level: int = 4,
@@ -35,15 +35,23 @@ def fpn_levels(rois: Tensor, k_min: int, k_max: int, canonical_box_size: float =
     both in the boxes' dtype, as those libraries compute them, clamped to ``[k_min, k_max]``.
     A box of negative area has no level: -1 (it pools to 0).
     """
+    return levels_of(rois, k_min, k_max, float(canonical_box_size), canonical_level, rule == "torchvision", eps)
+
+
+def levels_of(rois: Tensor, k_min: int, k_max: int, canonical_box_size: float, canonical_level: int,
+              torchvision_rule: bool, eps: float) -> Tensor:
+    """:func:`fpn_levels` in the subset of Python that TorchScript compiles (the scripted
+    torchvision drop-in calls it)."""
     size = ((rois[:, 3] - rois[:, 1]) * (rois[:, 4] - rois[:, 2])).sqrt()
-    if rule == "torchvision":
-        level = (canonical_level + torch.log2(size / canonical_box_size)) + torch.tensor(eps, dtype=size.dtype)
+    if torchvision_rule:
+        level = (torch.log2(size / canonical_box_size) + canonical_level) + torch.tensor(eps, dtype=size.dtype)
     else:
-        level = canonical_level + torch.log2(size / canonical_box_size + 1e-8)
+        level = torch.log2(size / canonical_box_size + 1e-8) + canonical_level
     level = level.floor().clamp(min=k_min, max=k_max)
     return torch.where(level.isnan(), k_min - 1, level).to(torch.int64) - k_min
 
 
+@fx_leaf
 def multi_scale_roi_align(
     features: Sequence[Tensor],
     boxes: BoxesType,

@@ -8,7 +8,7 @@ from torch import Tensor
 
 from .. import _validation as v
 from .._validation import BoxesType, OutputSize
-from ._declare import Kernels, RoIModule, register
+from ._declare import Kernels, RoIModule, fx_leaf, register
 
 _prroi_pool = register(Kernels(
     "prroi_pool", (("float", "spatial_scale"), ("int", "pooled_height"), ("int", "pooled_width")),
@@ -16,6 +16,7 @@ _prroi_pool = register(Kernels(
     title="prroi_pool", rois_grad=True))
 
 
+@fx_leaf
 def prroi_pool(
     input: Tensor,
     boxes: BoxesType,

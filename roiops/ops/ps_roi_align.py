@@ -10,7 +10,7 @@ from torch import Tensor
 
 from .. import _validation as v
 from .._validation import BoxesType, OutputSize
-from ._declare import Kernels, RoIModule, register
+from ._declare import Kernels, RoIModule, fx_leaf, register
 
 
 def ps_channels(channels: Any, ph: int, pw: int) -> Any:
@@ -26,6 +26,7 @@ _ps_roi_align = register(Kernels(
      "channels_last"), title="ps_roi_align", out_channels=ps_channels))
 
 
+@fx_leaf
 def ps_roi_align(
     input: Tensor,
     boxes: BoxesType,
@@ -58,10 +59,10 @@ def ps_roi_align(
     """
     input = v.feature_map(input)
     h, w = v.output_size(output_size)
-    v.position_sensitive(input, h, w)
     scale = v.spatial_scale(spatial_scale)
     ratio = v.sampling_ratio(sampling_ratio)
     rois = v.rois(input, boxes, scale)
+    v.position_sensitive(input, h, w)
     return _ps_roi_align(input, rois, scale, h, w, ratio)
 
 

@@ -8,7 +8,7 @@ from torch import Tensor
 
 from .. import _validation as v
 from .._validation import BoxesType, OutputSize
-from ._declare import Kernels, RoIModule, register
+from ._declare import Kernels, RoIModule, fx_leaf, register
 from .ps_roi_align import ps_channels
 
 _ps_roi_pool = register(Kernels(
@@ -17,6 +17,7 @@ _ps_roi_pool = register(Kernels(
     title="ps_roi_pool", out_channels=ps_channels))
 
 
+@fx_leaf
 def ps_roi_pool(
     input: Tensor,
     boxes: BoxesType,
@@ -44,9 +45,9 @@ def ps_roi_pool(
     """
     input = v.feature_map(input)
     h, w = v.output_size(output_size)
-    v.position_sensitive(input, h, w)
     scale = v.spatial_scale(spatial_scale)
     rois = v.rois(input, boxes, scale)
+    v.position_sensitive(input, h, w)
     return _ps_roi_pool(input, rois, scale, h, w)
 
 

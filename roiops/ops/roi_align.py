@@ -10,7 +10,7 @@ from torch import Tensor
 
 from .. import _validation as v
 from .._validation import BoxesType, OutputSize
-from ._declare import Kernels, RoIModule, register
+from ._declare import Kernels, RoIModule, fx_leaf, register
 
 _ARGS = (("float", "spatial_scale"), ("int", "pooled_height"), ("int", "pooled_width"), ("int", "sampling_ratio"),
          ("bool", "aligned"))
@@ -28,6 +28,7 @@ def _box_grad(box_grad: bool, sampling_ratio: int) -> bool:
     return box_grad
 
 
+@fx_leaf
 def roi_align(
     input: Tensor,
     boxes: BoxesType,

@@ -14,13 +14,14 @@ from torch import Tensor
 
 from .. import _validation as v
 from .._validation import BoxesType, OutputSize
-from ._declare import Kernels, RoIModule, register
+from ._declare import Kernels, RoIModule, fx_leaf, register
 from .roi_align import _ARGS, _BACKWARD
 
 # RoIAlign's arguments, in the same order.
 _roi_align_rotated = register(Kernels("roi_align_rotated", _ARGS, _BACKWARD, title="roi_align_rotated"))
 
 
+@fx_leaf
 def roi_align_rotated(
     input: Tensor,
     boxes: BoxesType,

@@ -10,13 +10,14 @@ from torch import Tensor
 
 from .. import _validation as v
 from .._validation import BoxesType, OutputSize
-from ._declare import Kernels, RoIModule, register
+from ._declare import Kernels, RoIModule, fx_leaf, register
 
 _roi_pool = register(Kernels("roi_pool", (("float", "spatial_scale"), ("int", "pooled_height"), ("int", "pooled_width"),
                               ("bool", "continuous")),
                  ("batch_size", "channels", "height", "width", "channels_last"), saved=("argmax",), title="roi_pool"))
 
 
+@fx_leaf
 def roi_pool(
     input: Tensor,
     boxes: BoxesType,
