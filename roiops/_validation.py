@@ -17,7 +17,7 @@ from torch import Tensor
 
 from . import _backend, config
 from ._geometry import (MAX_ARGMAX_GRID, MAX_COORDINATE, MAX_MAP_SIDE, MAX_OUTPUT_SIZE, MAX_SAMPLING_RATIO, MAX_SCALE,
-                        MIN_SCALE, dense)
+                        MIN_SCALE, align_axis, dense)
 
 BoxesType = Union[Tensor, Sequence[Tensor]]
 OutputSize = Union[int, tuple[int, int], list[int]]
@@ -240,12 +240,10 @@ def _check_max_grid(rois: Tensor, scale: float, h: int, w: int, ratio: int, alig
     """Adaptive grids of mode "max", computed as the kernels do (docs/semantics.md)."""
     if rois.shape[0] == 0 or rois.is_meta:
         return
-    o = 0.5 if aligned else 0.0
-    start = rois[:, 1:3] * scale - o
-    size = rois[:, 3:5] * scale - o - start
-    if not aligned:
-        size = size.clamp(min=1)
-    grid = torch.ceil(size / torch.tensor([w, h], dtype=size.dtype, device=size.device)).double()  # (gw, gh)
+    pooled = torch.tensor([w, h], dtype=rois.dtype, device=rois.device)
+    grid = align_axis(rois[:, 1:3], rois[:, 3:5], scale, pooled, ratio, aligned)[3]  # (gw, gh)
+    assert isinstance(grid, Tensor)  # adaptive: rois() checks no fixed ratio
+    grid = grid.double()
     bad = (grid > 0).all(dim=1) & (grid[:, 0] * grid[:, 1] > MAX_ARGMAX_GRID)
     if bool(bad.any()):
         k = int(bad.nonzero()[0, 0])
