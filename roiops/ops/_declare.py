@@ -50,6 +50,14 @@ class Kernels:
     rois_grad: bool = False
 
 
+# RoIAlign's arguments (Kernels.args) and its backward's (Kernels.backward); rotated
+# RoIAlign's kernels take the same, in the same order.
+ALIGN_ARGS = (("float", "spatial_scale"), ("int", "pooled_height"), ("int", "pooled_width"),
+              ("int", "sampling_ratio"), ("bool", "aligned"))
+ALIGN_BACKWARD = ("spatial_scale", "pooled_height", "pooled_width", "batch_size", "channels", "height", "width",
+                  "sampling_ratio", "aligned", "channels_last")
+
+
 def empty_output(input: Tensor, rois: Tensor, ph: int, pw: int, dtype: torch.dtype | None = None,
                  channels: Any = None) -> Tensor:
     """An op's output (or int32 extra output) for ``rois``: ``[K, channels, ph, pw]`` (by
