@@ -16,8 +16,8 @@ import torch
 from torch import Tensor
 
 from . import _backend, config
-from ._geometry import (MAX_ARGMAX_GRID, MAX_COORDINATE, MAX_MAP_SIDE, MAX_OUTPUT_SIZE, MAX_SAMPLING_RATIO, MAX_SCALE,
-                        MIN_SCALE, align_axis, dense)
+from ._geometry import (MAX_ARGMAX_GRID, MAX_COORDINATE, MAX_LEVELS, MAX_MAP_SIDE, MAX_OUTPUT_SIZE, MAX_SAMPLING_RATIO,
+                        MAX_SCALE, MIN_SCALE, align_axis, dense)
 
 BoxesType = Union[Tensor, Sequence[Tensor]]
 OutputSize = Union[int, tuple[int, int], list[int]]
@@ -76,9 +76,6 @@ def feature_map(input: object) -> Tensor:
     if not (0 < input.shape[2] <= MAX_MAP_SIDE and 0 < input.shape[3] <= MAX_MAP_SIDE):
         raise ValueError(f"input height and width must be in [1, 2^24], got shape {tuple(input.shape)}")
     return input
-
-
-MAX_LEVELS = 5  # feature maps of a multi-level op (the Triton kernels take them as arguments)
 
 
 def feature_maps(features: object) -> list[Tensor]:
