@@ -193,8 +193,8 @@ def _check_values(rois: Tensor, batch_size: int, scale: float) -> None:
 
 def _scan(rois: Tensor, batch_size: int, scale: float) -> tuple[int, int]:
     """The first invalid ``(row, column)``, ``(-1, -1)`` if none: for CPU boxes the C++
-    kernels' own check (a microsecond, where the dozen tensor ops of _first_invalid take
-    tens), unless their storage cannot be read (functorch transforms, fake tensors)."""
+    kernels' own check (one pass over the rows, where _first_invalid runs a dozen tensor
+    ops), unless their storage cannot be read (functorch transforms, fake tensors)."""
     scan = _row_scan() if rois.is_cpu else None
     if scan is not None:
         try:
