@@ -130,7 +130,7 @@ def _bin_overlaps(start: float, end: float, bins: int, size: int) -> Tensor:
     return (hi - lo).clamp(min=0) / (edges[1:] - edges[:-1])[:, None]
 
 
-def exact_bin_means(image: Tensor, box, bins: int) -> Tensor:
+def exact_bin_means(image: Tensor, box: tuple[float, float, float, float], bins: int) -> Tensor:
     """``[C, bins, bins]``: the mean of the image over each bin, pixels being unit squares."""
     x1, y1, x2, y2 = box
     ay = _bin_overlaps(y1, y2, bins, image.shape[1])
@@ -243,7 +243,8 @@ class Result:
     exact: Tensor
 
 
-def compute(box, stride: int, bins: int, sampling_ratio: int, aligned: bool) -> Result:
+def compute(box: tuple[float, float, float, float], stride: int, bins: int, sampling_ratio: int,
+            aligned: bool) -> Result:
     image, source = load_image()
     features = F.avg_pool2d(image[None], stride, stride)  # [1, 3, H, W]
     h, w = features.shape[-2:]
@@ -260,7 +261,7 @@ def compute(box, stride: int, bins: int, sampling_ratio: int, aligned: bool) -> 
         for j, (w0, w1) in enumerate(x.pool_windows):
             if h1 > h0 and w1 > w0:
                 window_mean[:, i, j] = features[0, :, h0:h1, w0:w1].mean((1, 2))
-    return Result(image, source, features[0], tuple(box), x, y,
+    return Result(image, source, features[0], box, x, y,
                   roiops.roi_pool(features, rois, bins, scale)[0], align(aligned),
                   align(not aligned), window_mean, exact_bin_means(image, box, bins))
 
