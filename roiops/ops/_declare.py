@@ -108,8 +108,7 @@ def direct(*tensors: Tensor) -> bool:
     dispatcher: plain CPU or CUDA tensors, and nothing that must see the registered op
     (torch.compile and export, FakeTensor and other tensor subclasses or modes, vmap and
     grad transforms, TorchScript tracing, the profiler's op records). The dispatcher and
-    torch.library's autograd layer add host work to every call, which a small workload
-    would otherwise spend most of its time in."""
+    torch.library's autograd layer add host work to every call; this path skips it."""
     return (not torch.compiler.is_compiling()
             and all(type(t) is Tensor and (t.is_cpu or t.is_cuda) for t in tensors)
             and not torch._C._is_torch_function_mode_enabled()
