@@ -158,8 +158,7 @@ def _cpu_kernels() -> ModuleType:
 
 def kernels_of(t: torch.Tensor) -> ModuleType:
     """``kernels(t.device)``; for a CPU or CUDA tensor with no backend forced, without
-    building ``t.device``: a Python object, 20-30 us once other work has evicted the host
-    code."""
+    building ``t.device``, a Python object that costs more than the rest of the lookup."""
     if not _forced.get():
         if t.is_cpu:
             return _cpu_kernels()
@@ -174,7 +173,8 @@ def _cuda_kernels() -> ModuleType:
 
 
 def kernels(device: torch.device) -> ModuleType:
-    """The module holding the six kernel-contract functions for this call."""
+    """The module holding the kernel-contract functions (docs/architecture.md, "Kernel
+    contract") for this call."""
     name = select(device)
     if name == "cpu":
         return _cpu_kernels()

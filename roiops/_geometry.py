@@ -1,8 +1,9 @@
 """Geometry primitives of the ops, defined once for the Python side: the limits, the
-layout rule, C's rounding, sample positions, the bilinear border rule and RoIPool's bin
-edges (docs/semantics.md). The validation layer, the registered ops, the reference, the
-Triton launchers, the demo and the ONNX translations use these; the C++ kernels have
-their own in csrc/geometry.h, the Triton kernels in triton/_jit.py.
+layout rule, C's rounding, sample positions, the bilinear border rule, RoIAlign's
+box-to-grid rule and RoIPool's bin edges (docs/semantics.md). The validation layer, the
+registered ops, the reference, the Triton launchers, the demo and the ONNX translations
+use these; the C++ kernels have their own in csrc/geometry.h, the Triton kernels in
+triton/_jit.py.
 
 The arithmetic primitives are written against ArrayOps, a few elementwise operations: by
 default torch's (TORCH), and roiops/onnx.py passes operations that add ONNX graph nodes,
@@ -28,6 +29,7 @@ MAX_OUTPUT_SIZE = 2**16  # per side: bin indices exact in float32, <= 2^32 bins 
 MAX_SAMPLING_RATIO = 1024  # a fixed ratio costs ratio^2 samples per bin, whatever the box
 MAX_ARGMAX_GRID = 2**31 - 1  # samples per bin in mode "max": its argmax is int32 iy * grid_w + ix
 MIN_SCALE, MAX_SCALE = 2.0**-64, 2.0**64  # the kernels use spatial_scale as a float32
+MAX_LEVELS = 5  # feature maps of a multi-level op: pick() in triton/_jit.py selects among five arguments
 
 
 # ---- layout
@@ -44,8 +46,7 @@ def memory_format(channels_last: bool) -> torch.memory_format:
 
 def dense(t: Tensor, dtype: torch.dtype) -> Tensor:
     """``t`` contiguous in ``dtype``. Asked first: to() and contiguous() go through the
-    dispatcher even when they return their tensor, 20-30 us each once other work has
-    evicted the host code."""
+    dispatcher even when they return their tensor unchanged."""
     t = t if t.dtype == dtype else t.to(dtype)
     return t if t.is_contiguous() else t.contiguous()
 
@@ -62,6 +63,7 @@ class ArrayOps(Protocol[A]):
     taken from the second stays -0.0), so the primitives never select a -0.0 there."""
 
     def floor(self, x: A) -> A: ...
+    def ceil(self, x: A) -> A: ...
     def abs(self, x: A) -> A: ...
     def add(self, x: A, y: A | float) -> A: ...
     def sub(self, x: A | float, y: A) -> A: ...
@@ -86,6 +88,9 @@ class TorchOps:
 
     def floor(self, x: Tensor) -> Tensor:
         return torch.floor(x)
+
+    def ceil(self, x: Tensor) -> Tensor:
+        return torch.ceil(x)
 
     def abs(self, x: Tensor) -> Tensor:
         return torch.abs(x)
@@ -209,6 +214,37 @@ def bilinear_slope(coord: A, size: int | A, ops: ArrayOps[A] = TORCH) -> A:
     low, high, _, _, inside = bilinear_taps(coord, size, ops)
     follows = ops.logical_and(ops.logical_and(inside, ops.greater(coord, 0)), ops.less(low, high))
     return ops.where(follows, ops.full(1.0, coord), ops.full(0.0, coord))
+
+
+# ---- RoIAlign's box-to-grid rule (docs/semantics.md, "roi_align avg")
+
+def align_axis(lo: A, hi: A, scale: A | float, pooled: int | A, sampling_ratio: int, aligned: bool,
+               ops: ArrayOps[A] = TORCH) -> tuple[A, A, A, int | A, A | bool]:
+    """RoIAlign's box-to-grid rule along one axis, for boxes whose sides are ``lo`` and ``hi``
+    in input coordinates: ``(start, size, bin, grid, stretched)`` in feature-map cells.
+    start = lo * scale - o and size = (hi * scale - o) - start, o = 0.5 when aligned, in
+    torchvision's order (so float32 results agree to the bit); the rest is
+    :func:`align_size`'s."""
+    start, end = ops.mul(lo, scale), ops.mul(hi, scale)
+    if aligned:  # x + -0.5 is x - 0.5; x - 0.0 is x (-0.0 included), so o = 0 needs no operation
+        start, end = ops.add(start, -0.5), ops.add(end, -0.5)
+    return (start, *align_size(ops.sub(end, start), pooled, sampling_ratio, aligned, ops))
+
+
+def align_size(size: A, pooled: int | A, sampling_ratio: int, aligned: bool,
+               ops: ArrayOps[A] = TORCH) -> tuple[A, A, int | A, A | bool]:
+    """RoIAlign's bins along one axis of boxes ``size`` cells long: ``(size, bin, grid,
+    stretched)``. aligned=False widens a side under 1 cell to 1 (``stretched``, False when
+    aligned); bin = size / pooled; grid, the samples per bin along the axis, is
+    ``sampling_ratio`` if positive, else ceil(bin) (adaptive), which is <= 0 for an empty
+    or reversed aligned box: such a box has no sample points."""
+    stretched: A | bool = False
+    if not aligned:
+        small = ops.less(size, 1)
+        size, stretched = ops.where(small, 1.0, size), small
+    bin_size = ops.div(size, pooled)
+    grid = sampling_ratio if sampling_ratio > 0 else ops.ceil(bin_size)
+    return size, bin_size, grid, stretched
 
 
 # ---- precise RoI pooling (docs/semantics.md, "prroi_pool")

@@ -16,8 +16,8 @@ import torch
 from torch import Tensor
 
 from . import _backend, config
-from ._geometry import (MAX_ARGMAX_GRID, MAX_COORDINATE, MAX_MAP_SIDE, MAX_OUTPUT_SIZE, MAX_SAMPLING_RATIO, MAX_SCALE,
-                        MIN_SCALE, dense)
+from ._geometry import (MAX_ARGMAX_GRID, MAX_COORDINATE, MAX_LEVELS, MAX_MAP_SIDE, MAX_OUTPUT_SIZE, MAX_SAMPLING_RATIO,
+                        MAX_SCALE, MIN_SCALE, align_axis, dense)
 
 BoxesType = Union[Tensor, Sequence[Tensor]]
 OutputSize = Union[int, tuple[int, int], list[int]]
@@ -88,9 +88,6 @@ def feature_map(input: object) -> Tensor:
     if not (0 < input.shape[2] <= MAX_MAP_SIDE and 0 < input.shape[3] <= MAX_MAP_SIDE):
         raise ValueError(f"input height and width must be in [1, 2^24], got shape {tuple(input.shape)}")
     return input
-
-
-MAX_LEVELS = 5  # feature maps of a multi-level op (the Triton kernels take them as arguments)
 
 
 def feature_maps(features: object) -> list[Tensor]:
@@ -210,8 +207,8 @@ def _check_values(rois: Tensor, batch_size: int, scale: float) -> None:
 
 def _scan(rois: Tensor, batch_size: int, scale: float) -> tuple[int, int]:
     """The first invalid ``(row, column)``, ``(-1, -1)`` if none: for CPU boxes the C++
-    kernels' own check (a microsecond, where the dozen tensor ops of _first_invalid take
-    tens), unless their storage cannot be read (functorch transforms, fake tensors)."""
+    kernels' own check (one pass over the rows, where _first_invalid runs a dozen tensor
+    ops), unless their storage cannot be read (functorch transforms, fake tensors)."""
     scan = _row_scan() if rois.is_cpu else None
     if scan is not None:
         try:
@@ -254,12 +251,10 @@ def _check_max_grid(rois: Tensor, scale: float, h: int, w: int, ratio: int, alig
     """Adaptive grids of mode "max", computed as the kernels do (docs/semantics.md)."""
     if rois.shape[0] == 0 or rois.is_meta:
         return
-    o = 0.5 if aligned else 0.0
-    start = rois[:, 1:3] * scale - o
-    size = rois[:, 3:5] * scale - o - start
-    if not aligned:
-        size = size.clamp(min=1)
-    grid = torch.ceil(size / torch.tensor([w, h], dtype=size.dtype, device=size.device)).double()  # (gw, gh)
+    pooled = torch.tensor([w, h], dtype=rois.dtype, device=rois.device)
+    grid = align_axis(rois[:, 1:3], rois[:, 3:5], scale, pooled, ratio, aligned)[3]  # (gw, gh)
+    assert isinstance(grid, Tensor)  # adaptive: rois() checks no fixed ratio
+    grid = grid.double()
     bad = (grid > 0).all(dim=1) & (grid[:, 0] * grid[:, 1] > MAX_ARGMAX_GRID)
     if bool(bad.any()):
         k = int(bad.nonzero()[0, 0])

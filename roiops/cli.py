@@ -21,7 +21,9 @@ def package_version() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="roiops", description="RoIAlign and RoIPool for PyTorch.",
+        prog="roiops",
+        description="Region-of-interest operators for PyTorch: RoIAlign, RoIPool, position-sensitive RoIAlign "
+                    "and RoIPool, rotated RoIAlign, Precise RoI Pooling and multi-scale RoIAlign.",
         epilog="Run 'roiops COMMAND --help' for a command's options.")
     parser.add_argument("--version", action="version", version=f"roiops {package_version()}")
     parser.add_argument("command", choices=["demo", "explain", "bench"],

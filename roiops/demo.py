@@ -14,6 +14,7 @@ The default example is the classic one: an 800 x 800 image, a stride-32 backbone
 from __future__ import annotations
 
 import argparse
+import functools
 import math
 import sys
 import textwrap
@@ -25,7 +26,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 import roiops
-from roiops._geometry import round_half_away
+from roiops._geometry import align_axis, round_half_away, sample_position
 
 if TYPE_CHECKING:  # matplotlib is optional: imported only to draw
     from matplotlib.artist import Artist
@@ -129,7 +130,7 @@ def _bin_overlaps(start: float, end: float, bins: int, size: int) -> Tensor:
     return (hi - lo).clamp(min=0) / (edges[1:] - edges[:-1])[:, None]
 
 
-def exact_bin_means(image: Tensor, box, bins: int) -> Tensor:
+def exact_bin_means(image: Tensor, box: tuple[float, float, float, float], bins: int) -> Tensor:
     """``[C, bins, bins]``: the mean of the image over each bin, pixels being unit squares."""
     x1, y1, x2, y2 = box
     ay = _bin_overlaps(y1, y2, bins, image.shape[1])
@@ -178,27 +179,34 @@ class Axis:
         return [(clip(math.floor(j * bin_size) + first), clip(math.ceil((j + 1) * bin_size) + first))
                 for j in range(self.bins)]
 
+    @functools.cached_property
+    def _align(self) -> tuple[Tensor, Tensor, Tensor, int, bool]:
+        """RoIAlign's start, size and bin in cells, its grid and whether it stretched the
+        side: the kernels' rule, in float64 like this demo's roi_align call."""
+        lo, hi = torch.tensor([self.lo, self.hi], dtype=torch.float64)
+        start, size, bin_size, grid, stretched = align_axis(lo, hi, 1.0 / self.stride, self.bins,
+                                                            self.sampling_ratio, self.aligned)
+        return start, size, bin_size, int(grid), bool(stretched)
+
     @property
     def align_cells(self) -> float:
-        return self.cells if self.aligned else max(self.cells, 1.0)
+        return float(self._align[1])
 
     @property
     def stretched(self) -> bool:
         """aligned=False (the legacy RoIAlign) widens a box side under 1 cell to 1 cell."""
-        return self.align_cells > self.cells
+        return self._align[4]
 
     @property
     def grid(self) -> int:
-        if self.sampling_ratio > 0:
-            return self.sampling_ratio
-        return math.ceil(self.align_cells / self.bins)
+        return self._align[3]
 
     def exact_edges(self) -> list[tuple[float, float]]:
         return [(self.lo + j * self.bin_px, self.lo + (j + 1) * self.bin_px) for j in range(self.bins)]
 
     @property
     def align_bin_px(self) -> float:
-        return self.align_cells * self.stride / self.bins
+        return float(self._align[2]) * self.stride
 
     def align_edges(self) -> list[tuple[float, float]]:
         """RoIAlign's bins in image pixels: the exact ones unless the box side was stretched."""
@@ -214,11 +222,10 @@ class Axis:
 
     def sample_px(self) -> list[float]:
         """Where RoIAlign means to sample, in image pixels (bin by bin)."""
+        start, _, bin_size, grid, _ = self._align
         o = 0.5 if self.aligned else 0.0
-        start = self.lo / self.stride - o
-        step = self.align_cells / self.bins
-        return [(start + j * step + (i + 0.5) * step / self.grid + o) * self.stride
-                for j in range(self.bins) for i in range(self.grid)]
+        bins, samples = torch.arange(self.bins)[:, None], torch.arange(grid)[None, :]
+        return ((sample_position(start, bin_size, grid, bins, samples) + o) * self.stride).flatten().tolist()
 
 
 @dataclass
@@ -236,7 +243,8 @@ class Result:
     exact: Tensor
 
 
-def compute(box, stride: int, bins: int, sampling_ratio: int, aligned: bool) -> Result:
+def compute(box: tuple[float, float, float, float], stride: int, bins: int, sampling_ratio: int,
+            aligned: bool) -> Result:
     image, source = load_image()
     features = F.avg_pool2d(image[None], stride, stride)  # [1, 3, H, W]
     h, w = features.shape[-2:]
@@ -253,7 +261,7 @@ def compute(box, stride: int, bins: int, sampling_ratio: int, aligned: bool) -> 
         for j, (w0, w1) in enumerate(x.pool_windows):
             if h1 > h0 and w1 > w0:
                 window_mean[:, i, j] = features[0, :, h0:h1, w0:w1].mean((1, 2))
-    return Result(image, source, features[0], tuple(box), x, y,
+    return Result(image, source, features[0], box, x, y,
                   roiops.roi_pool(features, rois, bins, scale)[0], align(aligned),
                   align(not aligned), window_mean, exact_bin_means(image, box, bins))
 

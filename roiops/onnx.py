@@ -67,7 +67,7 @@ from onnxscript import ir
 from onnxscript import opset18
 
 from . import ops  # noqa: F401  (registers torch.ops.roiops.*)
-from ._geometry import bilinear_taps, round_half_away, sample_position
+from ._geometry import align_axis, bilinear_taps, round_half_away, sample_position
 
 __all__ = ["MIN_OPSET", "export", "translation_table"]
 
@@ -248,6 +248,9 @@ class _GraphOps:
     def floor(self, x: ir.Value) -> ir.Value:
         return op.Floor(x)
 
+    def ceil(self, x: ir.Value) -> ir.Value:
+        return op.Ceil(x)
+
     def abs(self, x: ir.Value) -> ir.Value:
         return op.Abs(x)
 
@@ -311,12 +314,11 @@ def _roi_align_native(
     if aligned and sampling_ratio <= 0:
         # An empty adaptive grid (box of size <= 0) gives 0 in roiops; onnxruntime's
         # RoiAlign can fail on it, so such rows get an empty box and a forced 0.
-        o = _const(0.5, t)
-        s = _const(spatial_scale, t)
-        bin_w = op.Div(op.Sub(op.Sub(op.Mul(x2, s), o), op.Sub(op.Mul(x1, s), o)), _const(pooled_width, t))
-        bin_h = op.Div(op.Sub(op.Sub(op.Mul(y2, s), o), op.Sub(op.Mul(y1, s), o)), _const(pooled_height, t))
+        ops, s = _GraphOps(t), _const(spatial_scale, t)
+        grid_w = align_axis(x1, x2, s, pooled_width, sampling_ratio, aligned, ops)[3]
+        grid_h = align_axis(y1, y2, s, pooled_height, sampling_ratio, aligned, ops)[3]
         zero = _const(0, t)
-        empty = op.Or(op.LessOrEqual(op.Ceil(bin_w), zero), op.LessOrEqual(op.Ceil(bin_h), zero))
+        empty = op.Or(op.LessOrEqual(grid_w, zero), op.LessOrEqual(grid_h, zero))
         start = op.Slice(coords, _i64(0), _i64(2), _i64(1))
         coords = op.Where(op.Unsqueeze(empty, _i64(1)), op.Concat(start, start, axis=1), coords)
     out = op.RoiAlign(
@@ -354,27 +356,18 @@ def _align_samples(input: ir.Value, rois: ir.Value, spatial_scale: float, ph: in
     sizes (scalars) and the compute type."""
     x, t = _compute_type(input)
     b, x1, y1, x2, y2 = _columns(rois, t)
-    s = _const(spatial_scale, t)
-    off = _const(0.5 if aligned else 0.0, t)
-    x_start = op.Sub(op.Mul(x1, s), off)
-    y_start = op.Sub(op.Mul(y1, s), off)
-    roi_w = op.Sub(op.Sub(op.Mul(x2, s), off), x_start)
-    roi_h = op.Sub(op.Sub(op.Mul(y2, s), off), y_start)
-    if not aligned:
-        roi_w = op.Max(roi_w, _const(1, t))
-        roi_h = op.Max(roi_h, _const(1, t))
-    bin_w = op.Div(roi_w, _const(pw, t))
-    bin_h = op.Div(roi_h, _const(ph, t))
+    ops, s = _GraphOps(t), _const(spatial_scale, t)
+    x_start, _, bin_w, grid_w, _ = align_axis(x1, x2, s, pw, sampling_ratio, aligned, ops)
+    y_start, _, bin_h, grid_h, _ = align_axis(y1, y2, s, ph, sampling_ratio, aligned, ops)
     adaptive = sampling_ratio <= 0
-    if adaptive:
-        grid_h = _to_int(op.Ceil(bin_h))
-        grid_w = _to_int(op.Ceil(bin_w))
+    if isinstance(grid_h, int) or isinstance(grid_w, int):  # a fixed sampling_ratio
+        grid_h = grid_w = op.Expand(_i64(sampling_ratio), op.Shape(b))  # [K]
+        big_h = big_w = _scalar(sampling_ratio)
+    else:
+        grid_h, grid_w = _to_int(grid_h), _to_int(grid_w)
         # ReduceMax of no boxes is the int64 minimum: keep at least one sample slot.
         big_h = op.Max(op.ReduceMax(grid_h, keepdims=0), _scalar(1))
         big_w = op.Max(op.ReduceMax(grid_w, keepdims=0), _scalar(1))
-    else:
-        grid_h = grid_w = op.Expand(_i64(sampling_ratio), op.Shape(b))  # [K]
-        big_h = big_w = _scalar(sampling_ratio)
     height, width = _dim(x, 2), _dim(x, 3)
     ty = _Taps(y_start, bin_h, grid_h, big_h, adaptive, ph, height, t)
     tx = _Taps(x_start, bin_w, grid_w, big_w, adaptive, pw, width, t)

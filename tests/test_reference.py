@@ -14,7 +14,7 @@ import torch
 from boxes import nasty_coordinates
 from cases import tol
 from roiops import reference as ref
-from roiops._geometry import round_half_away
+from roiops._geometry import align_axis, round_half_away
 
 try:
     import torchvision
@@ -252,6 +252,31 @@ def test_round_half_away_is_c_round(dtype):
     nan = torch.isnan(expected)
     assert torch.equal(torch.isnan(got), nan)
     assert torch.equal(got[~nan].view(bits), expected[~nan].view(bits))
+
+
+# RoIAlign's box-to-grid rule, by hand (semantics.md "roi_align avg"): box side (lo, hi),
+# scale, pooled, sampling_ratio, aligned -> start, size, bin, grid, stretched.
+ALIGN_AXIS_CASES = {
+    # 10 cells in 2 bins of 5; adaptive grid ceil(5) = 5
+    "plain": ((0.0, 10.0, 1.0, 2, 0, False), (0.0, 10.0, 5.0, 5, False)),
+    # scaled by 1/2, shifted by -0.5: from 0.5 - 0.5 = 0 to 2.25 - 0.5 = 1.75; bins of 0.4375
+    "aligned": ((1.0, 4.5, 0.5, 4, 0, True), (0.0, 1.75, 0.4375, 1, False)),
+    # a quarter cell, widened to 1 cell without aligned: bins of 1/2, grid ceil(0.5) = 1
+    "stretched": ((3.0, 3.25, 1.0, 2, -1, False), (3.0, 1.0, 0.5, 1, True)),
+    # aligned keeps the reversed size -2: bins of -1, grid ceil(-1) = -1, no samples
+    "reversed": ((4.0, 2.0, 1.0, 2, 0, True), (3.5, -2.0, -1.0, -1, False)),
+    # a fixed ratio whatever the size; 0.75 cells stretched to 1 in 4 bins of 1/4
+    "fixed": ((0.25, 1.0, 1.0, 4, 3, False), (0.25, 1.0, 0.25, 3, True)),
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, F64])
+@pytest.mark.parametrize("name", ALIGN_AXIS_CASES)
+def test_align_axis_hand(name, dtype):
+    (lo, hi, scale, pooled, ratio, aligned), expected = ALIGN_AXIS_CASES[name]
+    start, size, bin_size, grid, stretched = align_axis(t([lo], dtype), t([hi], dtype), scale, pooled, ratio, aligned)
+    assert (start.item(), size.item(), bin_size.item(), int(grid), bool(stretched)) == expected
+    assert start.dtype == size.dtype == bin_size.dtype == dtype
 
 
 def test_pool_ties_nan_inf():

@@ -52,6 +52,14 @@ class Kernels:
     rois_grad: bool = False
 
 
+# RoIAlign's arguments (Kernels.args) and its backward's (Kernels.backward); rotated
+# RoIAlign's kernels take the same, in the same order.
+ALIGN_ARGS = (("float", "spatial_scale"), ("int", "pooled_height"), ("int", "pooled_width"),
+              ("int", "sampling_ratio"), ("bool", "aligned"))
+ALIGN_BACKWARD = ("spatial_scale", "pooled_height", "pooled_width", "batch_size", "channels", "height", "width",
+                  "sampling_ratio", "aligned", "channels_last")
+
+
 def empty_output(input: Tensor, rois: Tensor, ph: int, pw: int, dtype: torch.dtype | None = None,
                  channels: Any = None) -> Tensor:
     """An op's output (or int32 extra output) for ``rois``: ``[K, channels, ph, pw]`` (by
@@ -82,9 +90,10 @@ def define(name: str, schema: str, kernel: Callable[..., Any], fake: Callable[..
     metadata (FakeTensor, meta, torch.compile and torch.export). Returns the op overload.
 
     Not ``torch.library.custom_op``, which registers the same but runs each call through
-    its own kernel table and an output aliasing check: 25-45 us more per call once other
-    work has evicted the host code from the caches (BENCHMARKS.md). The kernel is kept
-    from Dynamo, as custom_op keeps it, so that code around a graph break never traces it."""
+    its own kernel table and an output aliasing check: host work on every call that these
+    ops, whose outputs never alias their inputs, do not need (BENCHMARKS.md). The kernel
+    is kept from Dynamo, as custom_op keeps it, so that code around a graph break never
+    traces it."""
     _LIB.define(name + schema)
     _LIB.impl(name, torch._disable_dynamo(kernel), "CompositeExplicitAutograd")
     torch.library.register_fake(f"roiops::{name}", fake, lib=_LIB)
@@ -101,7 +110,7 @@ def direct(*tensors: Tensor) -> bool:
     dispatcher: plain CPU or CUDA tensors, and nothing that must see the registered op
     (torch.compile and export, FakeTensor and other tensor subclasses or modes, vmap and
     grad transforms, TorchScript tracing, the profiler's op records). The dispatcher and
-    torch.library's autograd layer cost a call 20-25 us warm, several times that cold."""
+    torch.library's autograd layer add host work to every call; this path skips it."""
     return (not torch.compiler.is_compiling()
             and all(type(t) is Tensor and (t.is_cpu or t.is_cuda) for t in tensors)
             and not torch._C._is_torch_function_mode_enabled()
@@ -201,8 +210,8 @@ def register(spec: Kernels) -> Callable[..., Any]:
         n, c, h, w = input.shape
         from_input = {"batch_size": n, "channels": c, "height": h, "width": w,
                       "channels_last": is_channels_last(input)}
-        # Otherwise autograd hands backward zero tensors the size of the int outputs (51 MB
-        # for a box head's argmax), costing more than a third of the backward itself.
+        # Otherwise autograd hands backward zero tensors the size of the int outputs (an
+        # argmax as large as the output), allocated and filled for nothing.
         ctx.set_materialize_grads(False)
         # The input is kept only for a box gradient, which reads it.
         ctx.box_grad = rois_bwd is not None and ctx.needs_input_grad[1]
@@ -217,8 +226,8 @@ def register(spec: Kernels) -> Callable[..., Any]:
         if ctx.backend:  # the backend the forward was forced to
             with _backend.use_backend(ctx.backend):
                 return gradients(ctx, grad)
-        # No nullcontext in its place: three more Python calls, several microseconds each
-        # once other work has evicted the host code (see direct).
+        # No nullcontext in its place: it adds three Python calls to every backward
+        # (see direct).
         return gradients(ctx, grad)
 
     def gradients(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
@@ -237,7 +246,7 @@ def register(spec: Kernels) -> Callable[..., Any]:
         """The op's autograd formula around its kernel, for calls :func:`direct` allows."""
 
         # Not a setup_context staticmethod: apply would bind its arguments to the
-        # signature on every call (inspect, 25 us).
+        # signature with inspect on every call.
         @staticmethod
         def forward(ctx: Any, input: Tensor, rois: Tensor, *args: Any) -> Any:
             output = forward(input, rois, *args)

@@ -10,15 +10,11 @@ from torch import Tensor
 
 from .. import _validation as v
 from .._validation import BoxesType, OutputSize
-from ._declare import Kernels, RoIModule, fx_leaf, register
+from ._declare import ALIGN_ARGS, ALIGN_BACKWARD, Kernels, RoIModule, fx_leaf, register
 
-_ARGS = (("float", "spatial_scale"), ("int", "pooled_height"), ("int", "pooled_width"), ("int", "sampling_ratio"),
-         ("bool", "aligned"))
-_BACKWARD = ("spatial_scale", "pooled_height", "pooled_width", "batch_size", "channels", "height", "width",
-             "sampling_ratio", "aligned", "channels_last")
-_roi_align = register(Kernels("roi_align", _ARGS, _BACKWARD, title="roi_align", rois_grad=True))
-_roi_align_max = register(Kernels("roi_align_max", _ARGS, _BACKWARD, saved=("argmax",), title="roi_align(mode='max')",
-                                  rois_grad=True))
+_roi_align = register(Kernels("roi_align", ALIGN_ARGS, ALIGN_BACKWARD, title="roi_align", rois_grad=True))
+_roi_align_max = register(Kernels("roi_align_max", ALIGN_ARGS, ALIGN_BACKWARD, saved=("argmax",),
+                                  title="roi_align(mode='max')", rois_grad=True))
 
 
 def _box_grad(box_grad: bool, sampling_ratio: int) -> bool:

@@ -14,11 +14,9 @@ from torch import Tensor
 
 from .. import _validation as v
 from .._validation import BoxesType, OutputSize
-from ._declare import Kernels, RoIModule, fx_leaf, register
-from .roi_align import _ARGS, _BACKWARD
+from ._declare import ALIGN_ARGS, ALIGN_BACKWARD, Kernels, RoIModule, fx_leaf, register
 
-# RoIAlign's arguments, in the same order.
-_roi_align_rotated = register(Kernels("roi_align_rotated", _ARGS, _BACKWARD, title="roi_align_rotated"))
+_roi_align_rotated = register(Kernels("roi_align_rotated", ALIGN_ARGS, ALIGN_BACKWARD, title="roi_align_rotated"))
 
 
 @fx_leaf

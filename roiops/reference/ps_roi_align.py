@@ -6,8 +6,7 @@ import torch
 from torch import Tensor
 
 from .._geometry import is_channels_last
-from ._common import attach, check_grad, check_pooled, layout, opmath_type, prepare_rois
-from .roi_align import _AlignBox, _align_boxes
+from ._common import AlignBox, align_boxes, attach, check_grad, check_pooled, layout, opmath_type, prepare_rois
 
 __all__ = ["ps_roi_align_backward", "ps_roi_align_forward"]
 
@@ -20,7 +19,7 @@ def check_channels(channels: int, ph: int, pw: int) -> int:
     return channels // (ph * pw)
 
 
-def _taps(box: _AlignBox, ph: int, pw: int):
+def _taps(box: AlignBox, ph: int, pw: int):
     """The four bilinear neighbours of every inside sample slot, per bin: (weight [ph, my,
     pw, mx], row index [ph, my, 1, 1], column index [1, 1, pw, mx]); padding slots weigh 0."""
     my, mx = box.my, box.mx
@@ -45,7 +44,7 @@ def ps_roi_align_forward(input: Tensor, rois: Tensor, spatial_scale: float, pool
     c_out = check_channels(c, ph, pw)
     opmath = opmath_type(input.dtype)
     rois, batch = prepare_rois(rois, n, opmath, input.device)
-    boxes = _align_boxes(rois, spatial_scale, ph, pw, int(sampling_ratio), True, height, width)
+    boxes = align_boxes(rois, spatial_scale, ph, pw, int(sampling_ratio), True, height, width)
     # [N, C_out, ph, pw, H, W]: the channel that bin (i, j) of output channel c reads.
     x = input.to(opmath).view(n, c_out, ph, pw, height, width)
     i, j = _bins(ph, pw, input.device)
@@ -77,7 +76,7 @@ def ps_roi_align_backward(grad: Tensor, rois: Tensor, spatial_scale: float, pool
     opmath = opmath_type(grad.dtype)
     rois, batch = prepare_rois(rois, batch_size, opmath, grad.device)
     check_grad(grad, rois.size(0), c_out, ph, pw)
-    boxes = _align_boxes(rois, spatial_scale, ph, pw, int(sampling_ratio), True, height, width)
+    boxes = align_boxes(rois, spatial_scale, ph, pw, int(sampling_ratio), True, height, width)
     g_all = grad.to(opmath)
     i, j = _bins(ph, pw, grad.device)
     chan = torch.arange(c_out, device=grad.device).view(c_out, 1, 1, 1, 1) * (ph * pw)

@@ -6,180 +6,21 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .._geometry import (MAX_ARGMAX_GRID, bilinear_slope, bilinear_taps, is_channels_last, sample_position,
-                         sample_position_slope)
-from ._common import (attach, check_grad, check_pooled, check_sampling_ratio, first_max, layout, opmath_type,
-                      prepare_rois, require_finite)
+from .._geometry import bilinear_slope, bilinear_taps, is_channels_last, sample_position, sample_position_slope
+from ._common import (AlignBox, align_boxes, attach, check_grad, check_pooled, first_max, layout, opmath_type,
+                      prepare_rois)
 
 __all__ = ["roi_align_backward", "roi_align_forward", "roi_align_max_backward", "roi_align_max_forward",
            "roi_align_max_rois_backward", "roi_align_rois_backward"]
 
-# Adaptive grid per axis: the kernels' coordinate range (2^24 cells) gives at most 2^25 + 1;
-# the reference also takes larger boxes, but its sample indices must stay exact.
-_MAX_ADAPTIVE_GRID = 2**26
 
-# --------------------------------------------------------------------------------------
-# roi_align geometry (semantics.md "roi_align avg"), shared by the avg and max modes
-# --------------------------------------------------------------------------------------
-
-
-class _AlignBox:
-    """Sampling geometry of one box: the bins, the grid and, per axis, the sample points
-    that lie inside the map.
-
-    Only inside samples are kept (an outside one has value 0 and no gradient), so memory
-    and time follow the part of the map the box touches, not the box: a box 10^4 cells
-    wide on an 8 x 8 map has at most about 20 inside samples per axis. Per axis, bin b's
-    inside samples are the run ``s0[b] .. s0[b] + n[b] - 1`` of its ``grid`` samples,
-    padded to ``m = max(n)`` slots: axis y has ``P = pooled_height * my`` rows, ordered
-    (bin i, slot), axis x ``Q = pooled_width * mx`` columns. Bilinear weights factor per
-    axis: ``w1 = hy*hx, w2 = hy*lx, w3 = ly*hx, w4 = ly*lx``.
-    """
-
-    def __init__(self, y_start, x_start, bin_h, bin_w, grid_h, grid_w, ph, pw, height, width, clamped_h=False,
-                 clamped_w=False):
-        self.grid_h, self.grid_w = grid_h, grid_w
-        # The box was widened to 1 cell along the axis: its size no longer follows the corners.
-        self.clamped_h, self.clamped_w = clamped_h, clamped_w
-        self.y_start, self.x_start, self.bin_h, self.bin_w = y_start, x_start, bin_h, bin_w
-        self.empty = grid_h <= 0 or grid_w <= 0  # no sample points (semantics.md "roi_align avg")
-        self.count = max(grid_h * grid_w, 1)
-        if self.empty:
-            return
-        self.y = _axis_samples(y_start, bin_h, ph, grid_h, height)
-        self.x = _axis_samples(x_start, bin_w, pw, grid_w, width)
-        self.my, self.mx = self.y.m, self.x.m
-
-    def corners(self):
-        """The four bilinear neighbours: (weight [P, Q], row index [P], column index [Q])."""
-        y, x = self.y, self.x
-        return (
-            (y.h[:, None] * x.h[None, :], y.low, x.low),
-            (y.h[:, None] * x.l[None, :], y.low, x.high),
-            (y.l[:, None] * x.h[None, :], y.high, x.low),
-            (y.l[:, None] * x.l[None, :], y.high, x.high),
-        )
-
-    def valid(self) -> Tensor:
-        """[P, Q]: the slot holds an inside sample (padding otherwise)."""
-        return self.y.valid[:, None] & self.x.valid[None, :]
-
-    def first_outside(self) -> Tensor:
-        """[ph, pw] int64: row-major index ``iy * grid_w + ix`` of each bin's first sample
-        outside the map, -1 if none. Row 0's first outside column comes first, unless a
-        whole sample row before it is outside."""
-        fy, fx = self.y.first_out[:, None], self.x.first_out[None, :]
-        row = torch.where(fy >= 0, fy * self.grid_w, -1)
-        col = fx.expand(row.shape[0], fx.shape[1])
-        both = (row >= 0) & (col >= 0)
-        return torch.where(both, torch.minimum(row, col), torch.where(row >= 0, row, col))
-
-
-class _Axis:
-    """Inside samples of one axis (see _AlignBox): per slot low, high, l, h, valid, and the
-    derivatives of l and of the position ``dl`` and ``dbin`` ([pooled * m]); per bin s0
-    (first inside sample) and first_out (first outside sample, -1 if none)."""
-
-    def __init__(self, low, high, l, h, valid, dl, dbin, s0, first_out, m):
-        self.low, self.high, self.l, self.h, self.valid = low, high, l, h, valid
-        self.dl, self.dbin = dl, dbin
-        self.s0, self.first_out, self.m = s0, first_out, m
-
-
-def _axis_samples(start: Tensor, bin_size: Tensor, pooled: int, grid: int, size: int) -> _Axis:
-    """The samples of one axis inside ``[-1, size]``, found without visiting the others.
-
-    A sample's position is monotonic in its index s (each rounding step of the formula is),
-    so the inside samples of a bin are one run ``[s0, s1)``: both ends are found by
-    bisection over the bins at once.
-    """
-    device = start.device
-    b = torch.arange(pooled, device=device)
-    rising = bool(bin_size >= 0)
-
-    def first(pred):  # per bin, the first s in [0, grid) with pred(position), or grid
-        lo = torch.zeros(pooled, dtype=torch.int64, device=device)
-        hi = torch.full((pooled,), grid, dtype=torch.int64, device=device)
-        while bool((lo < hi).any()):
-            mid = (lo + hi) // 2
-            ok = pred(sample_position(start, bin_size, grid, b, mid.clamp(max=grid - 1)))
-            active = lo < hi
-            hi = torch.where(active & ok, mid, hi)
-            lo = torch.where(active & ~ok, mid + 1, lo)
-        return lo
-
-    if size <= 0:  # an empty map has no inside sample
-        s0 = s1 = torch.zeros(pooled, dtype=torch.int64, device=device)
-    elif rising:
-        s0 = first(lambda v: v >= -1)
-        s1 = torch.maximum(s0, first(lambda v: v > size))
-    else:
-        s0 = first(lambda v: v <= size)
-        s1 = torch.maximum(s0, first(lambda v: v < -1))
-    n = s1 - s0
-    first_out = torch.where(s0 > 0, 0, torch.where(s1 < grid, s1, -1))
-    m = max(int(n.max()), 1) if pooled else 1
-    slot = torch.arange(m, device=device)
-    valid = slot[None, :] < n[:, None]  # [pooled, m]
-    s = torch.minimum(s0[:, None] + slot[None, :], (s1[:, None] - 1).clamp(min=0))
-    pos = sample_position(start, bin_size, grid, b[:, None], s)
-    low, high, l, h, _ = bilinear_taps(pos, size)
-    dl = bilinear_slope(pos, size)
-    dbin = sample_position_slope(grid, b[:, None], s, start).expand(pooled, m)
-    return _Axis(low.reshape(-1), high.reshape(-1), l.reshape(-1), h.reshape(-1), valid.reshape(-1), dl.reshape(-1),
-                 dbin.reshape(-1), s0, first_out, m)
-
-
-def _align_boxes(rois, spatial_scale, ph, pw, sampling_ratio, aligned, height, width, max_mode=False):
-    """Per-box geometry of semantics.md "roi_align avg" for all boxes (rois already validated, opmath)."""
-    check_sampling_ratio(sampling_ratio)
-    opmath = rois.dtype
-    s = torch.tensor(spatial_scale, dtype=opmath, device=rois.device)
-    o = 0.5 if aligned else 0.0
-    # Scale first, then shift by 0.5.
-    x_start = rois[:, 1] * s - o
-    y_start = rois[:, 2] * s - o
-    roi_w = (rois[:, 3] * s - o) - x_start
-    roi_h = (rois[:, 4] * s - o) - y_start
-    clamped_w = ((roi_w < 1) & (not aligned)).tolist()
-    clamped_h = ((roi_h < 1) & (not aligned)).tolist()
-    if not aligned:
-        roi_w = roi_w.clamp(min=1)
-        roi_h = roi_h.clamp(min=1)
-    bin_w = roi_w / pw
-    bin_h = roi_h / ph
-
-    require_finite(rois, [x_start, y_start, roi_w, roi_h], spatial_scale)
-
-    if sampling_ratio > 0:
-        grid_h = [int(sampling_ratio)] * rois.size(0)
-        grid_w = [int(sampling_ratio)] * rois.size(0)
-    else:
-        # Adaptive: ceil(roi / pooled) from the possibly negative size (aligned=True).
-        grid_h = [int(g) for g in torch.ceil(roi_h / ph).tolist()]
-        grid_w = [int(g) for g in torch.ceil(roi_w / pw).tolist()]
-    for k, (gh, gw) in enumerate(zip(grid_h, grid_w)):
-        if max(gh, gw) > _MAX_ADAPTIVE_GRID:
-            raise ValueError(f"roiops: rois row {k}: adaptive sampling grid {gh} x {gw} is beyond "
-                             f"{_MAX_ADAPTIVE_GRID} per axis (row = {rois[k].tolist()})")
-        if max_mode and gh > 0 and gw > 0 and gh * gw > MAX_ARGMAX_GRID:
-            raise ValueError(f"roiops: rois row {k}: mode 'max' with adaptive sampling gives bins of {gh} x {gw} "
-                             f"samples, more than its int32 argmax holds (2^31 - 1) (row = {rois[k].tolist()})")
-
-    return [
-        _AlignBox(y_start[k], x_start[k], bin_h[k], bin_w[k], grid_h[k], grid_w[k],
-                  ph, pw, height, width, clamped_h[k], clamped_w[k])
-        for k in range(rois.size(0))
-    ]
-
-
-def _corner_values(plane: Tensor, box: _AlignBox) -> list[Tensor]:
-    """``F`` at the four bilinear neighbours of every sample slot, in :meth:`_AlignBox.corners`'
+def _corner_values(plane: Tensor, box: AlignBox) -> list[Tensor]:
+    """``F`` at the four bilinear neighbours of every sample slot, in :meth:`AlignBox.corners`'
     order (low row low column, low high, high low, high high): four ``[C, P, Q]``."""
     return [plane[:, rows[:, None], cols[None, :]] for _, rows, cols in box.corners()]
 
 
-def _sample_values(plane: Tensor, box: _AlignBox) -> Tensor:
+def _sample_values(plane: Tensor, box: AlignBox) -> Tensor:
     """Bilinear value of every inside sample slot of the box, for all channels: [C, P, Q].
 
     ``plane`` is one image ``[C, H, W]`` in opmath.  Per point, as torchvision orders it:
@@ -209,7 +50,7 @@ def roi_align_forward(input: Tensor, rois: Tensor, spatial_scale: float, pooled_
     n, c, height, width = input.shape
     opmath = opmath_type(input.dtype)
     rois, batch = prepare_rois(rois, n, opmath, input.device)
-    boxes = _align_boxes(rois, spatial_scale, ph, pw, int(sampling_ratio), bool(aligned), height, width)
+    boxes = align_boxes(rois, spatial_scale, ph, pw, int(sampling_ratio), bool(aligned), height, width)
     x = input.to(opmath)
 
     outs = []
@@ -234,7 +75,7 @@ def roi_align_backward(grad: Tensor, rois: Tensor, spatial_scale: float, pooled_
     opmath = opmath_type(grad.dtype)
     rois, batch = prepare_rois(rois, batch_size, opmath, grad.device)
     check_grad(grad, rois.size(0), channels, ph, pw)
-    boxes = _align_boxes(rois, spatial_scale, ph, pw, int(sampling_ratio), bool(aligned), height, width)
+    boxes = align_boxes(rois, spatial_scale, ph, pw, int(sampling_ratio), bool(aligned), height, width)
     g_all = grad.to(opmath)
 
     grad_input = torch.zeros((batch_size, channels, height, width), dtype=opmath, device=grad.device)
@@ -258,7 +99,7 @@ def roi_align_backward(grad: Tensor, rois: Tensor, spatial_scale: float, pooled_
 # --------------------------------------------------------------------------------------
 
 
-def _max_choice(plane: Tensor, box: _AlignBox, ph: int, pw: int) -> tuple[Tensor, Tensor]:
+def _max_choice(plane: Tensor, box: AlignBox, ph: int, pw: int) -> tuple[Tensor, Tensor]:
     """Each bin's largest sample of one box on ``plane`` ``[C, H, W]`` (opmath): its value
     and its row-major index ``iy * grid_w + ix`` (-1 for a bin with no sample points), both
     ``[C, ph, pw]``; the first largest wins, outside samples counting as 0."""
@@ -295,7 +136,7 @@ def roi_align_max_forward(input: Tensor, rois: Tensor, spatial_scale: float, poo
     n, c, height, width = input.shape
     opmath = opmath_type(input.dtype)
     rois, batch = prepare_rois(rois, n, opmath, input.device)
-    boxes = _align_boxes(rois, spatial_scale, ph, pw, int(sampling_ratio), bool(aligned), height, width,
+    boxes = align_boxes(rois, spatial_scale, ph, pw, int(sampling_ratio), bool(aligned), height, width,
                          max_mode=True)
     x = input.to(opmath)
 
@@ -327,7 +168,7 @@ def roi_align_max_backward(grad: Tensor, argmax: Tensor, rois: Tensor, spatial_s
     check_grad(grad, rois.size(0), channels, ph, pw)
     if argmax.shape != grad.shape:
         raise ValueError(f"roiops: argmax shape {tuple(argmax.shape)} != grad shape {tuple(grad.shape)}")
-    boxes = _align_boxes(rois, spatial_scale, ph, pw, int(sampling_ratio), bool(aligned), height, width,
+    boxes = align_boxes(rois, spatial_scale, ph, pw, int(sampling_ratio), bool(aligned), height, width,
                          max_mode=True)
     g_all = grad.to(opmath)
     am_all = argmax.long()
@@ -366,7 +207,7 @@ def roi_align_max_backward(grad: Tensor, argmax: Tensor, rois: Tensor, spatial_s
 # --------------------------------------------------------------------------------------
 
 
-def _box_gradient(box: _AlignBox, scale: float, ph: int, pw: int, gy_start: Tensor, gy_bin: Tensor,
+def _box_gradient(box: AlignBox, scale: float, ph: int, pw: int, gy_start: Tensor, gy_bin: Tensor,
                   gx_start: Tensor, gx_bin: Tensor) -> Tensor:
     """``[0, d/dx1, d/dy1, d/dx2, d/dy2]`` from the sums over the samples of ``grad * dv/dy``
     (``gy_start``) and of ``grad * dv/dy * dy/d bin_h`` (``gy_bin``), and likewise in x.
@@ -389,7 +230,7 @@ def _prepare_rois_backward(grad, input, rois, spatial_scale, pooled_height, pool
     dtype = rois.dtype
     rois, batch = prepare_rois(rois, n, opmath, input.device)
     check_grad(grad, rois.size(0), c, ph, pw)
-    boxes = _align_boxes(rois, spatial_scale, ph, pw, int(sampling_ratio), bool(aligned), height, width,
+    boxes = align_boxes(rois, spatial_scale, ph, pw, int(sampling_ratio), bool(aligned), height, width,
                          max_mode=max_mode)
     return ph, pw, dtype, batch, boxes, input.detach().to(opmath), grad.to(opmath)
 

@@ -5,14 +5,11 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .._geometry import bilinear_taps, is_channels_last, sample_position
+from .._geometry import align_size, bilinear_taps, is_channels_last, sample_position
 from ._common import (attach, check_grad, check_pooled, check_sampling_ratio, layout, opmath_type, prepare_rois,
-                      require_finite)
+                      require_finite, sampling_grids)
 
 __all__ = ["roi_align_rotated_backward", "roi_align_rotated_forward"]
-
-# Adaptive grid per axis: a box side is at most 2^24 cells, so ceil(bin) stays far below this.
-_MAX_ADAPTIVE_GRID = 2**26
 
 
 class _RotatedBox:
@@ -29,13 +26,12 @@ class _RotatedBox:
     [pw, mx]; ``count``: samples per bin (the divisor), ``empty``: no samples at all.
     """
 
-    def __init__(self, cx, cy, roi_w, roi_h, cos, sin, ph, pw, grid_h, grid_w, height, width):
+    def __init__(self, cx, cy, roi_w, roi_h, bin_w, bin_h, cos, sin, ph, pw, grid_h, grid_w, height, width):
         self.cx, self.cy, self.cos, self.sin = cx, cy, cos, sin
         self.count = max(grid_h * grid_w, 1)
         self.empty = grid_h <= 0 or grid_w <= 0
         if self.empty:
             return
-        bin_h, bin_w = roi_h / ph, roi_w / pw
         # The map [-1, height] x [-1, width] seen from the centre along the box's axes.
         corners = [(a - float(cy), b - float(cx)) for a in (-1.0, height) for b in (-1.0, width)]
         c, s = float(cos), float(sin)
@@ -93,32 +89,19 @@ def _rotated_boxes(rois: Tensor, spatial_scale: float, ph: int, pw: int, samplin
     check_sampling_ratio(sampling_ratio)
     opmath = rois.dtype
     s = torch.tensor(spatial_scale, dtype=opmath, device=rois.device)
-    o = 0.5 if aligned else 0.0
     # Scale first, then shift by the offset.
+    o = 0.5 if aligned else 0.0
     cx = rois[:, 1] * s - o
     cy = rois[:, 2] * s - o
-    roi_w = rois[:, 3] * s
-    roi_h = rois[:, 4] * s
-    if not aligned:
-        roi_w = roi_w.clamp(min=1)
-        roi_h = roi_h.clamp(min=1)
+    roi_w, bin_w, grid_w, _ = align_size(rois[:, 3] * s, pw, sampling_ratio, aligned)
+    roi_h, bin_h, grid_h, _ = align_size(rois[:, 4] * s, ph, sampling_ratio, aligned)
     require_finite(rois, [cx, cy, roi_w, roi_h], spatial_scale)
     # cos and sin of the opmath angle, computed in float64 and rounded once.
     theta = rois[:, 5].double()
     cos, sin = torch.cos(theta).to(opmath), torch.sin(theta).to(opmath)
-    if sampling_ratio > 0:
-        grid_h = grid_w = [sampling_ratio] * rois.size(0)
-    else:
-        grid_h = [int(g) for g in torch.ceil(roi_h / ph).tolist()]
-        grid_w = [int(g) for g in torch.ceil(roi_w / pw).tolist()]
-    boxes = []
-    for k in range(rois.size(0)):
-        if max(grid_h[k], grid_w[k]) > _MAX_ADAPTIVE_GRID:
-            raise ValueError(f"roiops: rois row {k}: adaptive sampling grid {grid_h[k]} x {grid_w[k]} is beyond "
-                             f"{_MAX_ADAPTIVE_GRID} per axis (row = {rois[k].tolist()})")
-        boxes.append(_RotatedBox(cx[k], cy[k], roi_w[k], roi_h[k], cos[k], sin[k], ph, pw, grid_h[k], grid_w[k],
-                                 height, width))
-    return boxes
+    return [_RotatedBox(cx[k], cy[k], roi_w[k], roi_h[k], bin_w[k], bin_h[k], cos[k], sin[k], ph, pw, gh, gw, height,
+                        width)
+            for k, (gh, gw) in enumerate(sampling_grids(rois, grid_h, grid_w))]
 
 
 def _check(pooled_height: int, pooled_width: int) -> tuple[int, int]:

@@ -66,7 +66,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .._geometry import dense, is_channels_last, memory_format
+from .._geometry import MAX_LEVELS, dense, is_channels_last, memory_format
 from ._common import (GPU_TILE, LAUNCH_OPTS, cdiv, check_device, f64_bits, gather_blocks, kernel, next_pow2, opmath,
                       tile_blocks, use_deterministic)
 from ._common import check_align_backward, check_align_forward, check_align_rois_backward
@@ -79,9 +79,6 @@ from ._jit import along_p as _p  # per-bin / per-pixel vector -> tile axis
 
 __all__ = ["multi_scale_roi_align_backward", "multi_scale_roi_align_forward", "roi_align_backward", "roi_align_forward",
            "roi_align_max_backward", "roi_align_max_forward", "roi_align_max_rois_backward", "roi_align_rois_backward"]
-
-MAX_LEVELS = 5  # of the multi-level kernels: pick() in _jit.py selects among five arguments
-
 
 @triton.jit
 def _box(rois_ptr, k, valid, scale, N, ph, pw, sampling_ratio, ALIGNED: tl.constexpr, MAX_MODE: tl.constexpr):
