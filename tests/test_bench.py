@@ -607,3 +607,11 @@ def test_report_wants_the_files_benchmarks_md_names(tmp_path):
     with pytest.raises(SystemExit, match="asks for gone.json"):
         _report().update("<!-- table: gone.json -->\n<!-- end table -->\n", tmp_path)
 
+
+
+def test_benchmarks_md_tables_are_those_of_the_result_files(capsys):
+    """BENCHMARKS.md's tables are regenerated from benchmarks/results/, not edited by hand."""
+    assert _report().main(["--check"]) == 0, capsys.readouterr().err
+    text = (ROOT / "BENCHMARKS.md").read_text()
+    assert {name for name in re.findall(r"<!-- table: (\S+) -->", text)} == {
+        p.name for p in (ROOT / "benchmarks" / "results").glob("*.json")}
