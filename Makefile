@@ -25,7 +25,7 @@ PINS_T36 := torch==2.13.0 triton==3.6.0 pytest==9.2.0
 VENV_OLD := .venv-oldest
 PINS_OLD := torch==2.6.0 torchvision==0.21.0
 
-.PHONY: demo test test-triton36 test-oldest build bench gpu-check clean
+.PHONY: demo test test-triton36 test-oldest build bench bench-report gpu-check clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -79,6 +79,10 @@ test-oldest: $(VENV_OLD)/.built
 
 bench: build
 	$(BIN)/roiops bench
+
+# BENCHMARKS.md's tables and docs/bench_*.png from benchmarks/results/*.json
+bench-report: build
+	$(BIN)/python benchmarks/report.py
 
 # On a GPU machine: its own torch, Triton and torchvision, nothing installed (see README).
 gpu-check:

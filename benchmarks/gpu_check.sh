@@ -5,7 +5,8 @@
 # (roiops bench --device cuda), then the rest of the suite, and prints a short report.
 # The steps run in that order so that a run cut short still has what only a GPU gives.
 # Logs and the benchmark's results.json (and ratios.png where matplotlib is installed) go
-# to $GPU_CHECK_DIR (default: gpu_check/).
+# to $GPU_CHECK_DIR (default: gpu_check/). To record the run in BENCHMARKS.md, copy
+# $GPU_CHECK_DIR/bench/results.json to benchmarks/results/ and run benchmarks/report.py.
 #
 #   bash benchmarks/gpu_check.sh            # or: make gpu-check
 #   BENCH_ARGS="--repeats 20 --dtypes float32" bash benchmarks/gpu_check.sh

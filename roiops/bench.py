@@ -21,8 +21,10 @@ import datetime
 import importlib
 import json
 import math
+import os
 import platform
 import statistics
+import subprocess
 import sys
 import textwrap
 import time
@@ -38,7 +40,6 @@ import torch
 import roiops
 
 from . import _backend
-from .cli import package_version
 
 # ----------------------------------------------------------------------------- declarations
 
@@ -518,6 +519,32 @@ def cpu_model(root: Path = Path("/")) -> str:
     return f"{name} ({details})" if details else name
 
 
+def source_commit(root: Path = Path(__file__).resolve().parents[1]) -> str | None:
+    """The git commit of the roiops tree being timed, "-dirty" appended when its tracked
+    files differ from it; None for a package outside a checkout (an installed wheel)."""
+    if not (root / ".git").exists():
+        return None
+
+    def git(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, timeout=30)
+
+    try:
+        head = git("rev-parse", "--short=12", "HEAD")
+        if head.returncode != 0:
+            return None
+        dirty = bool(git("status", "--porcelain", "--untracked-files=no").stdout.strip())
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return head.stdout.strip() + ("-dirty" if dirty else "")
+
+
+def host() -> dict[str, Any]:
+    """What results.json records of the machine besides its CPU or GPU: a shared host's
+    load shows in its times, and ratios differ between hosts of one CPU model."""
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+    return {"os": platform.platform(), "logical_cpus": os.cpu_count(), "load_average_1min": load}
+
+
 def _peer_label(rows: list[dict[str, Any]]) -> str:
     names = sorted({r["peer"] for r in rows if r["peer"]})
     return names[0] if len(names) == 1 else "peer"
@@ -741,14 +768,16 @@ def main(argv: list[str] | None = None) -> int:
         gpu = None
     print(f"device: {gpu or cpu_model()}" + (f", peak {peak:.0f} GB/s ({peak_source})" if peak else ""))
 
-    versions = {"python": platform.python_version(), "torch": torch.__version__, "roiops": package_version(),
+    # roiops: the version of the code timed, which need not be the installed distribution's
+    versions = {"python": platform.python_version(), "torch": torch.__version__, "roiops": roiops.__version__,
                 **{name: getattr(module, "__version__", "unknown") for name, module in peers.items()}}
     if device is CUDA:
         import triton
 
         versions |= {"triton": triton.__version__, "cuda": torch.version.cuda or "unknown"}
     meta = {"date": datetime.date.today().isoformat(), "device": device.name, "cpu": cpu_model(), "gpu": gpu,
-            "versions": versions, "threads": sorted({c.threads for c in cases}), "repeats": repeats,
+            "host": host(), "commit": source_commit(), "versions": versions,
+            "threads": sorted({c.threads for c in cases}), "repeats": repeats,
             "warmup": device.warmup, "timer": device.timer_text,
             "order": args.order, "statistic": "median seconds", "peak_gbps": peak,
             "peak_source": peak_source}

@@ -5,6 +5,7 @@ the deterministic backward row) are checked on CPU tensors; --device cuda withou
 says so."""
 
 import datetime
+import importlib.util
 import json
 import math
 import os
@@ -48,6 +49,7 @@ def _check_results(out: Path, workloads: set[str], chart: bool = True) -> dict:
     assert meta["versions"]["torchvision"]
     assert meta["threads"] == sorted({r["threads"] for r in rows})
     assert meta["order"] in bench.ORDERS
+    assert meta["host"]["logical_cpus"] == os.cpu_count() and meta["host"]["os"]
     assert (out / "ratios.png").exists() == chart
     if chart:
         assert (out / "ratios.png").read_bytes()[:8] == PNG_MAGIC
@@ -57,6 +59,7 @@ def _check_results(out: Path, workloads: set[str], chart: bool = True) -> dict:
 def test_bench_tiny(tmp_path, capsys):
     assert cli.main(["bench", "--tiny", "--quick", "--out", str(tmp_path)]) == 0
     data = _check_results(tmp_path, {w.name for w in bench.WORKLOADS})
+    assert data["meta"]["commit"] == bench.source_commit()
     assert {r["layout"] for r in data["rows"]} == {"NCHW", "channels_last"}
     assert {r["threads"] for r in data["rows"]} == {2}  # --quick: the largest default count
     assert all(r["pct_peak"] is None for r in data["rows"])
@@ -105,6 +108,7 @@ def test_bench_from_an_installed_package(tmp_path):
     data = _check_results(work / "results", {"roi_pool"}, chart=False)
     assert {r["layout"] for r in data["rows"]} == {"NCHW"}
     assert data["meta"]["peak_gbps"] == 10 and data["meta"]["peak_source"] == "--peak-gbps"
+    assert data["meta"]["commit"] is None  # no checkout around an installed package
     assert all(r["pct_peak"] == pytest.approx(10 * r["gbps"]) for r in data["rows"])
 
 
@@ -504,3 +508,110 @@ def test_cpu_model_names_family_model_and_caches(tmp_path):
     (tmp_path / "proc/cpuinfo").write_text("model name\t: Plain CPU\n")
     shutil.rmtree(tmp_path / "sys")
     assert bench.cpu_model(tmp_path) == "Plain CPU"
+
+
+def test_source_commit(tmp_path):
+    """The commit of the timed tree, marked dirty when a tracked file differs from it; None
+    outside a git checkout."""
+    assert bench.source_commit(tmp_path) is None
+
+    def git(*args):
+        return subprocess.run(["git", "-C", str(tmp_path), "-c", "user.name=t", "-c", "user.email=t@t", *args],
+                              capture_output=True, text=True, check=True).stdout.strip()
+
+    git("init", "-q")
+    (tmp_path / "a.py").write_text("1\n")
+    git("add", "a.py")
+    git("commit", "-q", "-m", "a")
+    head = git("rev-parse", "--short=12", "HEAD")
+    assert bench.source_commit(tmp_path) == head and len(head) == 12
+    (tmp_path / "new.py").write_text("")  # untracked: not what was timed
+    assert bench.source_commit(tmp_path) == head
+    (tmp_path / "a.py").write_text("2\n")
+    assert bench.source_commit(tmp_path) == head + "-dirty"
+
+
+# ----------------------------------------------------------------------------- the report
+
+
+def _report():
+    spec = importlib.util.spec_from_file_location("report", ROOT / "benchmarks" / "report.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _row(workload, layout, threads, direction, roiops_ms, peer_ms, peer="torchvision", **extra):
+    return {"workload": workload, "layout": layout, "dtype": "float32", "threads": threads, "direction": direction,
+            "roiops_ms": roiops_ms, "peer": peer, "peer_ms": peer_ms,
+            "ratio": None if peer_ms is None else peer_ms / roiops_ms, **extra}
+
+
+def test_report_tables_a_result_file(tmp_path):
+    """A CPU results.json becomes its setup line and a table of roiops ms (ratio) per
+    workload and layout, a column per thread count and direction, '-' where no row is."""
+    meta = {"date": "2026-01-02", "device": "cpu", "cpu": "AMD EPYC (family 25, model 17; L2 1024K, L3 32768K)",
+            "gpu": None, "host": {"os": "Linux-6.1", "logical_cpus": 2, "load_average_1min": 1.25},
+            "commit": "0123456789ab", "versions": {"python": "3.11.7", "torch": "2.14.1", "torchvision": "0.29.1"},
+            "threads": [1, 2], "repeats": 5, "warmup": 1, "timer": "time.perf_counter around each call",
+            "order": "alternate-awake"}
+    rows = [_row("box head train", "NCHW", 1, "forward", 54.53, 491.2),
+            _row("box head train", "NCHW", 1, "backward", 73.8, 1043.5),
+            _row("box head train", "NCHW", 2, "forward", 0.5, 2.0),
+            _row("box head train", "NCHW", 2, "backward", 1000.0, 500.0),
+            _row("rotated box head", "channels_last", 2, "backward", 44.0, 31.9, peer="roiops")]
+    (tmp_path / "small.json").write_text(json.dumps({"meta": meta, "rows": rows}))
+    text = "# Title\n\n<!-- table: small.json -->\nstale\n<!-- end table -->\n\nAfter.\n"
+    assert _report().update(text, tmp_path) == (
+        "# Title\n\n<!-- table: small.json -->\n"
+        "**Setup:** 2026-01-02, commit 0123456789ab, AMD EPYC (family 25, model 17; L2 1024K, L3 32768K); "
+        "Linux-6.1, 2 logical CPUs, load average 1.2 at the start. python 3.11.7, torch 2.14.1, torchvision 0.29.1. "
+        "`--order alternate-awake`; median of 5 timed calls after 1 warm-up; time.perf_counter around each call.\n"
+        "\n"
+        "| workload | layout | peer | 1 thr forward | 1 thr backward | 2 thr forward | 2 thr backward |\n"
+        "|---|---|---|---:|---:|---:|---:|\n"
+        "| box head train | NCHW | torchvision | 54.53 (9.01x) | 73.8 (14.1x) | 0.5 (4.0x) | 1000 (0.5x) |\n"
+        "| rotated box head | channels_last | roiops | - | - | - | 44.0 (0.725x) |\n"
+        "<!-- end table -->\n\nAfter.\n")
+
+
+def test_report_tables_a_transcribed_file(tmp_path):
+    """A file transcribed from earlier runs: columns a run did not print are left out, each
+    cell names its run, and the runs and notes follow the table."""
+    meta = {"date": "2026-01-03", "device": "cuda", "gpu": "NVIDIA H100 80GB HBM3", "commit": None,
+            "versions": {"torch": "2.11.0", "triton": "3.6.0"}, "timer": "a pair of CUDA events around each call",
+            "order": "alternate", "transcribed": "from two runs",
+            "sources": {"a": {"date": "2026-01-01", "what": "run a", "statistic": "median of 20"},
+                        "b": {"date": "2026-01-03", "what": "run b", "statistic": "median of 10"}}}
+    rows = [{"workload": "mask head", "layout": "NCHW", "dtype": "float32", "direction": "forward", "roiops_ms": 0.593,
+             "peer": "torchvision", "peer_ms": 0.451, "ratio": 0.76, "source": "b"},
+            {"workload": "mask head", "layout": "NCHW", "dtype": "float32", "direction": "backward det",
+             "roiops_ms": 8.9, "source": "a", "note": "a note"},
+            {"workload": "mask head", "layout": "NCHW", "dtype": "float32", "direction": "backward",
+             "roiops_ms": 1.56, "peer": "torchvision", "ratio": 0.8, "source": "a"}]
+    (tmp_path / "gpu.json").write_text(json.dumps({"meta": meta, "rows": rows}))
+    assert _report().render(*_report().load(tmp_path / "gpu.json")) == (
+        "**Setup:** 2026-01-03, NVIDIA H100 80GB HBM3. torch 2.11.0, triton 3.6.0. `--order alternate`; "
+        "a pair of CUDA events around each call. Transcribed from two runs.\n"
+        "\n"
+        "| workload | layout | forward | backward | backward det |\n"
+        "|---|---|---:|---:|---:|\n"
+        "| mask head | NCHW | 0.593 (0.76x) [b] | 1.56 (0.8x) [a] | 8.9 [a] |\n"
+        "\n"
+        "- [a] 2026-01-01: run a; median of 20.\n"
+        "- [b] 2026-01-03: run b; median of 10.\n"
+        "- mask head, NCHW, backward det: a note.\n")
+
+
+def test_report_wants_the_files_benchmarks_md_names(tmp_path):
+    with pytest.raises(SystemExit, match="asks for gone.json"):
+        _report().update("<!-- table: gone.json -->\n<!-- end table -->\n", tmp_path)
+
+
+
+def test_benchmarks_md_tables_are_those_of_the_result_files(capsys):
+    """BENCHMARKS.md's tables are regenerated from benchmarks/results/, not edited by hand."""
+    assert _report().main(["--check"]) == 0, capsys.readouterr().err
+    text = (ROOT / "BENCHMARKS.md").read_text()
+    assert {name for name in re.findall(r"<!-- table: (\S+) -->", text)} == {
+        p.name for p in (ROOT / "benchmarks" / "results").glob("*.json")}
