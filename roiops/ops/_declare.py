@@ -91,7 +91,7 @@ def define(name: str, schema: str, kernel: Callable[..., Any], fake: Callable[..
 
     Not ``torch.library.custom_op``, which registers the same but runs each call through
     its own kernel table and an output aliasing check: host work on every call that these
-    ops, whose outputs never alias their inputs, do not need (BENCHMARKS.md). The kernel
+    ops, whose outputs never alias their inputs, do not need. The kernel
     is kept from Dynamo, as custom_op keeps it, so that code around a graph break never
     traces it."""
     _LIB.define(name + schema)
