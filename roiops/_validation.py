@@ -30,9 +30,15 @@ class BoxFormatError(ValueError):
     an AssertionError)."""
 
 
-def _quantized(name: str, t: Tensor) -> ValueError:
-    return ValueError(f"{name} is a quantized tensor ({t.dtype}): roiops does not support quantized tensors, which "
-                      f"PyTorch deprecates; dequantize it first ({name}.dequantize())")
+class QuantizedTensorError(ValueError, NotImplementedError):
+    """A quantized map or boxes: roiops does not implement them (PyTorch deprecates
+    quantized tensors). A ValueError, and a NotImplementedError as torchvision's kernels
+    raise for quantized tensors they lack."""
+
+
+def _quantized(name: str, t: Tensor) -> QuantizedTensorError:
+    return QuantizedTensorError(f"{name} is a quantized tensor ({t.dtype}): roiops does not support quantized tensors, "
+                                f"which PyTorch deprecates; dequantize it first ({name}.dequantize())")
 
 
 def output_size(value: object) -> tuple[int, int]:

@@ -70,15 +70,16 @@ def test_torchvision_functions_script_and_equal_torchvision(name, args):
         assert torch.equal(scripted(x, boxes, *args), expected)
 
 
-def test_scripted_gradient_equals_eager():
-    rois = _rois()
+def test_scripted_gradient_equals_eager_and_the_boxes_get_none():
     grads = []
-    for fn in (tv.roi_align, _script(tv.roi_align)):
-        x = _maps().double().requires_grad_()
-        fn(x, rois.double(), [3, 3], 0.5, 2, True).square().sum().backward()
+    for fn in (tv.roi_align, _script(tv.roi_align), torchvision.ops.roi_align):
+        x, rois = _maps().double().requires_grad_(), _rois().double().requires_grad_()
+        fn(x, rois, [3, 3], 0.5, -1, True).square().sum().backward()
+        assert rois.grad is None  # as torchvision: RoIAlign's boxes get no gradient
         grads.append(x.grad)
     assert grads[0].abs().sum() > 0
     assert torch.equal(grads[0], grads[1])
+    torch.testing.assert_close(grads[0], grads[2], rtol=1e-12, atol=1e-12)
 
 
 @pytest.mark.parametrize("module", [
@@ -111,6 +112,32 @@ def test_multi_scale_roi_align_scripts(names):
         _script(tv.MultiScaleRoIAlign(["5"], 7, 2))(features, boxes, shapes)
 
 
+def test_multi_scale_roi_align_asserts_the_box_shape_and_its_op_checks_the_levels():
+    features = OrderedDict((str(i), torch.randn(2, 4, 32 // 2**i, 40 // 2**i)) for i in range(3))
+    bad = [torch.rand(2, 3), torch.rand(1, 3)]
+    for names in (["0"], ["0", "1", "2"]):
+        with pytest.raises(AssertionError, match="must have shape") as error:
+            tv.MultiScaleRoIAlign(names, 7, 2)(features, bad, [(128, 160)] * 2)
+        assert isinstance(error.value, ValueError)
+    # The registered op, called directly, refuses levels its single kernel cannot read together.
+    maps, rois, levels = list(features.values()), _rois(), torch.zeros(6, dtype=torch.int64)
+    with roiops.use_backend("triton"):
+        with pytest.raises(ValueError, match="features\\[1\\]"):
+            torch.ops.roiops.multi_scale_roi_align([maps[0], maps[1][:, :2]], rois, levels, [0.25, 0.125], 2, 2, 2,
+                                                   False)
+        with pytest.raises(ValueError, match="1 to 5 levels"):
+            torch.ops.roiops.multi_scale_roi_align(maps, rois, levels, [0.25], 2, 2, 2, False)
+
+
+def test_drop_ins_compile_without_graph_breaks():
+    """torch.compile(fullgraph=True) traces the drop-ins' fx check, also on a list of boxes."""
+    x, rois = _maps(), _rois()
+    for fn, boxes in ((tv.roi_align, _per_image(rois)), (tv.roi_pool, rois), (mmcv.roi_align, rois),
+                      (roiops.roi_align, _per_image(rois))):
+        compiled = torch.compile(fn, backend="eager", fullgraph=True)
+        assert torch.equal(compiled(x, boxes, 3, 0.5), fn(x, boxes, 3, 0.5))
+
+
 def test_scripted_calls_refuse_bad_inputs_with_clear_errors():
     scripted = _script(tv.roi_align)
     x = _maps()
@@ -121,7 +148,8 @@ def test_scripted_calls_refuse_bad_inputs_with_clear_errors():
              ((x[0], torch.tensor([[0.0, 1, 1, 9, 9]]), [2, 2]), "4-D"),
              ((x, torch.tensor([[0.0, 1, 1, 9, 9]]), [0, 2]), "output size"),
              ((torch.quantize_per_tensor(x, 0.1, 0, torch.qint8), torch.tensor([[0.0, 1, 1, 9, 9]]), [2, 2]),
-              "quantized")]
+              "quantized"),
+             ((x, torch.tensor([[0, 1, 1, 9, 9]]), [2, 2]), "floating point")]
     for args, message in cases:
         # TorchScript raises its own Error; the kernels' checks arrive as a RuntimeError.
         with pytest.raises((torch.jit.Error, RuntimeError), match=message):
@@ -320,8 +348,13 @@ def test_quantized_tensors_are_refused_clearly(fn, args):
         with pytest.raises(ValueError, match=f"{name} is a quantized tensor .*PyTorch deprecates.*dequantize"):
             fn(x, boxes, *args)
     qx = torch.quantize_per_tensor(_maps(), 0.05, 0, torch.qint8)
-    with pytest.raises(ValueError, match="quantized"):
+    with pytest.raises(NotImplementedError, match="quantized"):  # also a ValueError
         roiops.roi_align_rotated(qx, _rotated(_rois()), 2)
+    for layer in (d2.ROIAlign(2, 0.5, 2), tv.RoIAlign(2, 0.5, 2), mmcv.RoIAlign(2, 0.5)):
+        with pytest.raises(ValueError, match="input is a quantized tensor"):
+            layer(qx, _rois())
+        with pytest.raises(ValueError, match="boxes is a quantized tensor"):
+            layer(_maps(), torch.quantize_per_tensor(_rois(), 0.125, 0, torch.qint32))
     with pytest.raises(ValueError, match="quantized"):
         roiops.multi_scale_roi_align([qx], _rois(), 2, [0.5])
 
@@ -329,13 +362,16 @@ def test_quantized_tensors_are_refused_clearly(fn, args):
 def test_torchvision_drop_in_refuses_quantized_input_with_the_type_torchvision_raises():
     x, rois = _maps(4), _rois()
     qx = torch.quantize_per_tensor(x, 0.05, 0, torch.quint8)
-    # torchvision refuses a quantized map with float boxes: with a ValueError from its
-    # Python check (older releases, 0.21 among them, failed in their kernel instead, with a
-    # RuntimeError).
+    # torchvision refuses a quantized map with float boxes with a ValueError from its Python
+    # check (older releases, 0.21 among them, failed in their kernel instead), and the ops
+    # it has no quantized kernel for with a NotImplementedError: roiops' error is both.
     with pytest.raises((ValueError, RuntimeError)) as peer:
         torchvision.ops.roi_align(qx[:1], rois[rois[:, 0] == 0], 2)
     if "must also be quantized" in str(peer.value):
         assert peer.type is ValueError
+    with pytest.raises(NotImplementedError):
+        torchvision.ops.roi_pool(qx, rois, 2)
     for name in ("roi_align", "roi_pool", "ps_roi_align", "ps_roi_pool"):
-        with pytest.raises(ValueError, match="quantized"):
+        with pytest.raises(ValueError, match="quantized") as error:
             getattr(tv, name)(qx, rois, 2)
+        assert isinstance(error.value, NotImplementedError)

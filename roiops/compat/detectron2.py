@@ -61,7 +61,7 @@ def _roi_align(input: Tensor, rois: Tensor, output_size: tv.OutputSize, spatial_
     if not isinstance(rois, Tensor) or rois.dim() != 2 or rois.shape[1] != 5:
         shape = tuple(rois.shape) if isinstance(rois, Tensor) else type(rois).__name__
         raise BoxAssertionError(f"rois must be a Tensor[K, 5] (batch_index, x1, y1, x2, y2), got {shape}")
-    if isinstance(input, Tensor):
+    if isinstance(input, Tensor) and input.is_floating_point() and rois.is_floating_point():
         rois = rois.to(dtype=input.dtype)
     return F.roi_align(input, rois, output_size, spatial_scale, sampling_ratio, aligned)
 

@@ -29,7 +29,7 @@ from torch.jit.annotations import BroadcastingList2
 
 from .. import _validation as v
 from .. import ops as F
-from ..ops._declare import fx_proxy
+from ..ops._declare import fx_node
 from ..ops.multi_scale import levels_of
 from ._util import BoxAssertionError
 
@@ -49,10 +49,9 @@ def _eager(public: Callable[..., Tensor], function: Callable[..., Tensor], input
     tensors than images padded with empty ones (torchvision gives the last images no
     boxes); boxes of the wrong shape raise :class:`BoxAssertionError`, an AssertionError
     as torchvision's ``check_roi_boxes_shape``."""
-    proxy = fx_proxy((input, boxes, *args))
-    if proxy is not None:
-        node = proxy.tracer.create_proxy("call_function", public, (input, boxes, *args), {})
-        return node  # type: ignore[return-value]
+    node = fx_node(public, (input, boxes, *args))
+    if node is not None:
+        return node
     if isinstance(boxes, (list, tuple)) and boxes and isinstance(input, Tensor) and input.dim() == 4:
         missing = input.shape[0] - len(boxes)
         if missing > 0 and isinstance(boxes[0], Tensor):
@@ -65,13 +64,16 @@ def _eager(public: Callable[..., Tensor], function: Callable[..., Tensor], input
 
 def _rois(input: Tensor, boxes: Boxes) -> Tensor:
     """Under TorchScript: ``boxes`` as the registered ops' ``[K, 5]`` rows in their
-    coordinate type, after torchvision's shape assertions; quantized tensors refused. The
-    ops' kernels check the rest (argument ranges, batch indices, finite coordinates)."""
+    coordinate type, after torchvision's shape assertions; quantized and integer tensors
+    refused. The ops' kernels check the rest: argument ranges, and on CPU batch indices and
+    finite coordinates (on CUDA an invalid row gives 0, as in eager calls by default)."""
     tensors = [boxes] if isinstance(boxes, Tensor) else boxes
     for t in [input] + tensors:
         if t.is_quantized:
             raise ValueError("roiops does not support quantized tensors, which PyTorch deprecates; dequantize the "
                              "input and boxes first (.dequantize())")
+        if not t.is_floating_point():
+            raise ValueError("the input and boxes must be floating point")
     if isinstance(boxes, Tensor):
         torch._assert(boxes.dim() == 2 and boxes.size(1) == 5,
                       "boxes must have shape [K, 5] (rows (batch_index, x1, y1, x2, y2))")
@@ -82,7 +84,8 @@ def _rois(input: Tensor, boxes: Boxes) -> Tensor:
             torch._assert(b.dim() == 2 and b.size(1) == 4, "boxes[i] must have shape [K, 4] (rows (x1, y1, x2, y2))")
             rows.append(torch.cat([torch.full_like(b[:, :1], i), b], dim=1))
         rois = torch.cat(rows) if len(rows) > 0 else input.new_zeros((0, 5))
-    return rois.to(torch.float64 if input.dtype == torch.float64 else torch.float32).contiguous()
+    # Detached: the boxes get no gradient, as in eager calls and torchvision.
+    return rois.detach().to(torch.float64 if input.dtype == torch.float64 else torch.float32).contiguous()
 
 
 def roi_align(input: Tensor, boxes: Boxes, output_size: BroadcastingList2[int], spatial_scale: float = 1.0,
@@ -240,6 +243,18 @@ def _scales_and_levels(features: list[Tensor], image_shapes: list[tuple[int, int
     return scales, LevelMapper(k_min, k_max, canonical_scale, canonical_level)
 
 
+def _pool_levels(features: list[Tensor], boxes: list[Tensor], scales: list[float], map_levels: LevelMapper,
+                 output_size: tuple[int, int], sampling_ratio: int) -> Tensor:
+    """Eager MultiScaleRoIAlign over several levels: all in one op (one launch per pass on
+    CUDA, the levels picked on the device)."""
+    maps = v.feature_maps(features)
+    try:
+        rois = v.rois(maps[0], boxes, max(scales))
+    except v.BoxFormatError as error:
+        raise BoxAssertionError(*error.args) from None
+    return F.multi_scale.multi_scale_call(maps, rois, map_levels(boxes), scales, *output_size, sampling_ratio, False)
+
+
 class MultiScaleRoIAlign(nn.Module):
     """``torchvision.ops.MultiScaleRoIAlign``: RoIAlign on the FPN level that suits each box.
 
@@ -289,14 +304,9 @@ class MultiScaleRoIAlign(nn.Module):
             self.scales, self.map_levels = scales, map_levels
         h, w = self.output_size
         if not torch.jit.is_scripting():
-            rois = torch.cat([torch.cat([b.new_full((b.shape[0], 1), i), b], dim=1) for i, b in enumerate(boxes)])
             if len(features) == 1:
-                return roi_align(features[0], rois, self.output_size, scales[0], self.sampling_ratio)
-            # All levels in one op: one launch per pass on CUDA, levels picked on the device.
-            maps = v.feature_maps(features)
-            rois = v.rois(maps[0], rois, max(scales))
-            return F.multi_scale.multi_scale_call(maps, rois, map_levels(boxes), scales, h, w, self.sampling_ratio,
-                                                  False)
+                return roi_align(features[0], boxes, self.output_size, scales[0], self.sampling_ratio)
+            return _pool_levels(features, boxes, scales, map_levels, self.output_size, self.sampling_ratio)
         rois = _rois(features[0], boxes)
         if len(features) == 1:
             return torch.ops.roiops.roi_align(features[0], rois, scales[0], h, w, self.sampling_ratio, False)

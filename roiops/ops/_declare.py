@@ -120,25 +120,22 @@ def direct(*tensors: Tensor) -> bool:
             and not torch._C._autograd._profiler_enabled())
 
 
-def fx_proxy(args: tuple[Any, ...], kwargs: dict[str, Any] | None = None) -> Proxy | None:
-    """The first torch.fx ``Proxy`` among a call's arguments (and the items of list
-    arguments), or None: whether torch.fx is tracing the call."""
-    for values in (args, kwargs.values() if kwargs else ()):
-        for a in values:
-            kind = type(a)
-            if kind in _PLAIN:
-                continue
-            if kind is list or kind is tuple:
-                for item in a:
-                    if type(item) not in _PLAIN and isinstance(item, Proxy):
-                        return item
-            elif isinstance(a, Proxy):
-                return a
+def fx_node(function: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any] | None = None) -> Any:
+    """While torch.fx traces a call of the public RoI ``function`` (an argument is a
+    ``Proxy``, or the item of a list argument), the call as one ``call_function`` node of
+    ``function``: a leaf, as torchvision's RoI functions are, so that fx-based tools
+    (feature extraction, graph-mode quantization) see the op and its checks never run on
+    proxies. None for any other call."""
+    # A proxy is never a Tensor: the common eager call, with tensors for the map and the
+    # boxes in front, costs two type tests (its other arguments are constants then).
+    if len(args) >= 2 and isinstance(args[0], Tensor) and isinstance(args[1], Tensor):
+        return None
+    for a in (*args, *kwargs.values()) if kwargs else args:
+        items = a if isinstance(a, (list, tuple)) else (a,)
+        for item in items:
+            if isinstance(item, Proxy):
+                return item.tracer.create_proxy("call_function", function, args, kwargs or {})
     return None
-
-
-# Argument types that are never a proxy, skipped at the cost of one lookup.
-_PLAIN = frozenset({Tensor, int, float, bool, str, type(None)})
 
 
 _P = ParamSpec("_P")
@@ -146,19 +143,12 @@ _T = TypeVar("_T")
 
 
 def fx_leaf(function: Callable[_P, _T]) -> Callable[_P, _T]:
-    """A public RoI function that torch.fx records whole: while fx traces, the call is one
-    ``call_function`` node of it (a leaf, as torchvision's RoI functions are), so that
-    fx-based tools (feature extraction, graph-mode quantization) see the op, and its checks
-    never run on proxies."""
+    """A public RoI function that torch.fx records whole (:func:`fx_node`)."""
     @functools.wraps(function)
     def call(*args: _P.args, **kwargs: _P.kwargs) -> _T:
-        # The common eager call, with plain tensors for the map and the boxes in front, costs
-        # two type tests: a traced call has a proxy among those (its other arguments are
-        # constants of the traced module).
-        if len(args) < 2 or type(args[0]) is not Tensor or type(args[1]) is not Tensor:
-            proxy = fx_proxy(args, kwargs)
-            if proxy is not None:
-                return proxy.tracer.create_proxy("call_function", call, args, kwargs)  # type: ignore[return-value]
+        node = fx_node(call, args, kwargs)
+        if node is not None:
+            return node
         return function(*args, **kwargs)
 
     return call

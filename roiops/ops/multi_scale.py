@@ -11,14 +11,14 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from contextlib import nullcontext
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from torch import Tensor
 
 from .. import _backend
 from .. import _validation as v
-from .._geometry import is_channels_last
+from .._geometry import MAX_LEVELS, is_channels_last
 from .._validation import BoxesType, OutputSize
 from . import roi_align as _single_level  # noqa: F401  (the per-level kernels' ops)
 from ._declare import (backward_call, define, direct, empty_grad, empty_output, fx_leaf,
@@ -120,10 +120,19 @@ def _levels_backward(kernels, grad, rois, levels, spatial_scales, ph, pw, batch_
     return grads
 
 
+def _level_count(count: int, *per_level: list[Any]) -> None:
+    if not 1 <= count <= MAX_LEVELS or any(len(values) != count for values in per_level):
+        raise ValueError(f"roiops: multi_scale_roi_align takes 1 to {MAX_LEVELS} levels, each with its scale and "
+                         f"size, got {count} levels and lists of {[len(values) for values in per_level]}")
+
+
 def _multi_scale_forward(inputs: list[Tensor], rois: Tensor, levels: Tensor, spatial_scales: list[float],
                          pooled_height: int, pooled_width: int, sampling_ratio: int, aligned: bool) -> Tensor:
     kernels = _backend.kernels_of(rois)
     if hasattr(kernels, "multi_scale_roi_align_forward"):
+        # One kernel reads every level with the first's layout: check them as the public
+        # function does, for direct op calls (the per-level kernels check their own).
+        _level_count(len(v.feature_maps(inputs)), spatial_scales)
         return kernels.multi_scale_roi_align_forward(inputs, rois, levels, spatial_scales, pooled_height,
                                                      pooled_width, sampling_ratio, aligned)
     return _levels_forward(kernels, inputs, rois, levels, spatial_scales, pooled_height, pooled_width,
@@ -137,6 +146,7 @@ def _multi_scale_backward(grad: Tensor, rois: Tensor, levels: Tensor, spatial_sc
     args = (grad, rois, levels, spatial_scales, pooled_height, pooled_width, batch_size, channels, heights, widths,
             sampling_ratio, aligned, channels_last)
     if hasattr(kernels, "multi_scale_roi_align_backward"):
+        _level_count(len(heights), spatial_scales, widths)
         return kernels.multi_scale_roi_align_backward(*args)
     return _levels_backward(kernels, *args)
 
