@@ -14,8 +14,8 @@ public API's validation): a rois tensor not [K, 5], a grad or argmax whose shape
 match, integer data, tensors on different devices (``_common.check_*``).
 
 Backward has a fast path (atomic adds) and a deterministic one (bit-identical from run to
-run; see the docstrings of roi_align.py and roi_pool.py for its cost), chosen per call by
-``deterministic=``, else by ``roiops.config.deterministic_backward``, else by
+run; see the docstrings of _align_gather.py and roi_pool.py for its cost), chosen per call
+by ``deterministic=``, else by ``roiops.config.deterministic_backward``, else by
 ``torch.are_deterministic_algorithms_enabled()``.
 """
 

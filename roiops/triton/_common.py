@@ -1,5 +1,5 @@
 """Host-side helpers shared by the Triton launchers: argument checks, backward path choice,
-layouts, block sizes.
+layouts, block sizes, grids, outputs and gradient buffers.
 
 Nothing here looks at tensor *values*: launchers may only use shapes, strides, dtypes and
 devices, so that they never synchronise with the GPU and can later be wrapped with
@@ -12,12 +12,14 @@ import inspect
 import numbers
 import operator
 import struct
+from typing import NamedTuple
 
 import torch
 import triton
 from triton.runtime.jit import JITFunction
 
-from .._geometry import MAX_MAP_SIDE, MAX_OUTPUT_SIZE, MAX_SAMPLING_RATIO, MAX_SCALE, MIN_SCALE
+from .._geometry import (MAX_LEVELS, MAX_MAP_SIDE, MAX_OUTPUT_SIZE, MAX_SAMPLING_RATIO, MAX_SCALE, MIN_SCALE,
+                         dense, is_channels_last, memory_format)
 from ._jit import FLAT
 
 
@@ -66,9 +68,10 @@ def cdiv(a: int, b: int) -> int:
 
 # Elements per program tile. On the interpreter every tile op is one numpy call, so a
 # program covers as much as possible. On the GPU a gather tile holds a 64-bit address per
-# element and tap: 2 elements per thread (256 with 4 warps; less for float64 and for
-# per-element sample coordinates) keep RoIAlign's forward near 64 registers. 1024 took
-# 190 registers (12.5% occupancy) and ran 1.5-2x slower on an H100.
+# element and tap, so the tile sets the registers a thread needs: 2 elements per thread
+# (256 with 4 warps; less for float64 and for per-element sample coordinates) keep
+# RoIAlign's forward within tests/test_ptx.py's MAX_PER_BOX_REGISTERS, where larger tiles
+# exceed it and cut the programs an SM runs at once.
 GPU_TILE = 256
 INTERP_TILE = 1 << 14
 
@@ -87,10 +90,11 @@ def tile_blocks(P: int, C: int, lanes_over_channels: bool, on_cpu: bool, budget:
         block_p = max(1, min(next_pow2(P), budget // block_c))
     elif flat:
         # NCHW, flat: consecutive outputs of a box, channel after channel: no lane idles
-        # when P is not a power of two (bins of 64 left 15 of 64 lanes idle at 7x7). On an
-        # H100 this made RoIAlign's forward 1.1-2.7x faster and rotated RoIAlign's up to
-        # 1.3x; RoIPool's forward, the position-sensitive ops and RoIAlign's backward
-        # were slower with it (BENCHMARKS.md), so they keep [channels x bins] tiles.
+        # when P is not a power of two (bins of 64 leave 15 of 64 lanes idle at 7x7), but
+        # each lane computes its own bin's geometry. Only the kernels measured faster with
+        # them take them (RoIAlign's and rotated RoIAlign's forwards; BENCHMARKS.md); the
+        # others keep [channels x bins] tiles, which compute a bin's geometry once for all
+        # of its channels.
         block = min(next_pow2(C * P), budget)
         return block, 1, cdiv(C * P, block), 1, FLAT.value
     else:
@@ -112,6 +116,121 @@ def gather_blocks(H: int, W: int, C: int, lanes_over_channels: bool, on_cpu: boo
     tile_h, tile_w = 8, 8
     block_c = min(next_pow2(C), (64 if lanes_over_channels else 32) // (2 if wide else 1))
     return tile_h, tile_w, block_c
+
+
+def gather_grid(grad: torch.Tensor, H: int, W: int, C: int, channels_last: bool) -> tuple[int, int, int, int, int]:
+    """(TILE_H, TILE_W, BLOCK_C, tile columns, tiles) of a deterministic backward's programs
+    on an H x W map (gather_blocks for grad's dtype)."""
+    tile_h, tile_w, block_c = gather_blocks(H, W, C, channels_last, grad.is_cpu, grad.dtype == torch.float64)
+    n_tw = cdiv(W, tile_w)
+    return tile_h, tile_w, block_c, n_tw, cdiv(H, tile_h) * n_tw
+
+
+def tile_mask(tiles: int, K: int, device: torch.device) -> torch.Tensor:
+    """A zeroed [tiles, ceil(K / 32)] int32 mask: bit k of row t for box k reaching gather
+    tile t (set by a deterministic backward's prepass)."""
+    return torch.zeros((tiles, cdiv(K, 32)), dtype=torch.int32, device=device)
+
+
+def tile_budget(dtype: torch.dtype, share: int = 1) -> int:
+    """GPU_TILE elements for a tile whose elements each carry `share` values, halved for
+    float64 (its values take two registers)."""
+    return GPU_TILE // share // (2 if dtype == torch.float64 else 1)
+
+
+class BoxGrid(NamedTuple):
+    """The grid of a per-box kernel: one program per (box, block of bins, block of
+    channels), the tiles of tile_blocks (box_program in _jit.py decodes it)."""
+    boxes: int
+    block_p: int
+    block_c: int
+    n_pb: int
+    n_cb: int
+    cf: bool | int
+
+    def launch(self, kernel, head: tuple, strides: tuple, **constexprs) -> None:
+        """kernel(*head, n_pblocks, *strides) with the tile's BLOCK_P, BLOCK_C and CF, the
+        kernel's other constexprs and LAUNCH_OPTS."""
+        kernel[(self.boxes * self.n_pb, self.n_cb)](*head, self.n_pb, *strides, BLOCK_P=self.block_p,
+                                                     BLOCK_C=self.block_c, CF=self.cf, **constexprs, **LAUNCH_OPTS)
+
+
+def box_grid(K: int, ph: int, pw: int, C: int, lanes_over_channels: bool, on_cpu: bool, budget: int = GPU_TILE,
+             flat: bool = False) -> BoxGrid:
+    """The BoxGrid of K boxes of ph x pw bins and C channels (tile_blocks' arguments)."""
+    return BoxGrid(K, *tile_blocks(ph * pw, C, lanes_over_channels, on_cpu, budget, flat))
+
+
+def forward_output(input: torch.Tensor, rois: torch.Tensor, channels: int, ph: int, pw: int,
+                   dtype: torch.dtype | None = None) -> torch.Tensor:
+    """An uninitialised [K, channels, ph, pw] forward output in the input's memory format and
+    dtype (or `dtype`). The kernels store bin p at p * soW: soH == pw * soW."""
+    out = torch.empty((rois.shape[0], channels, ph, pw), dtype=dtype or input.dtype, device=input.device,
+                      memory_format=memory_format(is_channels_last(input)))
+    assert ph == 1 or out.stride(2) == pw * out.stride(3)
+    return out
+
+
+class BoxForward(NamedTuple):
+    """A per-box forward's launch: rois in opmath, dense; its uninitialised output and int32
+    argmax (box_forward's argmax; else the output, which a kernel with an unused argmax
+    pointer takes in its place); the kernel's sizes (N, C, H, W, ph, pw), C the output's
+    channels; the grid."""
+    rois: torch.Tensor
+    out: torch.Tensor
+    argmax: torch.Tensor
+    sizes: tuple[int, int, int, int, int, int]
+    grid: BoxGrid
+
+
+def box_forward(input: torch.Tensor, rois: torch.Tensor, pooled_height: int, pooled_width: int,
+                budget: int = GPU_TILE, flat: bool = False, argmax: bool = False,
+                position_sensitive: bool = False) -> BoxForward:
+    """The BoxForward of a forward of `input`: [K, C, ph, pw] outputs (C / (ph * pw) channels
+    if position_sensitive), tiles from the input's layout (tile_blocks' budget and flat)."""
+    N, C, H, W = input.shape
+    ph, pw = int(pooled_height), int(pooled_width)
+    c_out = C // (ph * pw) if position_sensitive else C
+    rois = dense(rois, opmath(input.dtype))
+    out = forward_output(input, rois, c_out, ph, pw)
+    grid = box_grid(rois.shape[0], ph, pw, c_out, input.stride(1) < input.stride(3), input.is_cpu, budget, flat)
+    return BoxForward(rois, out, forward_output(input, rois, c_out, ph, pw, torch.int32) if argmax else out,
+                      (N, c_out, H, W, ph, pw), grid)
+
+
+def grad_input(grad: torch.Tensor, N: int, C: int, H: int, W: int, channels_last: bool,
+               atomic: bool = False) -> torch.Tensor:
+    """An uninitialised [N, C, H, W] input gradient in grad's dtype; or (atomic) a zeroed
+    one for atomic adds, in float32 for half types as the CPU kernels accumulate
+    (from_atomic casts it back)."""
+    fmt = memory_format(channels_last)
+    if not atomic:
+        return torch.empty((N, C, H, W), dtype=grad.dtype, device=grad.device, memory_format=fmt)
+    dtype = grad.dtype if grad.dtype in (torch.float32, torch.float64) else torch.float32
+    return torch.empty((N, C, H, W), dtype=dtype, device=grad.device, memory_format=fmt).zero_()
+
+
+def from_atomic(gi: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """An atomic grad_input in `dtype`."""
+    return gi if gi.dtype == dtype else gi.to(dtype)
+
+
+def level_args(tensors: list, scales: list[float], heights: list[int], widths: list[int]) -> tuple[list, ...]:
+    """A multi-level kernel's per-level arguments (pointers, scale bits, heights, widths),
+    padded to MAX_LEVELS with level 0's (padding is never selected: boxes of other levels
+    are masked)."""
+    L = len(tensors)
+    if not 1 <= L <= MAX_LEVELS:
+        raise ValueError(f"roiops: multi-level RoIAlign takes 1 to {MAX_LEVELS} levels, got {L}")
+    pad = MAX_LEVELS - L
+    return ([*tensors, *[tensors[0]] * pad], [f64_bits(s) for s in [*scales, *[scales[0]] * pad]],
+            [*heights, *[heights[0]] * pad], [*widths, *[widths[0]] * pad])
+
+
+def level_starts(programs: list[int]) -> list[int]:
+    """First program of levels 1 to 4 in a grid of per-level program counts, the missing
+    levels' past any grid."""
+    return [sum(programs[:i]) for i in range(1, len(programs))] + [2 ** 31 - 1] * (MAX_LEVELS - len(programs))
 
 
 # Integer arguments that must stay run-time values: Triton would otherwise turn an
@@ -153,17 +272,17 @@ class _Kernel(JITFunction):
     """A JITFunction whose repeated launches call the compiled kernel directly.
 
     JITFunction.run binds and specializes every argument in Python and checks its options
-    and globals on each launch: about 35 us of host time per launch on an H100 machine,
-    where the compiled kernel's own launcher takes 10. Here a launch is keyed by the
-    device, each tensor argument's dtype and 16-byte alignment, the values of the integer
-    arguments Triton specializes (the strides, on being 1 or a multiple of 16), whether
-    each of the others fits in int32, the constexpr values and the compile options. A key's first launch goes through JITFunction.run, which
-    compiles if needed and launches, and the kernel it returns serves the key's later
-    launches. The key separates at least what Triton's does, so it names one compiled
-    kernel. Which parameters are tensors and which integers is learnt from the first
-    launch; a launch that differs in that, has an integer of 2^63 or more, or leaves a
-    parameter to its default, and any launch while launch hooks (profilers) or pre-run
-    hooks are set, takes Triton's path."""
+    and globals on each launch, several times the host time of the compiled kernel's own
+    launcher. Here a launch is keyed by the device, each tensor argument's dtype and
+    16-byte alignment, the values of the integer arguments Triton specializes (the
+    strides, on being 1 or a multiple of 16), whether each of the others fits in int32,
+    the constexpr values and the compile options. A key's first launch goes through
+    JITFunction.run, which compiles if needed and launches, and the kernel it returns
+    serves the key's later launches. The key separates at least what Triton's does, so it
+    names one compiled kernel. Which parameters are tensors and which integers is learnt
+    from the first launch; a launch that differs in that, has an integer of 2^63 or more,
+    or leaves a parameter to its default, and any launch while launch hooks (profilers) or
+    pre-run hooks are set, takes Triton's path."""
 
     def __init__(self, fn, **kwargs):
         super().__init__(fn, **kwargs)

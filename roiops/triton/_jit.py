@@ -42,6 +42,16 @@ def sample_pos(start, idx, bin, grid):
 
 
 @triton.jit
+def sample_taps(start, idx, bin, grid, size, stride):
+    """Sample idx of a bin along an axis of `size` cells (sample_pos) and its bilinear taps
+    (axis_taps), the cells as offsets of the axis' stride: (v, lo offset, hi offset, l, h,
+    inside)."""
+    v = sample_pos(start, idx, bin, grid)
+    lo, hi, l, h, inside = axis_taps(v, size)
+    return v, lo.to(tl.int64) * stride, hi.to(tl.int64) * stride, l, h, inside
+
+
+@triton.jit
 def sample_span(base, bin, gridf, lo_edge, hi_edge):
     """[first, last) of the sample indices i whose positions base + (i + 0.5) * bin / grid
     can lie in [lo_edge, hi_edge], as int32. A superset: widened by more than a float32
@@ -104,16 +114,10 @@ def scatter_samples(gi_base, g, count, live, tile_m, ybase, xbase, bh, bw, ghf, 
     G = gi_base.dtype.element_ty
     fy, ey, ny, fx, ex, nx = map_spans(live, ybase, xbase, bh, bw, ghf, gwf, H, W)
     for dy in range(0, tl.max(ny, axis=0)):
-        y = sample_pos(ybase, fy + dy, bh, ghf)
-        ylo, yhi, ly, hy, iny = axis_taps(y, H)
-        oylo = ylo.to(tl.int64) * siH
-        oyhi = yhi.to(tl.int64) * siH
+        _, oylo, oyhi, ly, hy, iny = sample_taps(ybase, fy + dy, bh, ghf, H, siH)
         iny = iny & (dy < ny)
         for dx in range(0, tl.max(nx, axis=0)):
-            x = sample_pos(xbase, fx + dx, bw, gwf)
-            xlo, xhi, lx, hx, inx = axis_taps(x, W)
-            oxlo = xlo.to(tl.int64) * siW
-            oxhi = xhi.to(tl.int64) * siW
+            _, oxlo, oxhi, lx, hx, inx = sample_taps(xbase, fx + dx, bw, gwf, W, siW)
             m = tile_m & along_p(iny & inx & (dx < nx), CF)
             tl.atomic_add(gi_base + along_p(oylo + oxlo, CF), div_rn(g * along_p(hy * hx, CF), count).to(G),
                           mask=m, sem="relaxed")
@@ -293,6 +297,21 @@ def mark_box(mask_ptr, first_tile, k, r0, r1, c0, c1, W, n_words, TILE_H: tl.con
 
 
 @triton.jit
+def add_marked(acc, mask_ptr, tile, n_words, GATHER: tl.constexpr, args):
+    """The walk of a deterministic backward's gather program over the boxes marked in row
+    `tile` of the mask (mark_box), in increasing index: acc = GATHER(acc, k, *args) for
+    each, k as int64 (grad is indexed k * sgK)."""
+    row = mask_ptr + tile.to(tl.int64) * n_words
+    for w in range(0, n_words.to(tl.int64)):
+        bits = tl.load(row + w)
+        if bits != 0:
+            for j in range(0, 32):
+                if ((bits >> j) & 1) != 0:
+                    acc = GATHER(acc, w * 32 + j, *args)
+    return acc
+
+
+@triton.jit
 def hat(t):
     """max(0, 1 - |t|): Precise RoIPool's weight of a cell at distance t along one axis."""
     return tl.maximum(1.0 - tl.abs(t), 0.0)
@@ -392,6 +411,27 @@ def bin_tile(pb, cb, ph, pw, C, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr, CF
         cm = c < C
     i = p // pw
     return p, pm, i, p - i * pw, c, cm
+
+
+@triton.jit
+def box_program(n_pblocks):
+    """The prologue of a per-box kernel (grid: _common.BoxGrid): box k, bin block pb and
+    channel block cb of this program, program_id(0) = k * n_pblocks + pb, program_id(1) = cb."""
+    pid = tl.program_id(0)
+    k = pid // n_pblocks
+    return k, pid - k * n_pblocks, tl.program_id(1)
+
+
+@triton.jit
+def box_tile(rois_ptr, scale_bits, n_pblocks, N, C, ph, pw, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr,
+             CF: tl.constexpr):
+    """box_program, the scale (scale_of), box k's row of rois (load_roi) and the program's
+    tile of it (bin_tile): (k as int64, scale, ok, b, x1, y1, x2, y2, p, pm, i, j, c, cm)."""
+    k, pb, cb = box_program(n_pblocks)
+    scale = scale_of(scale_bits, rois_ptr.dtype.element_ty)
+    ok, b, x1, y1, x2, y2 = load_roi(rois_ptr, k.to(tl.int64), N, scale)
+    p, pm, i, j, c, cm = bin_tile(pb, cb, ph, pw, C, BLOCK_P, BLOCK_C, CF)
+    return k.to(tl.int64), scale, ok, b, x1, y1, x2, y2, p, pm, i, j, c, cm
 
 
 @triton.jit

@@ -3,12 +3,13 @@ bilinearly interpolated map over each bin, divided by the bin's area.
 
 The interpolation's weights are separable, so bin (i, j)'s integral is the sum over cells
 (h, w) of F[h, w] * Iy(h) * Ix(w), where Ix(w) is the integral of the hat max(0, 1 - |x - w|)
-over the bin's columns [xs, xs + dw] (hat_integral in _jit.py, given xs - w and dw). Only the cells floor(xs) to
-ceil(xe) (and likewise rows), clipped to the map, can have a non-zero weight: every loop
-below runs over them with a run-time bound, so a bin costs what it covers of the map.
+over the bin's columns [xs, xs + dw] (hat_integral in _jit.py, given xs - w and dw).
+Only the cells floor(xs) to ceil(xe) (and likewise rows), clipped to the map, can have a
+non-zero weight: every loop below runs over them with a run-time bound, so a bin costs
+what it covers of the map.
 
 Forward and the atomic backward: one program per (box, block of bins, block of channels),
-the tiles of roi_align.py (channels the fast axis for channels_last input, bins for NCHW);
+the tiles of roi_align.py's forward (channels the fast axis for channels_last input, bins for NCHW);
 a bin's window and cell range are [BLOCK_P] vectors shared by the tile's channels.
 
 Input backward
@@ -19,7 +20,7 @@ atomics, and so the last bits, vary between runs.
 
 Deterministic path (``torch.are_deterministic_algorithms_enabled()``,
 ``roiops.config.deterministic_backward`` or ``deterministic=True``): the gather of
-roi_align.py. A prepass (one program per box) sets bit k of the mask rows of the 8x8-cell
+_align_gather.py. A prepass (one program per box) sets bit k of the mask rows of the 8x8-cell
 tiles that box k's bins can reach; then one program per (tile, block of channels) walks
 the set bits in increasing box index, adds each bin's terms to its cells in registers and
 writes its tile once: bit-identical from run to run.
@@ -42,11 +43,11 @@ import torch
 import triton
 import triton.language as tl
 
-from .._geometry import is_channels_last, memory_format
-from ._common import (GPU_TILE, LAUNCH_OPTS, cdiv, check_device, f64_bits, gather_blocks, kernel, next_pow2, opmath,
-                      tile_blocks, use_deterministic)
+from .._geometry import dense
+from ._common import (LAUNCH_OPTS, box_forward, box_grid, cdiv, check_device, f64_bits, from_atomic, gather_grid,
+                      grad_input, kernel, next_pow2, opmath, tile_budget, tile_mask, use_deterministic)
 from ._common import check_prroi_backward, check_prroi_forward, check_prroi_rois_backward
-from ._jit import (bin_tile, div_rn, hat, hat_integral, load_roi, mark_box, may_touch, pixel_tile, scale_of,
+from ._jit import (add_marked, box_tile, div_rn, hat, hat_integral, load_roi, mark_box, may_touch, pixel_tile, scale_of,
                    store_tile, touched_cells, with_flag)
 from ._jit import along_c as _c  # per-channel vector -> tile axis
 from ._jit import along_p as _p  # per-bin / per-pixel vector -> tile axis
@@ -104,12 +105,8 @@ def _prroi_fwd_kernel(
 ):
     """Bins [pb * BLOCK_P, +BLOCK_P) x channels [cb * BLOCK_C, +BLOCK_C) of box k."""
     T = rois_ptr.dtype.element_ty
-    pid = tl.program_id(0)
-    k = pid // n_pblocks
-    pb = pid - k * n_pblocks
-    scale = scale_of(scale_bits, T)
-    ok, b, x1, y1, x2, y2 = load_roi(rois_ptr, k.to(tl.int64), N, scale)
-    p, pm, i, j, c, cm = bin_tile(pb, tl.program_id(1), ph, pw, C, BLOCK_P, BLOCK_C, CF)
+    k, scale, ok, b, x1, y1, x2, y2, p, pm, i, j, c, cm = box_tile(rois_ptr, scale_bits, n_pblocks, N, C, ph, pw,
+                                                                   BLOCK_P, BLOCK_C, CF)
     ys, ye, dh, h0, nh, xs, xe, dw, w0, nw, area = _bins(ok, pm, x1, y1, x2, y2, scale, i, j, ph, pw, H, W)
 
     x_base = x_ptr + b * sxN + _c(c.to(tl.int64) * sxC, CF)
@@ -127,8 +124,8 @@ def _prroi_fwd_kernel(
             v = tl.load(x_base + _p(oh + w.to(tl.int64) * sxW, CF), mask=m, other=0.0).to(T)
             acc += v * _p(wy * wx, CF)
 
-    # out is allocated with soH == pw * soW: bin p sits at p * soW (see roi_align.py).
-    o = k.to(tl.int64) * soK + _c(c.to(tl.int64) * soC, CF) + _p(p.to(tl.int64) * soW, CF)
+    # out has soH == pw * soW (forward_output): bin p sits at p * soW.
+    o = k * soK + _c(c.to(tl.int64) * soC, CF) + _p(p.to(tl.int64) * soW, CF)
     res = tl.where(_p(area > 0, CF), div_rn(acc, _p(tl.where(area > 0, area, 1.0), CF)), 0.0)
     tl.store(out_ptr + o, res.to(out_ptr.dtype.element_ty), mask=_p(pm, CF) & cmask)
 
@@ -143,17 +140,13 @@ def _prroi_bwd_atomic_kernel(
     """Scatters the grad of bins [pb * BLOCK_P, +BLOCK_P) x channels [cb * BLOCK_C, +BLOCK_C) of box k."""
     T = rois_ptr.dtype.element_ty
     G = gi_ptr.dtype.element_ty
-    pid = tl.program_id(0)
-    k = pid // n_pblocks
-    pb = pid - k * n_pblocks
-    scale = scale_of(scale_bits, T)
-    ok, b, x1, y1, x2, y2 = load_roi(rois_ptr, k.to(tl.int64), N, scale)
-    p, pm, i, j, c, cm = bin_tile(pb, tl.program_id(1), ph, pw, C, BLOCK_P, BLOCK_C, CF)
+    k, scale, ok, b, x1, y1, x2, y2, p, pm, i, j, c, cm = box_tile(rois_ptr, scale_bits, n_pblocks, N, C, ph, pw,
+                                                                   BLOCK_P, BLOCK_C, CF)
     ys, ye, dh, h0, nh, xs, xe, dw, w0, nw, area = _bins(ok, pm, x1, y1, x2, y2, scale, i, j, ph, pw, H, W)
 
     c64 = c.to(tl.int64)
     cmask = _c(cm, CF)
-    g = tl.load(grad_ptr + k.to(tl.int64) * sgK + _c(c64 * sgC, CF)
+    g = tl.load(grad_ptr + k * sgK + _c(c64 * sgC, CF)
                 + _p(i.to(tl.int64) * sgH + j.to(tl.int64) * sgW, CF),
                 mask=_p(area > 0, CF) & cmask, other=0.0).to(T)
     q = div_rn(g, _p(tl.where(area > 0, area, 1.0), CF))
@@ -243,14 +236,9 @@ def _prroi_bwd_gather_kernel(
     r_lo, r_hi, s_lo, s_hi = r_lo.to(T), r_hi.to(T), s_lo.to(T), s_hi.to(T)
 
     acc = _p(tl.zeros([TILE_H * TILE_W], dtype=T), CF) + _c(tl.zeros([BLOCK_C], dtype=T), CF)
-    row = mask_ptr + pid.to(tl.int64) * n_words
-    for w in range(0, n_words.to(tl.int64)):  # int64: box k indexes grad as k * sgK
-        bits = tl.load(row + w)
-        if bits != 0:
-            for bit in range(0, 32):
-                if ((bits >> bit) & 1) != 0:
-                    acc = _gather_box(acc, w * 32 + bit, grad_ptr, rois_ptr, rf, sf, r_lo, r_hi, s_lo, s_hi, cm, c64,
-                                      scale, N, H, W, ph, pw, sgK, sgC, sgH, sgW, CF)
+    acc = add_marked(acc, mask_ptr, pid, n_words, _gather_box,
+                     (grad_ptr, rois_ptr, rf, sf, r_lo, r_hi, s_lo, s_hi, cm, c64, scale, N, H, W, ph, pw,
+                      sgK, sgC, sgH, sgW, CF))
 
     store_tile(gi_ptr, acc, n, r, s, c, cm, H, W, siN, siC, siH, siW, CF)
 
@@ -265,13 +253,8 @@ def _prroi_rois_bwd_kernel(
     """Box k's gradient from bins [pb * BLOCK_P, +BLOCK_P) x channels [cb * BLOCK_C, +BLOCK_C):
     four partial sums (x1, y1, x2, y2) at part[(program_id(0) * n_cblocks + cb) * 4]."""
     T = rois_ptr.dtype.element_ty
-    pid = tl.program_id(0)
-    k = pid // n_pblocks
-    pb = pid - k * n_pblocks
-    cb = tl.program_id(1)
-    scale = scale_of(scale_bits, T)
-    ok, b, x1, y1, x2, y2 = load_roi(rois_ptr, k.to(tl.int64), N, scale)
-    p, pm, i, j, c, cm = bin_tile(pb, cb, ph, pw, C, BLOCK_P, BLOCK_C, CF)
+    k, scale, ok, b, x1, y1, x2, y2, p, pm, i, j, c, cm = box_tile(rois_ptr, scale_bits, n_pblocks, N, C, ph, pw,
+                                                                   BLOCK_P, BLOCK_C, CF)
     ys, ye, dh, h0, nh, xs, xe, dw, w0, nw, area = _bins(ok, pm, x1, y1, x2, y2, scale, i, j, ph, pw, H, W)
 
     c64 = c.to(tl.int64)
@@ -307,7 +290,7 @@ def _prroi_rois_bwd_kernel(
 
     live = area > 0
     a = _p(tl.where(live, area, 1.0), CF)
-    g = tl.load(grad_ptr + k.to(tl.int64) * sgK + _c(c64 * sgC, CF)
+    g = tl.load(grad_ptr + k * sgK + _c(c64 * sgC, CF)
                 + _p(i.to(tl.int64) * sgH + j.to(tl.int64) * sgW, CF),
                 mask=_p(live, CF) & cmask, other=0.0).to(T)
     ga = div_rn(g, a)
@@ -328,7 +311,7 @@ def _prroi_rois_bwd_kernel(
     gx2 = tl.sum(fx0 * g_xs + fx1 * g_xe, axis=0) * scale
     gy1 = tl.sum((1.0 - fy0) * g_ys + (1.0 - fy1) * g_ye, axis=0) * scale
     gy2 = tl.sum(fy0 * g_ys + fy1 * g_ye, axis=0) * scale
-    out_ptr = part_ptr + (pid.to(tl.int64) * tl.num_programs(1) + cb) * 4
+    out_ptr = part_ptr + (tl.program_id(0).to(tl.int64) * tl.num_programs(1) + tl.program_id(1)) * 4
     tl.store(out_ptr, gx1)
     tl.store(out_ptr + 1, gy1)
     tl.store(out_ptr + 2, gx2)
@@ -342,22 +325,11 @@ def prroi_pool_forward(input: torch.Tensor, rois: torch.Tensor, spatial_scale: f
     """Precise RoIPool forward: [K, C, ph, pw] in the input's dtype and memory format."""
     check_prroi_forward(input, rois, spatial_scale, pooled_height, pooled_width)
     check_device(input, _prroi_fwd_kernel)
-    N, C, H, W = input.shape
-    K = rois.shape[0]
-    ph, pw = int(pooled_height), int(pooled_width)
-    rois = rois.to(opmath(input.dtype)).contiguous()
-    out = torch.empty((K, C, ph, pw), dtype=input.dtype, device=input.device,
-                      memory_format=memory_format(is_channels_last(input)))
-    if out.numel() == 0:
-        return out
-    lanes_c = input.stride(1) < input.stride(3)
-    budget = GPU_TILE // 2 if input.dtype == torch.float64 else GPU_TILE
-    block_p, block_c, n_pb, n_cb, cf = tile_blocks(ph * pw, C, lanes_c, input.is_cpu, budget)
-    assert ph == 1 or out.stride(2) == pw * out.stride(3)
-    _prroi_fwd_kernel[(K * n_pb, n_cb)](
-        input, rois, out, f64_bits(spatial_scale), N, C, H, W, ph, pw, n_pb, *input.stride(), *out.stride(),
-        BLOCK_P=block_p, BLOCK_C=block_c, CF=cf, **LAUNCH_OPTS)
-    return out
+    f = box_forward(input, rois, pooled_height, pooled_width, tile_budget(input.dtype))
+    if f.out.numel():
+        f.grid.launch(_prroi_fwd_kernel, (input, f.rois, f.out, f64_bits(spatial_scale), *f.sizes),
+                      (*input.stride(), *f.out.stride()))
+    return f.out
 
 
 def prroi_pool_backward(grad: torch.Tensor, rois: torch.Tensor, spatial_scale: float, pooled_height: int,
@@ -374,37 +346,28 @@ def prroi_pool_backward(grad: torch.Tensor, rois: torch.Tensor, spatial_scale: f
     N, C, H, W = int(batch_size), int(channels), int(height), int(width)
     K = rois.shape[0]
     ph, pw = int(pooled_height), int(pooled_width)
-    rois = rois.to(opmath(grad.dtype)).contiguous()
-    fmt = memory_format(bool(channels_last))
-    on_cpu = grad.is_cpu
+    rois = dense(rois, opmath(grad.dtype))
     if K == 0 or N * C * H * W == 0:
-        return torch.empty((N, C, H, W), dtype=grad.dtype, device=grad.device, memory_format=fmt).zero_()
+        return grad_input(grad, N, C, H, W, bool(channels_last)).zero_()
     bits = f64_bits(spatial_scale)
 
     if use_deterministic(deterministic):
-        gi = torch.empty((N, C, H, W), dtype=grad.dtype, device=grad.device, memory_format=fmt)
-        tile_h, tile_w, block_c = gather_blocks(H, W, C, bool(channels_last), on_cpu, grad.dtype == torch.float64)
-        n_tw = cdiv(W, tile_w)
-        n_tiles = cdiv(H, tile_h) * n_tw
-        mask = torch.zeros((N * n_tiles, cdiv(K, 32)), dtype=torch.int32, device=grad.device)
+        gi = grad_input(grad, N, C, H, W, bool(channels_last))
+        tile_h, tile_w, block_c, n_tw, n_tiles = gather_grid(grad, H, W, C, bool(channels_last))
+        mask = tile_mask(N * n_tiles, K, grad.device)
         _prroi_tiles_kernel[(K,)](
             rois, mask, bits, N, H, W, ph, pw, mask.shape[1],
             TILE_H=tile_h, TILE_W=tile_w, BLOCK=min(next_pow2(n_tw), 64), **LAUNCH_OPTS)
         _prroi_bwd_gather_kernel[(N * n_tiles, cdiv(C, block_c))](
             grad, rois, gi, mask, bits, N, C, H, W, ph, pw, n_tw, n_tiles, mask.shape[1],
             *grad.stride(), *gi.stride(),
-            TILE_H=tile_h, TILE_W=tile_w, BLOCK_C=block_c, CF=True, **LAUNCH_OPTS)  # CF: see roi_align.py
+            TILE_H=tile_h, TILE_W=tile_w, BLOCK_C=block_c, CF=True, **LAUNCH_OPTS)  # CF: see _align_gather.py
         return gi
 
-    # Half types accumulate in a float32 scratch (one extra cast pass).
-    acc_dtype = grad.dtype if grad.dtype in (torch.float32, torch.float64) else torch.float32
-    gi = torch.empty((N, C, H, W), dtype=acc_dtype, device=grad.device, memory_format=fmt).zero_()
-    budget = GPU_TILE // 2 if grad.dtype == torch.float64 else GPU_TILE
-    block_p, block_c, n_pb, n_cb, cf = tile_blocks(ph * pw, C, bool(channels_last), on_cpu, budget)
-    _prroi_bwd_atomic_kernel[(K * n_pb, n_cb)](
-        grad, rois, gi, bits, N, C, H, W, ph, pw, n_pb, *grad.stride(), *gi.stride(),
-        BLOCK_P=block_p, BLOCK_C=block_c, CF=cf, **LAUNCH_OPTS)
-    return gi if acc_dtype == grad.dtype else gi.to(grad.dtype)
+    gi = grad_input(grad, N, C, H, W, bool(channels_last), atomic=True)
+    box_grid(K, ph, pw, C, bool(channels_last), grad.is_cpu, tile_budget(grad.dtype)).launch(
+        _prroi_bwd_atomic_kernel, (grad, rois, gi, bits, N, C, H, W, ph, pw), (*grad.stride(), *gi.stride()))
+    return from_atomic(gi, grad.dtype)
 
 
 def prroi_pool_rois_backward(grad: torch.Tensor, input: torch.Tensor, rois: torch.Tensor, spatial_scale: float,
@@ -421,13 +384,10 @@ def prroi_pool_rois_backward(grad: torch.Tensor, input: torch.Tensor, rois: torc
     if K == 0 or C == 0:
         return grad_rois
     T = opmath(input.dtype)
-    lanes_c = input.stride(1) < input.stride(3)
     # Five accumulators per tile element.
-    budget = GPU_TILE // 8 if input.dtype == torch.float64 else GPU_TILE // 4
-    block_p, block_c, n_pb, n_cb, cf = tile_blocks(ph * pw, C, lanes_c, input.is_cpu, budget)
-    part = torch.empty((K, n_pb, n_cb, 4), dtype=T, device=input.device)
-    _prroi_rois_bwd_kernel[(K * n_pb, n_cb)](
-        grad, input, rois.to(T).contiguous(), part, f64_bits(spatial_scale), N, C, H, W, ph, pw, n_pb,
-        *grad.stride(), *input.stride(), BLOCK_P=block_p, BLOCK_C=block_c, CF=cf, **LAUNCH_OPTS)
+    grid = box_grid(K, ph, pw, C, input.stride(1) < input.stride(3), input.is_cpu, tile_budget(input.dtype, 4))
+    part = torch.empty((K, grid.n_pb, grid.n_cb, 4), dtype=T, device=input.device)
+    grid.launch(_prroi_rois_bwd_kernel, (grad, input, dense(rois, T), part, f64_bits(spatial_scale),
+                                         N, C, H, W, ph, pw), (*grad.stride(), *input.stride()))
     grad_rois[:, 1:] = part.sum(dim=(1, 2))
     return grad_rois

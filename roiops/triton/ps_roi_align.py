@@ -28,11 +28,11 @@ import torch
 import triton.language as tl
 
 from ._common import check_device, check_ps_backward, check_ps_forward, kernel
-from ._jit import (align_geometry, axis_taps, bin_tile, div_rn, load_roi, map_spans, sample_pos, sample_span, scale_of,
-                   scatter_samples, store_tile, with_flag)
+from ._jit import (align_geometry, axis_taps, box_tile, div_rn, load_roi, map_spans, sample_pos, sample_span,
+                   sample_taps, scatter_samples, with_flag)
 from ._jit import along_c as _c  # per-channel vector -> tile axis
 from ._jit import along_p as _p  # per-bin / per-pixel vector -> tile axis
-from ._position_sensitive import channel_base, gather_tile, launch_backward, launch_forward
+from ._position_sensitive import channel_base, gather_tile, launch_backward, launch_forward, store_gathered
 
 __all__ = ["ps_roi_align_backward", "ps_roi_align_forward"]
 
@@ -44,18 +44,12 @@ def _ps_align_fwd_kernel(
     sxN, sxC, sxH, sxW, soK, soC, soH, soW,
     BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr, CF: tl.constexpr,
 ):
-    """Bins [pb * BLOCK_P, +BLOCK_P) x output channels [cb * BLOCK_C, +BLOCK_C) of box k (C
-    is the output's channel count)."""
+    """Bins [pb * BLOCK_P, +BLOCK_P) x output channels [cb * BLOCK_C, +BLOCK_C) of box k, each
+    the average of its samples (C is the output's channel count)."""
     T = rois_ptr.dtype.element_ty
-    pid = tl.program_id(0)
-    k = pid // n_pblocks
-    pb = pid - k * n_pblocks
-    cb = tl.program_id(1)
-    scale = scale_of(scale_bits, T)
-    ok, b, x1, y1, x2, y2 = load_roi(rois_ptr, k.to(tl.int64), N, scale)
+    k, scale, ok, b, x1, y1, x2, y2, p, pm, i, j, c, cm = box_tile(rois_ptr, scale_bits, n_pblocks, N, C, ph, pw,
+                                                                   BLOCK_P, BLOCK_C, CF)
     sx, sy, bw, bh, gwf, ghf, gw, gh, count = align_geometry(x1, y1, x2, y2, scale, ph, pw, sampling_ratio, True)
-
-    p, pm, i, j, c, cm = bin_tile(pb, cb, ph, pw, C, BLOCK_P, BLOCK_C, CF)
     tile_m = with_flag(_p(pm, CF) & _c(cm, CF), ok)
     x_base = channel_base(x_ptr, b, p, c, ph, pw, sxN, sxC, CF)
     ybase = sy + i.to(T) * bh
@@ -64,16 +58,10 @@ def _ps_align_fwd_kernel(
     fy, ey, ny, fx, ex, nx = map_spans(with_flag(pm, ok), ybase, xbase, bh, bw, ghf, gwf, H, W)
     acc = _p(tl.zeros([BLOCK_P], dtype=T), CF) + _c(tl.zeros([BLOCK_C], dtype=T), CF)
     for dy in range(0, tl.max(ny, axis=0)):
-        y = sample_pos(ybase, fy + dy, bh, ghf)
-        ylo, yhi, ly, hy, iny = axis_taps(y, H)
-        oylo = ylo.to(tl.int64) * sxH
-        oyhi = yhi.to(tl.int64) * sxH
+        _, oylo, oyhi, ly, hy, iny = sample_taps(ybase, fy + dy, bh, ghf, H, sxH)
         row = dy < ny
         for dx in range(0, tl.max(nx, axis=0)):
-            x = sample_pos(xbase, fx + dx, bw, gwf)
-            xlo, xhi, lx, hx, inx = axis_taps(x, W)
-            oxlo = xlo.to(tl.int64) * sxW
-            oxhi = xhi.to(tl.int64) * sxW
+            _, oxlo, oxhi, lx, hx, inx = sample_taps(xbase, fx + dx, bw, gwf, W, sxW)
             m = tile_m & _p(row & (dx < nx) & iny & inx, CF)
             v1 = tl.load(x_base + _p(oylo + oxlo, CF), mask=m, other=0.0).to(T)
             v2 = tl.load(x_base + _p(oylo + oxhi, CF), mask=m, other=0.0).to(T)
@@ -82,7 +70,7 @@ def _ps_align_fwd_kernel(
             acc += (_p(hy * hx, CF) * v1 + _p(hy * lx, CF) * v2 + _p(ly * hx, CF) * v3 + _p(ly * lx, CF) * v4)
 
     # out is allocated with soH == pw * soW: bin p sits at p * soW.
-    o = k.to(tl.int64) * soK + _c(c.to(tl.int64) * soC, CF) + _p(p.to(tl.int64) * soW, CF)
+    o = k * soK + _c(c.to(tl.int64) * soC, CF) + _p(p.to(tl.int64) * soW, CF)
     tl.store(out_ptr + o, div_rn(acc, count).to(out_ptr.dtype.element_ty), mask=_p(pm, CF) & _c(cm, CF))
 
 
@@ -96,17 +84,12 @@ def _ps_align_bwd_atomic_kernel(
     """Scatters the grad of bins [pb * BLOCK_P, +BLOCK_P) x output channels [cb * BLOCK_C,
     +BLOCK_C) of box k into input channels c * ph * pw + p (C is the output's channel count)."""
     T = rois_ptr.dtype.element_ty
-    pid = tl.program_id(0)
-    k = pid // n_pblocks
-    pb = pid - k * n_pblocks
-    scale = scale_of(scale_bits, T)
-    ok, b, x1, y1, x2, y2 = load_roi(rois_ptr, k.to(tl.int64), N, scale)
+    k, scale, ok, b, x1, y1, x2, y2, p, pm, i, j, c, cm = box_tile(rois_ptr, scale_bits, n_pblocks, N, C, ph, pw,
+                                                                   BLOCK_P, BLOCK_C, CF)
     sx, sy, bw, bh, gwf, ghf, gw, gh, count = align_geometry(x1, y1, x2, y2, scale, ph, pw, sampling_ratio, True)
-
-    p, pm, i, j, c, cm = bin_tile(pb, tl.program_id(1), ph, pw, C, BLOCK_P, BLOCK_C, CF)
     tile_m = with_flag(_p(pm, CF) & _c(cm, CF), ok)
     c64 = c.to(tl.int64)
-    g = tl.load(grad_ptr + k.to(tl.int64) * sgK + _c(c64 * sgC, CF)
+    g = tl.load(grad_ptr + k * sgK + _c(c64 * sgC, CF)
                 + _p(i.to(tl.int64) * sgH + j.to(tl.int64) * sgW, CF), mask=tile_m, other=0.0).to(T)
     gi_base = channel_base(gi_ptr, b, p, c, ph, pw, siN, siC, CF)
     scatter_samples(gi_base, g, count, with_flag(pm, ok), tile_m, sy + i.to(T) * bh, sx + j.to(T) * bw, bh, bw, ghf,
@@ -120,14 +103,9 @@ def _ps_align_bwd_kernel(
     sgK, sgC, sgH, sgW, siN, siC, siH, siW,
     TILE_H: tl.constexpr, TILE_W: tl.constexpr, BLOCK_C: tl.constexpr, CF: tl.constexpr,
 ):
-    """Tile t of image n, input channels c * ph * pw + p for output channels c of block cb
-    (C is the output's channel count)."""
     T = rois_ptr.dtype.element_ty
-    P = ph * pw
-    n, p, i, j, r, s, c, cm, r_lo, r_hi, s_lo, s_hi = gather_tile(ph, pw, n_tw, n_tiles, H, W, C, TILE_H, TILE_W,
-                                                                  BLOCK_C)
-    scale = scale_of(scale_bits, T)
-    acc = _p(tl.zeros([TILE_H * TILE_W], dtype=T), CF) + _c(tl.zeros([BLOCK_C], dtype=T), CF)
+    n, p, i, j, r, s, c, cm, r_lo, r_hi, s_lo, s_hi, scale, acc = gather_tile(
+        rois_ptr, scale_bits, ph, pw, n_tw, n_tiles, H, W, C, TILE_H, TILE_W, BLOCK_C, CF)
     for k in range(0, K.to(tl.int64)):  # int64: grad is indexed k * sgK
         ok, b, x1, y1, x2, y2 = load_roi(rois_ptr, k, N, scale)
         sx, sy, bw, bh, gwf, ghf, gw, gh, count = align_geometry(x1, y1, x2, y2, scale, ph, pw, sampling_ratio,
@@ -152,7 +130,7 @@ def _ps_align_bwd_kernel(
                         acc += tl.where(_p((r == yhi) & (s == xlo), CF), _c(div_rn(g * (ly * hx), count), CF), 0.0)
                         acc += tl.where(_p((r == yhi) & (s == xhi), CF), _c(div_rn(g * (ly * lx), count), CF), 0.0)
 
-    store_tile(gi_ptr + p.to(tl.int64) * siC, acc, n, r, s, c * P.to(tl.int64), cm, H, W, siN, siC, siH, siW, CF)
+    store_gathered(gi_ptr, acc, n, p, r, s, c, cm, ph, pw, H, W, siN, siC, siH, siW, CF)
 
 
 def ps_roi_align_forward(input: torch.Tensor, rois: torch.Tensor, spatial_scale: float, pooled_height: int,

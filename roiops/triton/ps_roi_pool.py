@@ -20,10 +20,10 @@ import triton
 import triton.language as tl
 
 from ._common import check_device, check_ps_backward, check_ps_forward, kernel
-from ._jit import bin_edges, bin_tile, c_round, div_rn, load_roi, scale_of, store_tile, with_flag
+from ._jit import bin_edges, box_tile, c_round, div_rn, load_roi, with_flag
 from ._jit import along_c as _c  # per-channel vector -> tile axis
 from ._jit import along_p as _p  # per-bin / per-pixel vector -> tile axis
-from ._position_sensitive import channel_base, gather_tile, launch_backward, launch_forward
+from ._position_sensitive import channel_base, gather_tile, launch_backward, launch_forward, store_gathered
 
 __all__ = ["ps_roi_pool_backward", "ps_roi_pool_forward"]
 
@@ -56,17 +56,11 @@ def _ps_pool_fwd_kernel(
     sxN, sxC, sxH, sxW, soK, soC, soH, soW,
     BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr, CF: tl.constexpr,
 ):
-    """Bins [pb * BLOCK_P, +BLOCK_P) x output channels [cb * BLOCK_C, +BLOCK_C) of box k (C
-    is the output's channel count)."""
+    """Bins [pb * BLOCK_P, +BLOCK_P) x output channels [cb * BLOCK_C, +BLOCK_C) of box k, each
+    the average of its cells (C is the output's channel count)."""
     T = rois_ptr.dtype.element_ty
-    pid = tl.program_id(0)
-    k = pid // n_pblocks
-    pb = pid - k * n_pblocks
-    cb = tl.program_id(1)
-    scale = scale_of(scale_bits, T)
-    ok, b, x1, y1, x2, y2 = load_roi(rois_ptr, k.to(tl.int64), N, scale)
-
-    p, pm, i, j, c, cm = bin_tile(pb, cb, ph, pw, C, BLOCK_P, BLOCK_C, CF)
+    k, scale, ok, b, x1, y1, x2, y2, p, pm, i, j, c, cm = box_tile(rois_ptr, scale_bits, n_pblocks, N, C, ph, pw,
+                                                                   BLOCK_P, BLOCK_C, CF)
     hs, he, ws, we, _ = _ps_bins(ok, pm, x1, y1, x2, y2, scale, i, j, ph, pw, H, W)
     x_base = channel_base(x_ptr, b, p, c, ph, pw, sxN, sxC, CF)
     cmask = _c(cm, CF)
@@ -83,7 +77,7 @@ def _ps_pool_fwd_kernel(
     # `live` in 2-D keeps Triton 3.6 from giving `live` two layouts (it fails to compile
     # some float64 variants then).
     res = tl.where(_p(area > 0, CF), div_rn(acc, _p(tl.maximum(area, 1.0), CF)), 0.0)
-    o = k.to(tl.int64) * soK + _c(c.to(tl.int64) * soC, CF) + _p(p.to(tl.int64) * soW, CF)
+    o = k * soK + _c(c.to(tl.int64) * soC, CF) + _p(p.to(tl.int64) * soW, CF)
     tl.store(out_ptr + o, res.to(out_ptr.dtype.element_ty), mask=_p(pm, CF) & cmask)
 
 
@@ -98,17 +92,12 @@ def _ps_pool_bwd_atomic_kernel(
     +BLOCK_C) of box k into input channels c * ph * pw + p (C is the output's channel count)."""
     T = rois_ptr.dtype.element_ty
     G = gi_ptr.dtype.element_ty
-    pid = tl.program_id(0)
-    k = pid // n_pblocks
-    pb = pid - k * n_pblocks
-    scale = scale_of(scale_bits, T)
-    ok, b, x1, y1, x2, y2 = load_roi(rois_ptr, k.to(tl.int64), N, scale)
-
-    p, pm, i, j, c, cm = bin_tile(pb, tl.program_id(1), ph, pw, C, BLOCK_P, BLOCK_C, CF)
+    k, scale, ok, b, x1, y1, x2, y2, p, pm, i, j, c, cm = box_tile(rois_ptr, scale_bits, n_pblocks, N, C, ph, pw,
+                                                                   BLOCK_P, BLOCK_C, CF)
     hs, he, ws, we, live = _ps_bins(ok, pm, x1, y1, x2, y2, scale, i, j, ph, pw, H, W)
     c64 = c.to(tl.int64)
     cmask = _c(cm, CF)
-    g = tl.load(grad_ptr + k.to(tl.int64) * sgK + _c(c64 * sgC, CF)
+    g = tl.load(grad_ptr + k * sgK + _c(c64 * sgC, CF)
                 + _p(i.to(tl.int64) * sgH + j.to(tl.int64) * sgW, CF), mask=_p(live, CF) & cmask, other=0.0).to(T)
     d = div_rn(g, _p(tl.maximum((he - hs) * (we - ws), 1.0).to(T), CF))
     gi_base = channel_base(gi_ptr, b, p, c, ph, pw, siN, siC, CF)
@@ -128,14 +117,9 @@ def _ps_pool_bwd_kernel(
     sgK, sgC, sgH, sgW, siN, siC, siH, siW,
     TILE_H: tl.constexpr, TILE_W: tl.constexpr, BLOCK_C: tl.constexpr, CF: tl.constexpr,
 ):
-    """Tile t of image n, input channels c * ph * pw + p for output channels c of block cb
-    (C is the output's channel count)."""
     T = rois_ptr.dtype.element_ty
-    P = ph * pw
-    n, p, i, j, r, s, c, cm, r_lo, r_hi, s_lo, s_hi = gather_tile(ph, pw, n_tw, n_tiles, H, W, C, TILE_H, TILE_W,
-                                                                  BLOCK_C)
-    scale = scale_of(scale_bits, T)
-    acc = _p(tl.zeros([TILE_H * TILE_W], dtype=T), CF) + _c(tl.zeros([BLOCK_C], dtype=T), CF)
+    n, p, i, j, r, s, c, cm, r_lo, r_hi, s_lo, s_hi, scale, acc = gather_tile(
+        rois_ptr, scale_bits, ph, pw, n_tw, n_tiles, H, W, C, TILE_H, TILE_W, BLOCK_C, CF)
     for k in range(0, K.to(tl.int64)):  # int64: grad is indexed k * sgK
         ok, b, x1, y1, x2, y2 = load_roi(rois_ptr, k, N, scale)
         hs, he = _ps_axis(y1, y2, scale, i, ph, H.to(T))
@@ -145,7 +129,7 @@ def _ps_pool_bwd_kernel(
             d = div_rn(g, ((he - hs) * (we - ws)).to(T))
             acc += tl.where(_p((r >= hs) & (r < he) & (s >= ws) & (s < we), CF), _c(d, CF), 0.0)
 
-    store_tile(gi_ptr + p.to(tl.int64) * siC, acc, n, r, s, c * P.to(tl.int64), cm, H, W, siN, siC, siH, siW, CF)
+    store_gathered(gi_ptr, acc, n, p, r, s, c, cm, ph, pw, H, W, siN, siC, siH, siW, CF)
 
 
 def ps_roi_pool_forward(input: torch.Tensor, rois: torch.Tensor, spatial_scale: float, pooled_height: int,

@@ -25,10 +25,12 @@ import torch
 import triton
 import triton.language as tl
 
-from .._geometry import is_channels_last, memory_format
-from ._common import (GPU_TILE, INTERP_TILE, LAUNCH_OPTS, cdiv, check_device, check_rotated_backward,
-                      check_rotated_forward, f64_bits, kernel, opmath, tile_blocks, use_deterministic)
-from ._jit import MAX_COORD, axis_taps, bin_grid, bin_tile, div_rn, sample_pos, sample_span, scale_of, with_flag
+from .._geometry import dense
+from ._common import (INTERP_TILE, LAUNCH_OPTS, box_forward, box_grid, cdiv, check_device, check_rotated_backward,
+                      check_rotated_forward, f64_bits, from_atomic, grad_input, kernel, opmath, tile_budget,
+                      use_deterministic)
+from ._jit import (MAX_COORD, axis_taps, bin_grid, bin_tile, box_program, div_rn, sample_pos, sample_span, scale_of,
+                   with_flag)
 from ._jit import along_c as _c
 from ._jit import along_p as _p
 
@@ -94,12 +96,19 @@ def _region(cy, cx, cos, sin, sh, sw, y0, y1, x0, x1, H, W):
 
 
 @triton.jit
-def _map_box(rois_ptr, cs_ptr, k, N, H, W, scale, ph, pw, sampling_ratio, ALIGNED: tl.constexpr):
-    """_rotated_box, then the map [-1, H] x [-1, W] along the box's axes (_region)."""
+def _box_tile(rois_ptr, cs_ptr, scale_bits, n_pblocks, N, C, H, W, ph, pw, sampling_ratio, ALIGNED: tl.constexpr,
+              BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr, CF: tl.constexpr):
+    """The per-box kernels' prologue: box_program; box k's row and geometry (_rotated_box)
+    and the map [-1, H] x [-1, W] along its axes (_region); the program's tile (bin_tile).
+    Returns k (int64), _rotated_box's values, (ylo, yhi, xlo, xhi) and the tile."""
+    k, pb, cb = box_program(n_pblocks)
+    k = k.to(tl.int64)
+    scale = scale_of(scale_bits, rois_ptr.dtype.element_ty)
     ok, b, cy, cx, cos, sin, bh, bw, ghf, gwf, count, sh, sw = _rotated_box(rois_ptr, cs_ptr, k, N, scale, ph, pw,
                                                                            sampling_ratio, ALIGNED)
     ylo, yhi, xlo, xhi = _region(cy, cx, cos, sin, sh, sw, -1.0, H.to(tl.float64), -1.0, W.to(tl.float64), H, W)
-    return ok, b, cy, cx, cos, sin, bh, bw, ghf, gwf, count, sh, sw, ylo, yhi, xlo, xhi
+    p, pm, i, j, c, cm = bin_tile(pb, cb, ph, pw, C, BLOCK_P, BLOCK_C, CF)
+    return k, ok, b, cy, cx, cos, sin, bh, bw, ghf, gwf, count, sh, sw, ylo, yhi, xlo, xhi, p, pm, i, j, c, cm
 
 
 @triton.jit
@@ -130,13 +139,9 @@ def _rotated_fwd_kernel(
     sxN, sxC, sxH, sxW, soK, soC, soH, soW,
     ALIGNED: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr, CF: tl.constexpr,
 ):
-    pid = tl.program_id(0)
-    k = (pid // n_pblocks).to(tl.int64)
     T = rois_ptr.dtype.element_ty
-    scale = scale_of(scale_bits, T)
-    ok, b, cy, cx, cos, sin, bh, bw, ghf, gwf, count, sh, sw, ylo, yhi, xlo, xhi = _map_box(
-        rois_ptr, cs_ptr, k, N, H, W, scale, ph, pw, sampling_ratio, ALIGNED)
-    p, pm, i, j, c, cm = bin_tile(pid - k * n_pblocks, tl.program_id(1), ph, pw, C, BLOCK_P, BLOCK_C, CF)
+    k, ok, b, cy, cx, cos, sin, bh, bw, ghf, gwf, count, sh, sw, ylo, yhi, xlo, xhi, p, pm, i, j, c, cm = _box_tile(
+        rois_ptr, cs_ptr, scale_bits, n_pblocks, N, C, H, W, ph, pw, sampling_ratio, ALIGNED, BLOCK_P, BLOCK_C, CF)
     tile_m = with_flag(_p(pm, CF) & _c(cm, CF), ok)
     x_base = x_ptr + b * sxN + _c(c.to(tl.int64) * sxC, CF)
     ybase, fy, ny, xbase, fx, nx = _spans(with_flag(pm, ok), i, j, sh, sw, bh, bw, ghf, gwf, ylo, yhi, xlo, xhi)
@@ -169,14 +174,10 @@ def _rotated_bwd_atomic_kernel(
     ALIGNED: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr, CF: tl.constexpr,
 ):
     """Scatters (grad / count) * w of every sample of a tile's bins to its four taps."""
-    pid = tl.program_id(0)
-    k = (pid // n_pblocks).to(tl.int64)
     T = rois_ptr.dtype.element_ty
     G = gi_ptr.dtype.element_ty
-    scale = scale_of(scale_bits, T)
-    ok, b, cy, cx, cos, sin, bh, bw, ghf, gwf, count, sh, sw, ylo, yhi, xlo, xhi = _map_box(
-        rois_ptr, cs_ptr, k, N, H, W, scale, ph, pw, sampling_ratio, ALIGNED)
-    p, pm, i, j, c, cm = bin_tile(pid - k * n_pblocks, tl.program_id(1), ph, pw, C, BLOCK_P, BLOCK_C, CF)
+    k, ok, b, cy, cx, cos, sin, bh, bw, ghf, gwf, count, sh, sw, ylo, yhi, xlo, xhi, p, pm, i, j, c, cm = _box_tile(
+        rois_ptr, cs_ptr, scale_bits, n_pblocks, N, C, H, W, ph, pw, sampling_ratio, ALIGNED, BLOCK_P, BLOCK_C, CF)
     tile_m = with_flag(_p(pm, CF) & _c(cm, CF), ok)
     g = tl.load(grad_ptr + k * sgK + _c(c.to(tl.int64) * sgC, CF) + _p(i.to(tl.int64) * sgH + j.to(tl.int64) * sgW,
                                                                       CF), mask=tile_m, other=0.0).to(T)
@@ -292,22 +293,12 @@ def roi_align_rotated_forward(input: torch.Tensor, rois: torch.Tensor, spatial_s
     """Rotated RoIAlign forward: [K, C, ph, pw] in the input's dtype and memory format."""
     check_rotated_forward(input, rois, spatial_scale, pooled_height, pooled_width, sampling_ratio, aligned)
     check_device(input, _rotated_fwd_kernel)
-    N, C, H, W = input.shape
-    K = rois.shape[0]
-    ph, pw = int(pooled_height), int(pooled_width)
-    rois = rois.to(opmath(input.dtype)).contiguous()
-    out = torch.empty((K, C, ph, pw), dtype=input.dtype, device=input.device,
-                      memory_format=memory_format(is_channels_last(input)))
-    if out.numel() == 0:
-        return out
-    lanes_c = input.stride(1) < input.stride(3)
-    budget = GPU_TILE // 2 if input.dtype == torch.float64 else GPU_TILE
-    block_p, block_c, n_pb, n_cb, cf = tile_blocks(ph * pw, C, lanes_c, input.is_cpu, budget, flat=True)
-    _rotated_fwd_kernel[(K * n_pb, n_cb)](
-        input, rois, _cos_sin(rois), out, f64_bits(spatial_scale),
-        N, C, H, W, ph, pw, int(sampling_ratio), n_pb, *input.stride(), *out.stride(),
-        ALIGNED=bool(aligned), BLOCK_P=block_p, BLOCK_C=block_c, CF=cf, **LAUNCH_OPTS)
-    return out
+    f = box_forward(input, rois, pooled_height, pooled_width, tile_budget(input.dtype), flat=True)
+    if f.out.numel():
+        f.grid.launch(_rotated_fwd_kernel, (input, f.rois, _cos_sin(f.rois), f.out, f64_bits(spatial_scale), *f.sizes,
+                                            int(sampling_ratio)),
+                      (*input.stride(), *f.out.stride()), ALIGNED=bool(aligned))
+    return f.out
 
 
 def roi_align_rotated_backward(grad: torch.Tensor, rois: torch.Tensor, spatial_scale: float, pooled_height: int,
@@ -324,13 +315,11 @@ def roi_align_rotated_backward(grad: torch.Tensor, rois: torch.Tensor, spatial_s
     N, C, H, W = int(batch_size), int(channels), int(height), int(width)
     K = rois.shape[0]
     ph, pw = int(pooled_height), int(pooled_width)
-    rois = rois.to(opmath(grad.dtype)).contiguous()
-    fmt = memory_format(bool(channels_last))
-    # Half types accumulate in a float32 scratch (one extra cast pass), as the CPU kernels do.
-    acc_dtype = grad.dtype if grad.dtype in (torch.float32, torch.float64) else torch.float32
-    gi = torch.zeros((N, C, H, W), dtype=acc_dtype, device=grad.device).contiguous(memory_format=fmt)
+    rois = dense(rois, opmath(grad.dtype))
+    # Both paths add atomically (the deterministic one in a fixed order).
+    gi = grad_input(grad, N, C, H, W, bool(channels_last), atomic=True)
     if K == 0 or gi.numel() == 0:
-        return gi.to(grad.dtype)
+        return from_atomic(gi, grad.dtype)
     common = (grad, rois, _cos_sin(rois), gi, f64_bits(spatial_scale))
     if use_deterministic(deterministic):
         # Each program walks every box, so the walk's length, not the lanes, sets its time:
@@ -344,10 +333,7 @@ def roi_align_rotated_backward(grad: torch.Tensor, rois: torch.Tensor, spatial_s
             *common, K, N, C, H, W, ph, pw, int(sampling_ratio), tile, n_tw, n_tiles, *grad.stride(), *gi.stride(),
             ALIGNED=bool(aligned), BLOCK_C=block_c, **{**LAUNCH_OPTS, "num_warps": 1})
     else:
-        lanes_c = bool(channels_last)
-        budget = GPU_TILE // 2 if grad.dtype == torch.float64 else GPU_TILE
-        block_p, block_c, n_pb, n_cb, cf = tile_blocks(ph * pw, C, lanes_c, grad.is_cpu, budget)
-        _rotated_bwd_atomic_kernel[(K * n_pb, n_cb)](
-            *common, N, C, H, W, ph, pw, int(sampling_ratio), n_pb, *grad.stride(), *gi.stride(),
-            ALIGNED=bool(aligned), BLOCK_P=block_p, BLOCK_C=block_c, CF=cf, **LAUNCH_OPTS)
-    return gi if acc_dtype == grad.dtype else gi.to(grad.dtype)
+        box_grid(K, ph, pw, C, bool(channels_last), grad.is_cpu, tile_budget(grad.dtype)).launch(
+            _rotated_bwd_atomic_kernel, (*common, N, C, H, W, ph, pw, int(sampling_ratio)),
+            (*grad.stride(), *gi.stride()), ALIGNED=bool(aligned))
+    return from_atomic(gi, grad.dtype)

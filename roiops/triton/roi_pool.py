@@ -30,13 +30,14 @@ import torch
 import triton
 import triton.language as tl
 
-from .._geometry import dense, is_channels_last, memory_format
-from ._common import (LAUNCH_OPTS, cdiv, check_device, f64_bits, gather_blocks, kernel, next_pow2, opmath, tile_blocks,
-                      use_deterministic)
+from .._geometry import dense
+from ._common import (LAUNCH_OPTS, box_forward, box_grid, cdiv, check_device, f64_bits, from_atomic, gather_grid,
+                      grad_input, kernel, next_pow2, opmath, tile_mask, use_deterministic)
 from ._common import check_pool_backward, check_pool_forward
 from ._jit import along_c as _c  # per-channel vector -> tile axis
 from ._jit import along_p as _p  # per-bin / per-pixel vector -> tile axis
-from ._jit import beats, bin_tile, load_roi, mark_box, pixel_tile, pool_axis, scale_of, store_tile, with_flag
+from ._jit import (add_marked, beats, bin_tile, box_program, box_tile, load_roi, mark_box, pixel_tile, pool_axis,
+                   store_tile, with_flag)
 
 __all__ = ["roi_pool_backward", "roi_pool_forward"]
 
@@ -51,14 +52,8 @@ def _pool_fwd_kernel(
     CONTINUOUS: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr, CF: tl.constexpr,
 ):
     T = rois_ptr.dtype.element_ty
-    pid = tl.program_id(0)
-    k = pid // n_pblocks
-    pb = pid - k * n_pblocks
-    cb = tl.program_id(1)
-    scale = scale_of(scale_bits, T)
-    ok, b, x1, y1, x2, y2 = load_roi(rois_ptr, k.to(tl.int64), N, scale)
-
-    p, pm, i, j, c, cm = bin_tile(pb, cb, ph, pw, C, BLOCK_P, BLOCK_C, CF)
+    k, scale, ok, b, x1, y1, x2, y2, p, pm, i, j, c, cm = box_tile(rois_ptr, scale_bits, n_pblocks, N, C, ph, pw,
+                                                                   BLOCK_P, BLOCK_C, CF)
     hs, he, ney = pool_axis(y1, y2, scale, i, ph, H, CONTINUOUS)
     ws, we, nex = pool_axis(x1, x2, scale, j, pw, W, CONTINUOUS)
     live = with_flag(pm, ok & ney & nex)
@@ -83,8 +78,8 @@ def _pool_fwd_kernel(
             best = tl.where(take, v, best)
             arg = tl.where(take, _p(h * W + w, CF), arg)
 
-    # soH == pw * soW for our outputs: p * soW exposes contiguous NCHW stores (see roi_align).
-    o = k.to(tl.int64) * soK + _c(c.to(tl.int64) * soC, CF) + _p(p.to(tl.int64) * soW, CF)
+    # soH == pw * soW (forward_output): p * soW exposes contiguous NCHW stores.
+    o = k * soK + _c(c.to(tl.int64) * soC, CF) + _p(p.to(tl.int64) * soW, CF)
     om = _p(pm, CF) & _c(cm, CF)
     tl.store(out_ptr + o, tl.where(arg >= 0, best, 0.0).to(out_ptr.dtype.element_ty), mask=om)
     tl.store(arg_ptr + o, arg, mask=om)
@@ -98,16 +93,12 @@ def _pool_bwd_atomic_kernel(
     BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr, CF: tl.constexpr,
 ):
     T = rois_ptr.dtype.element_ty
-    pid = tl.program_id(0)
-    k = pid // n_pblocks
-    pb = pid - k * n_pblocks
-    cb = tl.program_id(1)
+    k, pb, cb = box_program(n_pblocks)
+    k64 = k.to(tl.int64)
     # No scale in the backward contract: only the batch index and finiteness are checked.
-    ok, b, x1, y1, x2, y2 = load_roi(rois_ptr, k.to(tl.int64), N, 1.0, False)
-
+    ok, b, x1, y1, x2, y2 = load_roi(rois_ptr, k64, N, 1.0, False)
     p, pm, i, j, c, cm = bin_tile(pb, cb, ph, pw, C, BLOCK_P, BLOCK_C, CF)
     m = with_flag(_p(pm, CF) & _c(cm, CF), ok)
-    k64 = k.to(tl.int64)
     c64 = c.to(tl.int64)
     i64 = i.to(tl.int64)
     j64 = j.to(tl.int64)
@@ -213,15 +204,10 @@ def _pool_bwd_gather_kernel(
     c64 = c.to(tl.int64)
 
     acc = _p(tl.zeros([TILE_H * TILE_W], dtype=T), CF) + _c(tl.zeros([BLOCK_C], dtype=T), CF)
-    # The boxes the prepass marked for this tile (valid rows of this image), in order.
-    row = mask_ptr + pid.to(tl.int64) * n_words
-    for w in range(0, n_words.to(tl.int64)):  # int64: box k indexes grad as k * sgK
-        bits = tl.load(row + w)
-        if bits != 0:
-            for j in range(0, 32):
-                if ((bits >> j) & 1) != 0:
-                    acc = _pool_gather_box(acc, w * 32 + j, grad_ptr, arg_ptr, fbin_ptr, cell, r_lo, r_hi, s_lo,
-                                           s_hi, cm, c64, ph, pw, sgK, sgC, sgH, sgW, saK, saC, saH, saW, CF)
+    # The boxes the prepass marked for this tile (valid rows of this image).
+    acc = add_marked(acc, mask_ptr, pid, n_words, _pool_gather_box,
+                     (grad_ptr, arg_ptr, fbin_ptr, cell, r_lo, r_hi, s_lo, s_hi, cm, c64, ph, pw,
+                      sgK, sgC, sgH, sgW, saK, saC, saH, saW, CF))
 
     store_tile(gi_ptr, acc, n, r, s, c, cm, H, W, siN, siC, siH, siW, CF)
 
@@ -234,27 +220,11 @@ def roi_pool_forward(input: torch.Tensor, rois: torch.Tensor, spatial_scale: flo
     bin), in the input's dtype and memory format."""
     check_pool_forward(input, rois, spatial_scale, pooled_height, pooled_width, continuous)
     check_device(input, _pool_fwd_kernel)
-    N, C, H, W = input.shape
-    K = rois.shape[0]
-    ph, pw = int(pooled_height), int(pooled_width)
-    rois = dense(rois, opmath(input.dtype))
-    fmt = memory_format(is_channels_last(input))
-    out = torch.empty((K, C, ph, pw), dtype=input.dtype, device=input.device, memory_format=fmt)
-    argmax = torch.empty((K, C, ph, pw), dtype=torch.int32, device=input.device, memory_format=fmt)
-    if out.numel() == 0:
-        return out, argmax
-    if H == 0 or W == 0:
-        return out.zero_(), argmax.fill_(-1)
-    lanes_c = input.stride(1) < input.stride(3)
-    block_p, block_c, n_pb, n_cb, cf = tile_blocks(ph * pw, C, lanes_c, input.is_cpu)
-    grid = (K * n_pb, n_cb)
-    assert ph == 1 or out.stride(2) == pw * out.stride(3)
-    _pool_fwd_kernel[grid](
-        input, rois, out, argmax, f64_bits(spatial_scale),
-        N, C, H, W, ph, pw, n_pb,
-        *input.stride(), *out.stride(),
-        CONTINUOUS=bool(continuous), BLOCK_P=block_p, BLOCK_C=block_c, CF=cf, **LAUNCH_OPTS)
-    return out, argmax
+    f = box_forward(input, rois, pooled_height, pooled_width, argmax=True)
+    if f.out.numel():
+        f.grid.launch(_pool_fwd_kernel, (input, f.rois, f.out, f.argmax, f64_bits(spatial_scale), *f.sizes),
+                      (*input.stride(), *f.out.stride()), CONTINUOUS=bool(continuous))
+    return f.out, f.argmax
 
 
 def roi_pool_backward(grad: torch.Tensor, argmax: torch.Tensor, rois: torch.Tensor, batch_size: int, channels: int,
@@ -270,40 +240,31 @@ def roi_pool_backward(grad: torch.Tensor, argmax: torch.Tensor, rois: torch.Tens
     N, C, H, W = int(batch_size), int(channels), int(height), int(width)
     K, _, ph, pw = grad.shape
     rois = dense(rois, opmath(grad.dtype))
-    fmt = memory_format(bool(channels_last))
     on_cpu = grad.is_cpu
     if K == 0 or N * C * H * W == 0 or ph * pw == 0:
-        return torch.empty((N, C, H, W), dtype=grad.dtype, device=grad.device, memory_format=fmt).zero_()
+        return grad_input(grad, N, C, H, W, bool(channels_last)).zero_()
 
     if use_deterministic(deterministic):
         P = ph * pw
         fbin = torch.empty((K, P, 4), dtype=torch.int32, device=grad.device)
-        tile_h, tile_w, block_c = gather_blocks(H, W, C, bool(channels_last), on_cpu, grad.dtype == torch.float64)
-        n_tw = cdiv(W, tile_w)
-        n_tiles = cdiv(H, tile_h) * n_tw
-        mask = torch.zeros((N * n_tiles, cdiv(K, 32)), dtype=torch.int32, device=grad.device)
+        tile_h, tile_w, block_c, n_tw, n_tiles = gather_grid(grad, H, W, C, bool(channels_last))
+        mask = tile_mask(N * n_tiles, K, grad.device)
         fp_block_p = min(next_pow2(P), 1 << 12 if on_cpu else 64)
         fp_block_c = max(1, min(next_pow2(C), (1 << 14 if on_cpu else 1024) // fp_block_p))
         _pool_footprint_kernel[(K,)](
             argmax, rois, fbin, mask, N, C, H, W, ph, pw, mask.shape[1], *argmax.stride(),
             BLOCK_P=fp_block_p, BLOCK_C=fp_block_c, TILE_H=tile_h, TILE_W=tile_w,
             BLOCK_T=min(next_pow2(n_tw), 64), **LAUNCH_OPTS)
-        gi = torch.empty((N, C, H, W), dtype=grad.dtype, device=grad.device, memory_format=fmt)
-        grid = (N * n_tiles, cdiv(C, block_c))
-        _pool_bwd_gather_kernel[grid](
+        gi = grad_input(grad, N, C, H, W, bool(channels_last))
+        _pool_bwd_gather_kernel[(N * n_tiles, cdiv(C, block_c))](
             grad, argmax, rois, gi, fbin, mask,
             C, H, W, ph, pw, n_tw, n_tiles, mask.shape[1],
             *grad.stride(), *argmax.stride(), *gi.stride(),
-            TILE_H=tile_h, TILE_W=tile_w, BLOCK_C=block_c, CF=True, **LAUNCH_OPTS)  # see roi_align
+            TILE_H=tile_h, TILE_W=tile_w, BLOCK_C=block_c, CF=True, **LAUNCH_OPTS)  # CF: see _align_gather.py
         return gi
 
-    acc_dtype = grad.dtype if grad.dtype in (torch.float32, torch.float64) else torch.float32
-    gi = torch.empty((N, C, H, W), dtype=acc_dtype, device=grad.device, memory_format=fmt).zero_()
-    block_p, block_c, n_pb, n_cb, cf = tile_blocks(ph * pw, C, bool(channels_last), on_cpu)
-    grid = (K * n_pb, n_cb)
-    _pool_bwd_atomic_kernel[grid](
-        grad, argmax, rois, gi,
-        N, C, H, W, ph, pw, n_pb,
-        *grad.stride(), *argmax.stride(), *gi.stride(),
-        BLOCK_P=block_p, BLOCK_C=block_c, CF=cf, **LAUNCH_OPTS)
-    return gi if acc_dtype == grad.dtype else gi.to(grad.dtype)
+    gi = grad_input(grad, N, C, H, W, bool(channels_last), atomic=True)
+    box_grid(K, ph, pw, C, bool(channels_last), on_cpu).launch(
+        _pool_bwd_atomic_kernel, (grad, argmax, rois, gi, N, C, H, W, ph, pw),
+        (*grad.stride(), *argmax.stride(), *gi.stride()))
+    return from_atomic(gi, grad.dtype)
