@@ -92,7 +92,7 @@ def tile_blocks(P: int, C: int, lanes_over_channels: bool, on_cpu: bool, budget:
         # NCHW, flat: consecutive outputs of a box, channel after channel: no lane idles
         # when P is not a power of two (bins of 64 leave 15 of 64 lanes idle at 7x7), but
         # each lane computes its own bin's geometry. Only the kernels measured faster with
-        # them take them (RoIAlign's and rotated RoIAlign's forwards; BENCHMARKS.md); the
+        # them take them (RoIAlign's and rotated RoIAlign's forwards); the
         # others keep [channels x bins] tiles, which compute a bin's geometry once for all
         # of its channels.
         block = min(next_pow2(C * P), budget)
