@@ -4,7 +4,7 @@
 // corners, the first-maximum rule, Precise RoI Pooling's bin windows and hat integrals.
 // Each is a rule about one sample, bin or argument, independent of how a kernel plans its
 // loops, so an op that does not separate into row and column plans (rotated boxes,
-// integrated pooling) reuses them as they are; the separable plans live in sampling.h.
+// integrated pooling) reuses them as they are; the separable plans live in plans.h.
 // Expressions keep torchvision's operations and order, so float32 results agree with it
 // bit for bit where the formulas are the same.
 #pragma once

@@ -9,7 +9,7 @@
 // follows the cells the box touches.
 //  - NCHW: tasks of (image, block of channels); per plane the loops run along map rows;
 //  - channels_last: the input is read in place and the loops run along channels; forward
-//    tasks are boxes, backward tasks bands of map rows (sampling.h, BackwardSplit).
+//    tasks are boxes, backward tasks bands of map rows (tiles.h, BackwardSplit).
 // Backward tasks own disjoint slices of grad_input and add boxes in increasing k; the box
 // gradient sums each box's channels in order: deterministic, no atomics.
 #include <ATen/OpMathType.h>
@@ -19,8 +19,11 @@
 #include <vector>
 
 #include "geometry.h"
+#include "memory.h"
+#include "parallel.h"
 #include "registry.h"
-#include "sampling.h"
+#include "simd.h"
+#include "tiles.h"
 
 namespace roiops {
 namespace {
@@ -478,8 +481,8 @@ at::Tensor prroi_pool_forward(const at::Tensor& input_, const at::Tensor& rois_,
   const at::Tensor input = in_layout(input_, channels_last);
   const at::Tensor rois = rois_.contiguous();
   check_rois(rois, input.size(0), spatial_scale);
-  at::Tensor out = empty_output({rois.size(0), input.size(1), ph, pw},
-                                input.options().memory_format(format_of(channels_last)));
+  at::Tensor out =
+      at::empty({rois.size(0), input.size(1), ph, pw}, input.options().memory_format(format_of(channels_last)));
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, input.scalar_type(), "roiops_prroi_pool_forward",
                                   [&] { forward_impl<scalar_t>(input, rois, spatial_scale, ph, pw, out); });
   return out;
@@ -494,7 +497,7 @@ at::Tensor prroi_pool_backward(const at::Tensor& grad_, const at::Tensor& rois_,
   const at::Tensor rois = rois_.contiguous();
   check_rois(rois, N, spatial_scale);
   const at::Tensor grad = in_layout(grad_, channels_last);
-  at::Tensor gi = empty_output({N, C, H, W}, grad.options().memory_format(format_of(channels_last)));
+  at::Tensor gi = at::empty({N, C, H, W}, grad.options().memory_format(format_of(channels_last)));
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, grad.scalar_type(), "roiops_prroi_pool_backward",
                                   [&] { backward_impl<scalar_t>(grad, rois, spatial_scale, ph, pw, gi); });
   return gi;

@@ -16,9 +16,11 @@
 #include <vector>
 
 #include "geometry.h"
+#include "memory.h"
+#include "plans.h"
 #include "position_sensitive.h"
 #include "registry.h"
-#include "sampling.h"
+#include "simd.h"
 
 namespace roiops {
 namespace {

@@ -12,9 +12,10 @@
 #include <vector>
 
 #include "geometry.h"
+#include "memory.h"
 #include "position_sensitive.h"
 #include "registry.h"
-#include "sampling.h"
+#include "simd.h"
 
 namespace roiops {
 namespace {

@@ -1,7 +1,7 @@
 // RoIAlign on the CPU, "avg" and "max" modes (docs/semantics.md, "roi_align avg" and "roi_align max").
 //
 // Every box's sampling plan is built once per call, in parallel, and shared by all
-// channels (sampling.h). Work is split into tasks of (image, block of channels), and for
+// channels (plans.h). Work is split into tasks of (image, block of channels), and for
 // backward also bands of map rows, so that a task's slice of the map stays in cache while
 // all the image's boxes use it; kernels loop along the block's contiguous channels and
 // vectorise:
@@ -13,15 +13,26 @@
 // bit for bit, "max" finds the same winner as the reference.
 // Backward tasks own disjoint slices of grad_input and add boxes in increasing k:
 // deterministic, no atomics.
+#include <ATen/OpMathType.h>
 #include <ATen/Parallel.h>
 
+#include <algorithm>
 #include <array>
+#include <cmath>
+#include <limits>
 #include <memory>
+#include <tuple>
 #include <type_traits>
+#include <utility>
+#include <vector>
 
 #include "geometry.h"
+#include "memory.h"
+#include "parallel.h"
+#include "plans.h"
 #include "registry.h"
-#include "sampling.h"
+#include "simd.h"
+#include "tiles.h"
 
 namespace roiops {
 namespace {
@@ -769,7 +780,7 @@ ROIOPS_SIMD void bins_to_cl(const S* src, int64_t sC, int64_t n_, int64_t e0, in
 }
 
 // Each task owns rows [y0, y1) x channels [c0, c0 + nc) of one image of grad_input and
-// adds its boxes in increasing k (BackwardSplit, sampling.h). channels_last: grad and
+// adds its boxes in increasing k (BackwardSplit, tiles.h). channels_last: grad and
 // argmax are read in place, by all the task's channels at once. NCHW: the band is a
 // channels-last tile of a block of channels, and each box's block of grad (and argmax)
 // is first transposed to channels-last scratch.
@@ -840,8 +851,8 @@ std::tuple<at::Tensor, at::Tensor> forward(const at::Tensor& input_, const at::T
   const at::Tensor rois = rois_.contiguous();
   check_rois(rois, input.size(0), spatial_scale);
   const auto opts = input.options().memory_format(format_of(channels_last));
-  at::Tensor out = empty_output({rois.size(0), input.size(1), ph, pw}, opts);
-  at::Tensor argmax = max_mode ? empty_output({rois.size(0), input.size(1), ph, pw}, opts.dtype(at::kInt)) : at::Tensor();
+  at::Tensor out = at::empty({rois.size(0), input.size(1), ph, pw}, opts);
+  at::Tensor argmax = max_mode ? at::empty({rois.size(0), input.size(1), ph, pw}, opts.dtype(at::kInt)) : at::Tensor();
   const int64_t K = rois.size(0);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, input.scalar_type(), "roiops_roi_align_forward", [&] {
     for (int64_t k0 = 0; k0 < K; k0 += kBoxChunk) {
@@ -875,7 +886,7 @@ at::Tensor backward(const at::Tensor& grad_, const at::Tensor& argmax_, const at
   const at::Tensor grad = in_layout(grad_, channels_last);
   // grad and argmax share strides, so one offset serves both.
   const at::Tensor argmax = max_mode ? in_layout(argmax_, channels_last) : at::Tensor();
-  at::Tensor gi = empty_output({N, C, H, W}, grad.options().memory_format(format_of(channels_last)));
+  at::Tensor gi = at::empty({N, C, H, W}, grad.options().memory_format(format_of(channels_last)));
   const int64_t K = rois.size(0);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, grad.scalar_type(), "roiops_roi_align_backward", [&] {
     // Each chunk carries on the sums of the chunks before it (the first one zeroes gi),
@@ -898,8 +909,8 @@ at::Tensor backward(const at::Tensor& grad_, const at::Tensor& argmax_, const at
       chunks(scalar_t{}, gi);
     } else {
       // float16/bfloat16 over several chunks: the sums carry on in T and are rounded once.
-      at::Tensor acc = empty_output(gi.sizes(), gi.options().dtype(c10::CppTypeToScalarType<T>::value)
-                                                    .memory_format(format_of(channels_last)));
+      at::Tensor acc = at::empty(gi.sizes(), gi.options().dtype(c10::CppTypeToScalarType<T>::value)
+                                                 .memory_format(format_of(channels_last)));
       chunks(T{}, acc);
       gi.copy_(acc);
     }

@@ -10,15 +10,24 @@
 // smallest flat index h * W + w among the elements equal to it. This rule does not depend
 // on the order of the scan, which lets the per-plane kernel reduce columns first
 // (vectorised along the row), then across columns.
+#include <ATen/OpMathType.h>
 #include <ATen/Parallel.h>
 
+#include <algorithm>
 #include <array>
 #include <memory>
+#include <tuple>
 #include <type_traits>
+#include <utility>
+#include <vector>
 
 #include "geometry.h"
+#include "memory.h"
+#include "parallel.h"
+#include "plans.h"
 #include "registry.h"
-#include "sampling.h"
+#include "simd.h"
+#include "tiles.h"
 
 namespace roiops {
 namespace {
@@ -271,7 +280,7 @@ bool argmax_rows(const int32_t* box, int64_t sC, int64_t sH, int64_t C, int64_t 
 // grad goes to the argmax element. Tasks own rows [y0, y1) x a block of channels of one
 // image and add their boxes' terms in increasing k, per (cell, channel) in the order
 // (k, i, j) as torchvision does: the sums are bit-exact. Bands and accumulators as in
-// roi_align.cpp's backward (sampling.h): channels_last reads grad and argmax in place, and
+// roi_align.cpp's backward (tiles.h): channels_last reads grad and argmax in place, and
 // accumulates a float/double gradient in place; NCHW accumulates in a channels-last tile
 // (in place, NCHW's scattered writes to 16 planes measured slower).
 // `rows[k * ph + i]` is the range of map rows that bin row i of box k sends gradient to
@@ -352,8 +361,8 @@ std::tuple<at::Tensor, at::Tensor> roi_pool_forward(const at::Tensor& input_, co
   const at::Tensor rois = rois_.contiguous();
   check_rois(rois, input.size(0), spatial_scale);
   const auto opts = input.options().memory_format(format_of(channels_last));
-  at::Tensor out = empty_output({rois.size(0), input.size(1), ph, pw}, opts);
-  at::Tensor argmax = empty_output({rois.size(0), input.size(1), ph, pw}, opts.dtype(at::kInt));
+  at::Tensor out = at::empty({rois.size(0), input.size(1), ph, pw}, opts);
+  at::Tensor argmax = at::empty({rois.size(0), input.size(1), ph, pw}, opts.dtype(at::kInt));
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, input.scalar_type(), "roiops_roi_pool_forward", [&] {
     forward_impl<scalar_t>(input, rois, spatial_scale, ph, pw, continuous, out, argmax);
   });
@@ -395,7 +404,7 @@ at::Tensor roi_pool_backward(const at::Tensor& grad_, const at::Tensor& argmax_,
     const scalar_t* rr = rois.const_data_ptr<scalar_t>();
     for (int64_t k = 0; k < K; ++k) batch[k] = static_cast<int64_t>(rr[5 * k]);
   });
-  at::Tensor gi = empty_output({N, C, H, W}, grad.options().memory_format(format_of(channels_last)));
+  at::Tensor gi = at::empty({N, C, H, W}, grad.options().memory_format(format_of(channels_last)));
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, grad.scalar_type(), "roiops_roi_pool_backward",
                                   [&] { backward_impl<scalar_t>(grad, argmax, batch, rows, gi); });
   return gi;
