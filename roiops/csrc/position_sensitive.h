@@ -183,7 +183,7 @@ struct PsTile {
 };
 
 // A lane copied into a tile (8 x 8 transposes of NCHW planes) costs about a third of a
-// lane gathered from the map (measured on the R-FCN workloads).
+// lane gathered from the map: the copy reads and writes whole vectors.
 constexpr int64_t kPsCopyGain = 3;
 
 // Tiles hold at most this many bytes (they are a task's working set).
@@ -266,22 +266,6 @@ class PsGradRows {
   at::Tensor buffer_;
 };
 
-// Whether an NCHW backward's tile task zeroes its whole planes before writing the tile's
-// rows over them (memset claims the rows' lines, whose stores then find them in cache), or
-// only the rows outside the tile (the stores fetch their lines themselves). Measured on the
-// 21-class PSRoIPool backward: memset first was 0-20% faster on an AMD EPYC, 8-15% slower
-// on an Intel Xeon (PSRoIAlign's within 4% either way there). channels_last bands, whose
-// stores go in another order, keep memset first: on the Xeon, without it, 13% slower right
-// after a torchvision call, 3-5% faster back to back.
-inline bool ps_claim_lines_first() {
-#if defined(__x86_64__) || defined(__i386__)
-  static const bool intel = __builtin_cpu_is("intel");
-  return !intel;
-#else
-  return true;
-#endif
-}
-
 // A forward's checked arguments: input in its layout, rois contiguous, C_out, and the
 // output to fill ([K, C_out, ph, pw] in the input's layout).
 struct PsForward {
@@ -347,17 +331,12 @@ struct PsBackward {
     return g;
   }
 
-  // A tile task's last step: tile t's rows written into its planes, the rows outside the
-  // tile zeroed; before the rows, the tile's rows too where ps_claim_lines_first().
+  // A tile task's last step: tile t's rows written into its planes and the rows outside
+  // the tile zeroed, so that each element is written once.
   template <typename T>
   void store(const T* tile, const PsTile& t, T* base, int64_t cs, int64_t nc) const {
-    const int64_t H = acc.size(2);
-    if (ps_claim_lines_first()) {
-      zero_rows(base, cs, nc, 0, H);
-    } else {
-      zero_rows(base, cs, nc, 0, t.y0);
-      zero_rows(base, cs, nc, t.y1, H);
-    }
+    zero_rows(base, cs, nc, 0, t.y0);
+    zero_rows(base, cs, nc, t.y1, acc.size(2));
     ps_store_tile(tile, t, nc, base, cs);
   }
 
@@ -398,9 +377,8 @@ struct PsBand {
   }
 };
 
-// Bytes of a band's buffer (kept in L2), unless one row needs more. On the Xeon (2 MiB of L2
-// a core), 21-class channels_last forwards by bands of 512 KiB were 7-25% slower than by
-// bands of 1 MiB, and 1.5 MiB was no faster; the backwards were within 2% either way.
+// Bytes of a band's buffer, unless one row needs more: small enough to stay in a core's L2
+// while the band's boxes read it, large enough that few bin rows cross bands.
 constexpr int64_t kPsBandBytes = int64_t(1) << 20;
 
 // Rows per band of an H-row map whose rows take row_bytes of buffer each: the buffer
@@ -422,8 +400,7 @@ inline bool ps_use_bands(const at::Tensor& acc, int64_t reads, int64_t C_out, in
 
 // Band b's buffer into the channels-last gradient gn (image n, channel c0 * bins): each
 // cell's bins x nc values transposed in registers into its nc * bins contiguous channels,
-// after each row's channels were zeroed by memset (PsBackward::zero_rows says why; 10-25%
-// faster channels_last backwards).
+// after each row's channels were zeroed by memset (PsBackward::zero_rows says why).
 template <typename T>
 ROIOPS_SIMD void ps_store_band(const T* buf, const PsBand& b, T* gn, int64_t sH, int64_t sW) {
   const int64_t run = b.nc * b.bins;
@@ -443,12 +420,9 @@ ROIOPS_SIMD void ps_store_band(const T* buf, const PsBand& b, T* gn, int64_t sH,
 // Band b's rows of the channels-last map xn (image n, channel c0 * bins) into its buffer:
 // each cell's nc * bins channels transposed in registers into bins x lanes values, one
 // group of 8 channels at a time, and before each group a share of the next cell's run is
-// prefetched, so that its lines arrive while this cell is transposed. On an AMD EPYC
-// (Zen 4), right after 5 ms of other work (the map then in memory), 21-class forwards were
-// 10-15% faster by groups alone (the same loads in the same order, as one transpose call
-// per group) and 14-21% with the prefetch; back to back, 3-8%. (A burst of prefetches for
-// the cell two ahead, all at once, had made them 5-14% slower on a Xeon: the prefetches
-// waited for fill buffers.)
+// prefetched, so that its lines arrive while this cell is transposed: a cell's run is a few
+// KiB, read from memory when the map is not in cache. The prefetches are spread over the
+// groups, not issued at once, so that they do not wait for each other's fill buffers.
 template <typename scalar_t, typename T>
 ROIOPS_SIMD void ps_load_band(const scalar_t* xn, int64_t sH, int64_t sW, const PsBand& b, T* buf) {
   constexpr int64_t kLine = 64 / static_cast<int64_t>(sizeof(scalar_t));
@@ -503,14 +477,15 @@ void ps_backward_bands(const std::vector<int64_t>& batch, const std::vector<std:
 }
 
 // A forward band pays when it copies no more than this many lanes per lane the boxes would
-// gather from a channels_last map, where each lane is a cache line of its own. On the
-// R-FCN 21-class pool workload bands were 25-35% faster at 3 and 10% slower at 9.
+// gather from a channels_last map, where each lane is a cache line of its own (a copied
+// lane is a fraction of that cost, kPsCopyGain).
 constexpr int64_t kPsBandGain = 6;
 
 // Output channels per forward band task. A task copies each cell's run of them (their
-// channels are contiguous in the map) and sums them per bin in one pass: on the Xeon, 32
-// (all 21 of a 21-class head, as 24 lanes) made the R-FCN forwards 6-24% faster than 8
-// for 21 classes and 2x faster for 256, where 64 was slower for PSRoIAlign.
+// channels are contiguous in the map) and sums them per bin in one pass: the more channels
+// a task takes, the longer that run and the fewer the passes over each bin's samples, up
+// to where a band's buffer of several cells no longer fits in L2. 32 takes all classes of
+// a 21-class head (24 lanes) at once.
 constexpr int64_t kPsBandChannels = 32;
 
 // The part of a bin row that one band sums (ps_forward_bands): the terms of rows
@@ -536,8 +511,8 @@ struct PsRowPart {
 // part of a bin row in the band (PsRowPart), in increasing k within the two groups below.
 // In the map a bin's output channels are bins apart, a cache line each; in the buffer they
 // are whole vectors, and each cell is copied once instead of being gathered by every bin
-// that reads it. (Bands that copied every row their bin rows read copied 1.6 rows per map
-// row on R-FCN's 21-class workload, and were 10% slower with PSRoIPool.) A band's task
+// that reads it. (Bands that copied every row their bin rows read would copy map rows more
+// than once each where bin rows cross bands.) A band's task
 // copies its rows and sums the parts that start a bin row, then waits for the band above
 // (same image and channels) to finish before it sums the parts that continue one, so each
 // sum still adds its terms in order, whatever the thread count, and the bands' copies run
