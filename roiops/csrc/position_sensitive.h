@@ -1,5 +1,7 @@
 // What the position-sensitive ops (R-FCN's PSRoIAlign and PSRoIPool) share on the CPU:
-// the channel rule, their tasks, the rearranged maps and outputs, and the argument checks.
+// the channel rule, their tasks, the rearranged maps and outputs, the argument checks, and
+// the forward and backward drivers (ps_forward, ps_backward), which run an op from its
+// parts for one box and bin.
 //
 // Bin (i, j) of output channel c reads input channel (c * ph + i) * pw + j. For a fixed
 // bin, consecutive output channels are ph * pw input channels apart, so the kernels keep
@@ -16,6 +18,7 @@
 #pragma once
 
 #include <ATen/ATen.h>
+#include <ATen/OpMathType.h>
 
 #include <algorithm>
 #include <atomic>
@@ -25,6 +28,7 @@
 #include <memory>
 #include <thread>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "geometry.h"
@@ -596,6 +600,122 @@ bool ps_forward_bands(const at::Tensor& input, const std::vector<int64_t>& batch
     }
   });
   return true;
+}
+
+// The two drivers below run an op from its parts, Parts<scalar_t> (T its opmath type),
+// built once per call from (rois, spatial_scale, ph, pw, H, W, the op's own arguments):
+//   reads(): the taps (or cells) of all boxes over all bins, as a forward reads them;
+//   cover(boxes, i, j, t): grows tile t over the cells that bin (i, j) of `boxes` reads
+//     (forward) or writes (backward), and returns how many reads that takes (ps_use_tile);
+// forward:
+//   may_use_bands(), kReach, bin_rows(k, i): whether a channels_last map may go by bands,
+//     and ps_forward_bands's reach and rows;
+//   sum_row(band, buf, k, i, part, out): ps_forward_bands's sum, written to out (PsOutput);
+//   tile_bins(v, boxes, i, j, c0, nc, out): bin (i, j) of `boxes` from a tile's lanes v;
+//   bin_means(k, i, j, base, cs, s, nc, acc, r): box k's bin (i, j) of the nc planes at
+//     base + c * cs (strides s) into r, with nc values of scratch at acc;
+// backward:
+//   row_span(k): {first, last} map rows that box k writes to (first > last: none);
+//   add_band(band, boxes, grad, buf, g): a band's terms (ps_backward_bands; grad: PsGradRows);
+//   scratch(nc): the values of scratch a task that adds in place needs;
+//   add_bin(k, i, j, gk, gc, nc, d, v, base, cs, a): box k's bin (i, j) of grad (nc
+//     channels gc apart from gk) added to the lanes v of a tile (when v.data) or to the nc
+//     planes at base + c * cs (strides a) in place; d is the task's scratch (storage()).
+
+// A forward: a channels_last map by bands where the op allows them and they pay, otherwise
+// by ps_tasks, on a tile of each task's planes where that pays.
+template <typename scalar_t, typename Parts>
+void ps_forward_impl(PsForward& args, int64_t ph, int64_t pw, const Parts& op) {
+  using T = at::opmath_type<scalar_t>;
+  const at::Tensor& input = args.input;
+  const int64_t N = input.size(0), W = input.size(3), bins = ph * pw;
+  const Strides s(input);
+  const scalar_t* in = input.const_data_ptr<scalar_t>();
+  PsOutput<scalar_t> out(args.out);
+  const std::vector<int64_t> batch = ps_batch(args.rois);
+  if (s.w != 1 && op.may_use_bands()) {
+    const auto rows = [&](int64_t k, int64_t i) { return op.bin_rows(k, i); };
+    const auto sum = [&](const PsBand& band, const T* buf, int64_t k, int64_t i, const PsRowPart<T>& part) {
+      op.sum_row(band, buf, k, i, part, out);
+    };
+    if (ps_forward_bands<T, scalar_t>(input, batch, args.C_out, ph, pw, op.reads(), Parts::kReach, rows, sum)) return;
+  }
+  Scratch<T> scratch;
+  const auto task = [&](int64_t n, int64_t bin, int64_t c0, int64_t nc, const std::vector<int64_t>& boxes) {
+    const int64_t i = bin / pw, j = bin % pw, cs = bins * s.c;
+    const scalar_t* base = in + n * s.n + (c0 * bins + bin) * s.c;
+    PsTile t(nc, W);
+    if (s.w == 1 && ps_use_tile<T>(t, op.cover(boxes, i, j, t), nc)) {
+      op.tile_bins(ps_forward_tile(t, base, cs, nc, scratch), boxes, i, j, c0, nc, out);
+      return;
+    }
+    T* acc = scratch.get(nc);
+    for (const int64_t k : boxes) op.bin_means(k, i, j, base, cs, s, nc, acc, out.row(bin, k) + c0);
+  };
+  ps_tasks(batch, N, args.C_out, bins, task);
+  out.finish();
+}
+
+// A backward: a channels_last gradient by bands where they pay (ps_use_bands), otherwise by
+// ps_tasks, on a tile of each task's planes where that pays.
+template <typename scalar_t, typename Parts>
+void ps_backward_impl(const PsBackward& args, int64_t ph, int64_t pw, const Parts& op) {
+  using T = at::opmath_type<scalar_t>;
+  const int64_t N = args.acc.size(0), W = args.acc.size(3), C_out = args.grad.size(1), bins = ph * pw;
+  const PsGradRows<scalar_t> grad(args.grad);
+  const std::vector<int64_t> batch = ps_batch(args.rois);
+  if (ps_use_bands(args.acc, op.reads(), C_out, bins)) {
+    std::vector<std::pair<int64_t, int64_t>> spans(batch.size());
+    for (size_t k = 0; k < spans.size(); ++k) spans[k] = op.row_span(static_cast<int64_t>(k));
+    ps_backward_bands<T>(batch, spans, C_out, bins, args.acc,
+                         [&](const PsBand& band, const std::vector<int64_t>& boxes, T* buf, T* g) {
+                           op.add_band(band, boxes, grad, buf, g);
+                         });
+    return;
+  }
+  args.clear();
+  const Strides a(args.acc), &gs = grad.s;
+  T* acc_p = args.acc.template data_ptr<T>();
+  Scratch<T> scratch;
+  const auto task = [&](int64_t n, int64_t bin, int64_t c0, int64_t nc, const std::vector<int64_t>& boxes) {
+    const int64_t i = bin / pw, j = bin % pw, cs = bins * a.c;
+    T* base = acc_p + n * a.n + (c0 * bins + bin) * a.c;
+    PsTile t(nc, W);
+    PsLanes<T> v{};
+    const bool lanes = a.w == 1 && ps_use_tile<T>(t, op.cover(boxes, i, j, t), nc);
+    T* d = args.storage(lanes, t, base, cs, nc, op.scratch(nc), scratch, v);
+    for (const int64_t k : boxes) {
+      op.add_bin(k, i, j, grad.data + k * gs.n + c0 * gs.c + i * gs.h + j * gs.w, gs.c, nc, d, v, base, cs, a);
+    }
+    if (lanes) args.store(v.data, t, base, cs, nc);
+  };
+  ps_tasks(batch, N, C_out, bins, task);
+}
+
+// A position-sensitive op's forward entry point: checked arguments, then its driver in
+// the input's dtype with the op's Parts (extra: the op's own arguments).
+template <template <typename> class Parts, typename... Extra>
+at::Tensor ps_forward(const at::Tensor& input, const at::Tensor& rois, double spatial_scale, int64_t ph, int64_t pw,
+                      Extra... extra) {
+  PsForward a(input, rois, spatial_scale, ph, pw);
+  if (a.out.numel() == 0) return a.out;
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, a.input.scalar_type(), "roiops_ps_forward", [&] {
+    const Parts<scalar_t> parts(a.rois, spatial_scale, ph, pw, a.input.size(2), a.input.size(3), extra...);
+    ps_forward_impl<scalar_t>(a, ph, pw, parts);
+  });
+  return a.out;
+}
+
+// The same for a backward: the gradient of the [N, C, H, W] input.
+template <template <typename> class Parts, typename... Extra>
+at::Tensor ps_backward(const at::Tensor& grad, const at::Tensor& rois, double spatial_scale, int64_t ph, int64_t pw,
+                       int64_t N, int64_t C, int64_t H, int64_t W, bool channels_last, Extra... extra) {
+  PsBackward a(grad, rois, spatial_scale, ph, pw, N, C, H, W, channels_last);
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, a.grad.scalar_type(), "roiops_ps_backward", [&] {
+    const Parts<scalar_t> parts(a.rois, spatial_scale, ph, pw, H, W, extra...);
+    ps_backward_impl<scalar_t>(a, ph, pw, parts);
+  });
+  return a.result();
 }
 
 }  // namespace roiops
