@@ -304,12 +304,7 @@ inline bool take_outside(T best, int64_t idx, int64_t out) {
 // best/row <- the first maximum of (best, v) per sample column, v coming from sample row iy.
 template <typename T>
 inline void running_max(T* __restrict__ best, T* __restrict__ row, const T* __restrict__ v, T iy, int64_t n) {
-  for (int64_t s = 0; s < n; ++s) {
-    const T x = v[s], b = best[s];
-    const bool take = (x > b) | ((x != x) & (b == b));  // x wins: greater, or the first NaN
-    best[s] = take ? x : b;
-    row[s] = take ? iy : row[s];
-  }
+  for (int64_t s = 0; s < n; ++s) take_first_max(v[s], iy, best[s], row[s]);
 }
 
 // NCHW, one plane. Sample rows are evaluated as in avg_forward_plane, and a column-wise
@@ -364,65 +359,51 @@ template <int64_t kN, typename S, typename T, typename scalar_t>
 ROIOPS_SIMD void max_forward_cl(const AlignPlan<T>& p, const S* img, int64_t sH, int64_t sW, int64_t n_, int64_t ph,
                                 int64_t pw, T* best_, int32_t* idx_, scalar_t* out, int32_t* am, int64_t oH, int64_t oW,
                                 int64_t oC) {
-  const int64_t n = kN ? kN : n_;
-  T best_k[kN ? kN : 1];
-  int32_t idx_k[kN ? kN : 1];
-  T* __restrict__ best = kN ? best_k : best_;
-  int32_t* __restrict__ idx = kN ? idx_k : idx_;
-  for (int64_t i = 0; i < ph; ++i) {
-    for (int64_t j = 0; j < pw; ++j) {
-      bool first = true;
-      for (int64_t a = p.ys.begin[i]; a < p.ys.begin[i + 1]; ++a) {
-        const T hy = p.ys.h[a], ly = p.ys.l[a];
-        const int64_t iy = p.ys.first_in[i] + a - p.ys.begin[i];
-        for (int64_t b = p.xs.begin[j]; b < p.xs.begin[j + 1]; ++b) {
-          const T hx = p.xs.h[b], lx = p.xs.l[b];
-          const T w1 = hy * hx, w2 = hy * lx, w3 = ly * hx, w4 = ly * lx;
-          const S* __restrict__ p1 = img + p.ys.lo[a] * sH + p.xs.lo[b] * sW;
-          const S* __restrict__ p2 = img + p.ys.lo[a] * sH + p.xs.hi[b] * sW;
-          const S* __restrict__ p3 = img + p.ys.hi[a] * sH + p.xs.lo[b] * sW;
-          const S* __restrict__ p4 = img + p.ys.hi[a] * sH + p.xs.hi[b] * sW;
-          const int32_t s = static_cast<int32_t>(iy * p.grid_w + p.xs.first_in[j] + b - p.xs.begin[j]);
-          if (first) {
-            for (int64_t c = 0; c < n; ++c) {
-              best[c] = w1 * static_cast<T>(p1[c]) + w2 * static_cast<T>(p2[c]) + w3 * static_cast<T>(p3[c]) +
-                        w4 * static_cast<T>(p4[c]);
-              idx[c] = s;
-            }
-            first = false;
-            continue;
-          }
+  const auto scan = [&](int64_t i, int64_t j, const int64_t n, T* __restrict__ best, int32_t* __restrict__ idx)
+                        __attribute__((always_inline)) {
+    bool first = true;
+    for (int64_t a = p.ys.begin[i]; a < p.ys.begin[i + 1]; ++a) {
+      const T hy = p.ys.h[a], ly = p.ys.l[a];
+      const int64_t iy = p.ys.first_in[i] + a - p.ys.begin[i];
+      for (int64_t b = p.xs.begin[j]; b < p.xs.begin[j + 1]; ++b) {
+        const T hx = p.xs.h[b], lx = p.xs.l[b];
+        const T w1 = hy * hx, w2 = hy * lx, w3 = ly * hx, w4 = ly * lx;
+        const S* __restrict__ p1 = img + p.ys.lo[a] * sH + p.xs.lo[b] * sW;
+        const S* __restrict__ p2 = img + p.ys.lo[a] * sH + p.xs.hi[b] * sW;
+        const S* __restrict__ p3 = img + p.ys.hi[a] * sH + p.xs.lo[b] * sW;
+        const S* __restrict__ p4 = img + p.ys.hi[a] * sH + p.xs.hi[b] * sW;
+        const int32_t s = static_cast<int32_t>(iy * p.grid_w + p.xs.first_in[j] + b - p.xs.begin[j]);
+        if (first) {
           for (int64_t c = 0; c < n; ++c) {
-            const T v = w1 * static_cast<T>(p1[c]) + w2 * static_cast<T>(p2[c]) + w3 * static_cast<T>(p3[c]) +
-                        w4 * static_cast<T>(p4[c]);
-            const T bc = best[c];
-            const bool take = (v > bc) | ((v != v) & (bc == bc));  // v wins: greater, or the first NaN
-            best[c] = take ? v : bc;
-            idx[c] = take ? s : idx[c];
+            best[c] = w1 * static_cast<T>(p1[c]) + w2 * static_cast<T>(p2[c]) + w3 * static_cast<T>(p3[c]) +
+                      w4 * static_cast<T>(p4[c]);
+            idx[c] = s;
           }
+          first = false;
+          continue;
         }
-      }
-      const int64_t outside = p.first_outside(i, j);
-      if (first) {  // no sample inside the map
-        std::fill(best, best + n, T(0));
-        std::fill(idx, idx + n, static_cast<int32_t>(outside));
-      } else if (outside >= 0) {
-        const int32_t o32 = static_cast<int32_t>(outside);
         for (int64_t c = 0; c < n; ++c) {
-          const T bc = best[c];
-          const bool take = (bc == bc) & ((T(0) > bc) | ((T(0) == bc) & (o32 < idx[c])));
-          best[c] = take ? T(0) : bc;
-          idx[c] = take ? o32 : idx[c];
+          const T v = w1 * static_cast<T>(p1[c]) + w2 * static_cast<T>(p2[c]) + w3 * static_cast<T>(p3[c]) +
+                      w4 * static_cast<T>(p4[c]);
+          take_first_max(v, s, best[c], idx[c]);
         }
-      }
-      scalar_t* o = out + i * oH + j * oW;
-      int32_t* m = am + i * oH + j * oW;
-      for (int64_t c = 0; c < n; ++c) {
-        o[c * oC] = static_cast<scalar_t>(best[c]);
-        m[c * oC] = idx[c];
       }
     }
-  }
+    const int64_t outside = p.first_outside(i, j);
+    if (first) {  // no sample inside the map
+      std::fill(best, best + n, T(0));
+      std::fill(idx, idx + n, static_cast<int32_t>(outside));
+    } else if (outside >= 0) {
+      const int32_t o32 = static_cast<int32_t>(outside);
+      for (int64_t c = 0; c < n; ++c) {
+        const T bc = best[c];
+        const bool take = (bc == bc) & ((T(0) > bc) | ((T(0) == bc) & (o32 < idx[c])));
+        best[c] = take ? T(0) : bc;
+        idx[c] = take ? o32 : idx[c];
+      }
+    }
+  };
+  max_bins<kN>(n_, ph, pw, best_, idx_, out, am, oH, oW, oC, scan);
 }
 
 // The positions in the tap arrays of sample `a` (the argmax) of bin (i, j); false when it

@@ -168,6 +168,34 @@ __attribute__((always_inline)) inline void transpose_block(const S* src, int64_t
     }
   }
 }
+// The frame of a "max" kernel that vectorises along n channels: for each bin (i, j) in
+// row-major order, scan(i, j, n, best, idx) leaves the bin's maxima and their sample
+// indices in best[c] and idx[c] (c < n), which are then written to out and am at
+// i * oH + j * oW + c * oC. The arrays are the kernel's own when kN = n is known at compile
+// time (so that they stay in registers), else the caller's best_ and idx_. Always inlined,
+// so that it is compiled for the instruction set of the ROIOPS_SIMD caller.
+template <int64_t kN, typename T, typename scalar_t, typename Scan>
+__attribute__((always_inline)) inline void max_bins(int64_t n_, int64_t ph, int64_t pw, T* best_, int32_t* idx_,
+                                                    scalar_t* out, int32_t* am, int64_t oH, int64_t oW, int64_t oC,
+                                                    const Scan& scan) {
+  const int64_t n = kN ? kN : n_;
+  T best_k[kN ? kN : 1];
+  int32_t idx_k[kN ? kN : 1];
+  T* __restrict__ best = kN ? best_k : best_;
+  int32_t* __restrict__ idx = kN ? idx_k : idx_;
+  for (int64_t i = 0; i < ph; ++i) {
+    for (int64_t j = 0; j < pw; ++j) {
+      scan(i, j, n, best, idx);
+      scalar_t* o = out + i * oH + j * oW;
+      int32_t* m = am + i * oH + j * oW;
+      for (int64_t c = 0; c < n; ++c) {
+        o[c * oC] = static_cast<scalar_t>(best[c]);
+        m[c * oC] = idx[c];
+      }
+    }
+  }
+}
+
 // Asks for the n contiguous elements at p ahead of use: a run the hardware prefetchers
 // would only start on after its first misses (a channels-last bin of grad, 1 KiB for 256
 // channels, read from memory while the previous bin is added).
