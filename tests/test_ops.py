@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import sys
 
 import pytest
 import torch
@@ -407,8 +408,8 @@ def test_traced_and_profiled_calls_see_the_registered_op():
     assert torch.func.vmap(lambda t: t.sum() * 0 + direct(t, b))(x).eq(0).all()
 
 
-# Outputs come from torch's allocator, which may hand back a block just freed: each must be
-# written in full, whatever that block held.
+# Outputs of 4 MiB or more come from blocks the C++ kernels keep when freed (memory.h,
+# OutputCache): each must still be written in full, whatever a freed block held.
 def _big_map(channels, channels_last=False, requires_grad=False):
     x = torch.randn(2, channels, 64, 64, generator=torch.Generator().manual_seed(5))
     x = x.contiguous(memory_format=torch.channels_last) if channels_last else x
@@ -434,9 +435,13 @@ BIG = {  # name: (function of (map, boxes), channels, boxes giving a forward out
 }
 
 
+linux_only = pytest.mark.skipif(sys.platform != "linux", reason="the kernels keep freed output blocks on Linux only")
+
+
+@linux_only
 @pytest.mark.parametrize("channels_last", [False, True], ids=["nchw", "cl"])
 @pytest.mark.parametrize("name", list(BIG))
-def test_large_outputs_are_written_in_full(name, channels_last):
+def test_large_outputs_are_written_in_full_in_reused_blocks(name, channels_last):
     fn, channels, count = BIG[name]
     boxes = _big_boxes(count)
     x = _big_map(channels, channels_last, requires_grad=True)
@@ -448,19 +453,55 @@ def test_large_outputs_are_written_in_full(name, channels_last):
     for direction, make in makers.items():
         first = make()
         assert first.nbytes >= 4 << 20, (direction, first.nbytes)
-        expected = first.clone()
+        expected, where = first.clone(), first.data_ptr()
         first.fill_(float("nan"))
         del first
-        assert torch.equal(make(), expected), direction
+        second = make()
+        assert second.data_ptr() == where, direction  # the block freed last came back
+        assert torch.equal(second, expected), direction
+
+
+@linux_only
+def test_freed_output_blocks_kept_are_bounded():
+    from roiops import _C
+    no_boxes = torch.zeros(0, 5)
+    grads = []
+    for h in range(200, 272, 12):  # six gradients of 52-68 MiB, each its own size
+        x = torch.randn(1, 256, h, 256).requires_grad_()
+        out = roiops.roi_align(x, no_boxes, 7, 1.0, 2, True)
+        grads.append(torch.autograd.grad(out, x, torch.zeros(out.shape))[0])
+        assert torch.equal(grads[-1], torch.zeros_like(x))
+    del grads
+    assert 0 < _C.output_cache_bytes() <= 256 << 20
+
+
+@linux_only
+def test_freed_output_blocks_kept_are_none_with_the_cache_off():
+    """ROIOPS_CPU_CACHE_MIB=0: a freed 16 MiB gradient is unmapped, not kept."""
+    import os
+    import subprocess
+    code = "\n".join([
+        "import torch, roiops",
+        "x = torch.randn(1, 256, 64, 256).requires_grad_()",
+        "out = roiops.roi_align(x, torch.zeros(0, 5), 7, 1.0, 2, True)",
+        "g = torch.autograd.grad(out, x, torch.zeros(out.shape))[0]",
+        "assert g.nbytes >= 4 << 20 and torch.equal(g, torch.zeros_like(x))",
+        "del g",
+        "assert roiops._C.output_cache_bytes() == 0, roiops._C.output_cache_bytes()",
+    ])
+    env = dict(os.environ, ROIOPS_CPU_CACHE_MIB="0")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120, env=env)
 
 
 def test_large_outputs_after_fork():
-    """A child forked after the parent ran the kernels runs them too, with the same results."""
+    """A child forked while the parent keeps freed blocks allocates and frees its own."""
     import multiprocessing
 
     fn, channels, count = BIG["avg"]
     boxes = _big_boxes(count)
     x = _big_map(channels)
+    freed = fn(x, boxes)
+    del freed  # its block is kept, and the child inherits the cache
     expected = fn(x, boxes)
     ctx = multiprocessing.get_context("fork")
     result = ctx.Queue()

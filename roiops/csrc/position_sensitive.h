@@ -95,7 +95,7 @@ class PsOutput {
       base_ = out.data_ptr<scalar_t>(), sK_ = out.stride(0), sB_ = out.stride(3);
     } else {
       // 7 elements of padding: finish() reads whole vectors past a box's C_out values.
-      buffer_ = at::empty({out.size(2) * out.size(3) * K * C_out + 7}, out.options());
+      buffer_ = empty_output({out.size(2) * out.size(3) * K * C_out + 7}, out.options());
       base_ = buffer_.data_ptr<scalar_t>(), sK_ = C_out, sB_ = K * C_out;
     }
   }
@@ -245,7 +245,7 @@ class PsGradRows {
     const int64_t K = grad.size(0), C_out = grad.size(1), pw = grad.size(3), bins = grad.size(2) * pw;
     if (s.c == 1 || C_out == 1 || grad.numel() == 0 || !grad.is_contiguous()) return;
     const int64_t row = (C_out + 7) / 8 * 8;
-    buffer_ = at::empty({bins * K * row}, grad.options());
+    buffer_ = empty_output({bins * K * row}, grad.options());
     const scalar_t* src = data;
     scalar_t* dst = buffer_.data_ptr<scalar_t>();
     at::parallel_for(0, K, 16, [&](int64_t k0, int64_t k1) { boxes_in(src, dst, K, C_out, bins, row, k0, k1); });
@@ -284,7 +284,7 @@ struct PsForward {
     input = in_layout(input_, channels_last);
     rois = rois_.contiguous();
     check_rois(rois, input.size(0), spatial_scale);
-    out = at::empty({rois.size(0), C_out, ph, pw}, input.options().memory_format(format_of(channels_last)));
+    out = empty_output({rois.size(0), C_out, ph, pw}, input.options().memory_format(format_of(channels_last)));
   }
 };
 
@@ -308,7 +308,7 @@ struct PsBackward {
     check_rois(rois, N, spatial_scale);
     grad = in_layout(grad_, channels_last);
     const at::ScalarType opmath = grad.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
-    acc = at::empty({N, C, H, W}, grad.options().dtype(opmath).memory_format(format_of(channels_last)));
+    acc = empty_output({N, C, H, W}, grad.options().dtype(opmath).memory_format(format_of(channels_last)));
   }
 
   // Zeroes a channels_last accumulator for kernels that add into it in place.

@@ -481,8 +481,8 @@ at::Tensor prroi_pool_forward(const at::Tensor& input_, const at::Tensor& rois_,
   const at::Tensor input = in_layout(input_, channels_last);
   const at::Tensor rois = rois_.contiguous();
   check_rois(rois, input.size(0), spatial_scale);
-  at::Tensor out =
-      at::empty({rois.size(0), input.size(1), ph, pw}, input.options().memory_format(format_of(channels_last)));
+  at::Tensor out = empty_output({rois.size(0), input.size(1), ph, pw},
+                                input.options().memory_format(format_of(channels_last)));
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, input.scalar_type(), "roiops_prroi_pool_forward",
                                   [&] { forward_impl<scalar_t>(input, rois, spatial_scale, ph, pw, out); });
   return out;
@@ -497,7 +497,7 @@ at::Tensor prroi_pool_backward(const at::Tensor& grad_, const at::Tensor& rois_,
   const at::Tensor rois = rois_.contiguous();
   check_rois(rois, N, spatial_scale);
   const at::Tensor grad = in_layout(grad_, channels_last);
-  at::Tensor gi = at::empty({N, C, H, W}, grad.options().memory_format(format_of(channels_last)));
+  at::Tensor gi = empty_output({N, C, H, W}, grad.options().memory_format(format_of(channels_last)));
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, grad.scalar_type(), "roiops_prroi_pool_backward",
                                   [&] { backward_impl<scalar_t>(grad, rois, spatial_scale, ph, pw, gi); });
   return gi;

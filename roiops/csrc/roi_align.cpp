@@ -832,8 +832,8 @@ std::tuple<at::Tensor, at::Tensor> forward(const at::Tensor& input_, const at::T
   const at::Tensor rois = rois_.contiguous();
   check_rois(rois, input.size(0), spatial_scale);
   const auto opts = input.options().memory_format(format_of(channels_last));
-  at::Tensor out = at::empty({rois.size(0), input.size(1), ph, pw}, opts);
-  at::Tensor argmax = max_mode ? at::empty({rois.size(0), input.size(1), ph, pw}, opts.dtype(at::kInt)) : at::Tensor();
+  at::Tensor out = empty_output({rois.size(0), input.size(1), ph, pw}, opts);
+  at::Tensor argmax = max_mode ? empty_output({rois.size(0), input.size(1), ph, pw}, opts.dtype(at::kInt)) : at::Tensor();
   const int64_t K = rois.size(0);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, input.scalar_type(), "roiops_roi_align_forward", [&] {
     for (int64_t k0 = 0; k0 < K; k0 += kBoxChunk) {
@@ -867,7 +867,7 @@ at::Tensor backward(const at::Tensor& grad_, const at::Tensor& argmax_, const at
   const at::Tensor grad = in_layout(grad_, channels_last);
   // grad and argmax share strides, so one offset serves both.
   const at::Tensor argmax = max_mode ? in_layout(argmax_, channels_last) : at::Tensor();
-  at::Tensor gi = at::empty({N, C, H, W}, grad.options().memory_format(format_of(channels_last)));
+  at::Tensor gi = empty_output({N, C, H, W}, grad.options().memory_format(format_of(channels_last)));
   const int64_t K = rois.size(0);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, grad.scalar_type(), "roiops_roi_align_backward", [&] {
     // Each chunk carries on the sums of the chunks before it (the first one zeroes gi),
@@ -890,8 +890,8 @@ at::Tensor backward(const at::Tensor& grad_, const at::Tensor& argmax_, const at
       chunks(scalar_t{}, gi);
     } else {
       // float16/bfloat16 over several chunks: the sums carry on in T and are rounded once.
-      at::Tensor acc = at::empty(gi.sizes(), gi.options().dtype(c10::CppTypeToScalarType<T>::value)
-                                                 .memory_format(format_of(channels_last)));
+      at::Tensor acc = empty_output(gi.sizes(), gi.options().dtype(c10::CppTypeToScalarType<T>::value)
+                                                    .memory_format(format_of(channels_last)));
       chunks(T{}, acc);
       gi.copy_(acc);
     }

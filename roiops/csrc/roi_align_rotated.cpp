@@ -479,7 +479,7 @@ at::Tensor roi_align_rotated_forward(const at::Tensor& input_, const at::Tensor&
   const at::Tensor input = in_layout(input_, channels_last);
   const at::Tensor rois = rois_.contiguous();
   const int64_t N = input.size(0), C = input.size(1), H = input.size(2), W = input.size(3);
-  at::Tensor out = at::empty({rois.size(0), C, ph, pw}, input.options().memory_format(format_of(channels_last)));
+  at::Tensor out = empty_output({rois.size(0), C, ph, pw}, input.options().memory_format(format_of(channels_last)));
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, input.scalar_type(), "roiops_roi_align_rotated_forward",
                                   [&] {
     using T = at::opmath_type<scalar_t>;
@@ -540,7 +540,7 @@ at::Tensor roi_align_rotated_backward(const at::Tensor& grad_, const at::Tensor&
   const at::Tensor rois = rois_.contiguous();
   const at::Tensor grad = in_layout(grad_, channels_last);
   const auto opts = grad.options().memory_format(format_of(channels_last));
-  at::Tensor gi = at::empty({N, C, H, W}, opts);
+  at::Tensor gi = empty_output({N, C, H, W}, opts);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, grad.scalar_type(), "roiops_roi_align_rotated_backward",
                                   [&] {
     using T = at::opmath_type<scalar_t>;

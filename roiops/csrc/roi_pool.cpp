@@ -338,8 +338,8 @@ std::tuple<at::Tensor, at::Tensor> roi_pool_forward(const at::Tensor& input_, co
   const at::Tensor rois = rois_.contiguous();
   check_rois(rois, input.size(0), spatial_scale);
   const auto opts = input.options().memory_format(format_of(channels_last));
-  at::Tensor out = at::empty({rois.size(0), input.size(1), ph, pw}, opts);
-  at::Tensor argmax = at::empty({rois.size(0), input.size(1), ph, pw}, opts.dtype(at::kInt));
+  at::Tensor out = empty_output({rois.size(0), input.size(1), ph, pw}, opts);
+  at::Tensor argmax = empty_output({rois.size(0), input.size(1), ph, pw}, opts.dtype(at::kInt));
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, input.scalar_type(), "roiops_roi_pool_forward", [&] {
     forward_impl<scalar_t>(input, rois, spatial_scale, ph, pw, continuous, out, argmax);
   });
@@ -381,7 +381,7 @@ at::Tensor roi_pool_backward(const at::Tensor& grad_, const at::Tensor& argmax_,
     const scalar_t* rr = rois.const_data_ptr<scalar_t>();
     for (int64_t k = 0; k < K; ++k) batch[k] = static_cast<int64_t>(rr[5 * k]);
   });
-  at::Tensor gi = at::empty({N, C, H, W}, grad.options().memory_format(format_of(channels_last)));
+  at::Tensor gi = empty_output({N, C, H, W}, grad.options().memory_format(format_of(channels_last)));
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, grad.scalar_type(), "roiops_roi_pool_backward",
                                   [&] { backward_impl<scalar_t>(grad, argmax, batch, rows, gi); });
   return gi;
