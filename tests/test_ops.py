@@ -408,7 +408,7 @@ def test_traced_and_profiled_calls_see_the_registered_op():
     assert torch.func.vmap(lambda t: t.sum() * 0 + direct(t, b))(x).eq(0).all()
 
 
-# Outputs of 4 MiB or more come from blocks the C++ kernels keep when freed (sampling.h,
+# Outputs of 4 MiB or more come from blocks the C++ kernels keep when freed (memory.h,
 # OutputCache): each must still be written in full, whatever a freed block held.
 def _big_map(channels, channels_last=False, requires_grad=False):
     x = torch.randn(2, channels, 64, 64, generator=torch.Generator().manual_seed(5))
@@ -473,6 +473,24 @@ def test_freed_output_blocks_kept_are_bounded():
         assert torch.equal(grads[-1], torch.zeros_like(x))
     del grads
     assert 0 < _C.output_cache_bytes() <= 256 << 20
+
+
+@linux_only
+def test_freed_output_blocks_kept_are_none_with_the_cache_off():
+    """ROIOPS_CPU_CACHE_MIB=0: a freed 16 MiB gradient is unmapped, not kept."""
+    import os
+    import subprocess
+    code = "\n".join([
+        "import torch, roiops",
+        "x = torch.randn(1, 256, 64, 256).requires_grad_()",
+        "out = roiops.roi_align(x, torch.zeros(0, 5), 7, 1.0, 2, True)",
+        "g = torch.autograd.grad(out, x, torch.zeros(out.shape))[0]",
+        "assert g.nbytes >= 4 << 20 and torch.equal(g, torch.zeros_like(x))",
+        "del g",
+        "assert roiops._C.output_cache_bytes() == 0, roiops._C.output_cache_bytes()",
+    ])
+    env = dict(os.environ, ROIOPS_CPU_CACHE_MIB="0")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120, env=env)
 
 
 def test_large_outputs_after_fork():

@@ -3,12 +3,12 @@
 // the kernels to them, and to the validation layer the kernels' own check of box rows
 // (first_invalid), which scans a CPU tensor's rows in a microsecond where a dozen tensor
 // ops take tens; and for tests, how many bytes of freed outputs the kernels keep
-// (sampling.h's OutputCache).
+// (memory.h's OutputCache).
 #include <torch/extension.h>
 
 #include "geometry.h"
+#include "memory.h"
 #include "registry.h"
-#include "sampling.h"
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   for (const roiops::Binder binder : roiops::binders()) binder(m);

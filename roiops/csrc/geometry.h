@@ -4,7 +4,7 @@
 // corners, the first-maximum rule, Precise RoI Pooling's bin windows and hat integrals.
 // Each is a rule about one sample, bin or argument, independent of how a kernel plans its
 // loops, so an op that does not separate into row and column plans (rotated boxes,
-// integrated pooling) reuses them as they are; the separable plans live in sampling.h.
+// integrated pooling) reuses them as they are; the separable plans live in plans.h.
 // Expressions keep torchvision's operations and order, so float32 results agree with it
 // bit for bit where the formulas are the same.
 #pragma once
@@ -241,12 +241,21 @@ inline void pool_bin_edges(T start, T bin, int64_t p, int64_t size, bool continu
 
 // The running maximum of docs/semantics.md (strictly greater wins, the first NaN wins) with
 // positions: does candidate (v, a) come before (best, idx) in row-major order of the first
-// maximum? idx < 0: nothing yet. Vectorised loops spell out the same rule branch-free.
+// maximum? idx < 0: nothing yet. Vectorised loops use take_first_max.
 template <typename T>
 inline bool first_max(T v, int64_t a, T best, int64_t idx) {
   if (idx < 0) return true;
   if (std::isnan(v)) return !std::isnan(best) || a < idx;
   return !std::isnan(best) && (v > best || (v == best && a < idx));
+}
+
+// first_max for a candidate v at `at` that comes after (best, idx) in row-major order, in
+// a loop along channels or columns: branch-free, so that the loop vectorises.
+template <typename T, typename I>
+inline void take_first_max(T v, I at, T& best, I& idx) {
+  const bool take = (v > best) | ((v != v) & (best == best));  // v wins: greater, or the first NaN
+  best = take ? v : best;
+  idx = take ? at : idx;
 }
 
 // ---- Precise RoI Pooling (docs/semantics.md "prroi_pool") ----------------------------

@@ -1,5 +1,7 @@
 // What the position-sensitive ops (R-FCN's PSRoIAlign and PSRoIPool) share on the CPU:
-// the channel rule, their tasks, the rearranged maps and outputs, and the argument checks.
+// the channel rule, their tasks, the rearranged maps and outputs, the argument checks, and
+// the forward and backward drivers (ps_forward, ps_backward), which run an op from its
+// parts for one box and bin.
 //
 // Bin (i, j) of output channel c reads input channel (c * ph + i) * pw + j. For a fixed
 // bin, consecutive output channels are ph * pw input channels apart, so the kernels keep
@@ -16,6 +18,7 @@
 #pragma once
 
 #include <ATen/ATen.h>
+#include <ATen/OpMathType.h>
 
 #include <algorithm>
 #include <atomic>
@@ -25,10 +28,14 @@
 #include <memory>
 #include <thread>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "geometry.h"
-#include "sampling.h"
+#include "memory.h"
+#include "parallel.h"
+#include "simd.h"
+#include "tiles.h"
 
 namespace roiops {
 
@@ -180,7 +187,7 @@ struct PsTile {
 };
 
 // A lane copied into a tile (8 x 8 transposes of NCHW planes) costs about a third of a
-// lane gathered from the map (measured on the R-FCN workloads).
+// lane gathered from the map: the copy reads and writes whole vectors.
 constexpr int64_t kPsCopyGain = 3;
 
 // Tiles hold at most this many bytes (they are a task's working set).
@@ -263,22 +270,6 @@ class PsGradRows {
   at::Tensor buffer_;
 };
 
-// Whether an NCHW backward's tile task zeroes its whole planes before writing the tile's
-// rows over them (memset claims the rows' lines, whose stores then find them in cache), or
-// only the rows outside the tile (the stores fetch their lines themselves). Measured on the
-// 21-class PSRoIPool backward: memset first was 0-20% faster on an AMD EPYC, 8-15% slower
-// on an Intel Xeon (PSRoIAlign's within 4% either way there). channels_last bands, whose
-// stores go in another order, keep memset first: on the Xeon, without it, 13% slower right
-// after a torchvision call, 3-5% faster back to back.
-inline bool ps_claim_lines_first() {
-#if defined(__x86_64__) || defined(__i386__)
-  static const bool intel = __builtin_cpu_is("intel");
-  return !intel;
-#else
-  return true;
-#endif
-}
-
 // A forward's checked arguments: input in its layout, rois contiguous, C_out, and the
 // output to fill ([K, C_out, ph, pw] in the input's layout).
 struct PsForward {
@@ -344,17 +335,12 @@ struct PsBackward {
     return g;
   }
 
-  // A tile task's last step: tile t's rows written into its planes, the rows outside the
-  // tile zeroed; before the rows, the tile's rows too where ps_claim_lines_first().
+  // A tile task's last step: tile t's rows written into its planes and the rows outside
+  // the tile zeroed, so that each element is written once.
   template <typename T>
   void store(const T* tile, const PsTile& t, T* base, int64_t cs, int64_t nc) const {
-    const int64_t H = acc.size(2);
-    if (ps_claim_lines_first()) {
-      zero_rows(base, cs, nc, 0, H);
-    } else {
-      zero_rows(base, cs, nc, 0, t.y0);
-      zero_rows(base, cs, nc, t.y1, H);
-    }
+    zero_rows(base, cs, nc, 0, t.y0);
+    zero_rows(base, cs, nc, t.y1, acc.size(2));
     ps_store_tile(tile, t, nc, base, cs);
   }
 
@@ -395,9 +381,8 @@ struct PsBand {
   }
 };
 
-// Bytes of a band's buffer (kept in L2), unless one row needs more. On the Xeon (2 MiB of L2
-// a core), 21-class channels_last forwards by bands of 512 KiB were 7-25% slower than by
-// bands of 1 MiB, and 1.5 MiB was no faster; the backwards were within 2% either way.
+// Bytes of a band's buffer, unless one row needs more: small enough to stay in a core's L2
+// while the band's boxes read it, large enough that few bin rows cross bands.
 constexpr int64_t kPsBandBytes = int64_t(1) << 20;
 
 // Rows per band of an H-row map whose rows take row_bytes of buffer each: the buffer
@@ -419,8 +404,7 @@ inline bool ps_use_bands(const at::Tensor& acc, int64_t reads, int64_t C_out, in
 
 // Band b's buffer into the channels-last gradient gn (image n, channel c0 * bins): each
 // cell's bins x nc values transposed in registers into its nc * bins contiguous channels,
-// after each row's channels were zeroed by memset (PsBackward::zero_rows says why; 10-25%
-// faster channels_last backwards).
+// after each row's channels were zeroed by memset (PsBackward::zero_rows says why).
 template <typename T>
 ROIOPS_SIMD void ps_store_band(const T* buf, const PsBand& b, T* gn, int64_t sH, int64_t sW) {
   const int64_t run = b.nc * b.bins;
@@ -440,12 +424,9 @@ ROIOPS_SIMD void ps_store_band(const T* buf, const PsBand& b, T* gn, int64_t sH,
 // Band b's rows of the channels-last map xn (image n, channel c0 * bins) into its buffer:
 // each cell's nc * bins channels transposed in registers into bins x lanes values, one
 // group of 8 channels at a time, and before each group a share of the next cell's run is
-// prefetched, so that its lines arrive while this cell is transposed. On an AMD EPYC
-// (Zen 4), right after 5 ms of other work (the map then in memory), 21-class forwards were
-// 10-15% faster by groups alone (the same loads in the same order, as one transpose call
-// per group) and 14-21% with the prefetch; back to back, 3-8%. (A burst of prefetches for
-// the cell two ahead, all at once, had made them 5-14% slower on a Xeon: the prefetches
-// waited for fill buffers.)
+// prefetched, so that its lines arrive while this cell is transposed: a cell's run is a few
+// KiB, read from memory when the map is not in cache. The prefetches are spread over the
+// groups, not issued at once, so that they do not wait for each other's fill buffers.
 template <typename scalar_t, typename T>
 ROIOPS_SIMD void ps_load_band(const scalar_t* xn, int64_t sH, int64_t sW, const PsBand& b, T* buf) {
   constexpr int64_t kLine = 64 / static_cast<int64_t>(sizeof(scalar_t));
@@ -500,14 +481,15 @@ void ps_backward_bands(const std::vector<int64_t>& batch, const std::vector<std:
 }
 
 // A forward band pays when it copies no more than this many lanes per lane the boxes would
-// gather from a channels_last map, where each lane is a cache line of its own. On the
-// R-FCN 21-class pool workload bands were 25-35% faster at 3 and 10% slower at 9.
+// gather from a channels_last map, where each lane is a cache line of its own (a copied
+// lane is a fraction of that cost, kPsCopyGain).
 constexpr int64_t kPsBandGain = 6;
 
 // Output channels per forward band task. A task copies each cell's run of them (their
-// channels are contiguous in the map) and sums them per bin in one pass: on the Xeon, 32
-// (all 21 of a 21-class head, as 24 lanes) made the R-FCN forwards 6-24% faster than 8
-// for 21 classes and 2x faster for 256, where 64 was slower for PSRoIAlign.
+// channels are contiguous in the map) and sums them per bin in one pass: the more channels
+// a task takes, the longer that run and the fewer the passes over each bin's samples, up
+// to where a band's buffer of several cells no longer fits in L2. 32 takes all classes of
+// a 21-class head (24 lanes) at once.
 constexpr int64_t kPsBandChannels = 32;
 
 // The part of a bin row that one band sums (ps_forward_bands): the terms of rows
@@ -533,8 +515,8 @@ struct PsRowPart {
 // part of a bin row in the band (PsRowPart), in increasing k within the two groups below.
 // In the map a bin's output channels are bins apart, a cache line each; in the buffer they
 // are whole vectors, and each cell is copied once instead of being gathered by every bin
-// that reads it. (Bands that copied every row their bin rows read copied 1.6 rows per map
-// row on R-FCN's 21-class workload, and were 10% slower with PSRoIPool.) A band's task
+// that reads it. (Bands that copied every row their bin rows read would copy map rows more
+// than once each where bin rows cross bands.) A band's task
 // copies its rows and sums the parts that start a bin row, then waits for the band above
 // (same image and channels) to finish before it sums the parts that continue one, so each
 // sum still adds its terms in order, whatever the thread count, and the bands' copies run
@@ -618,6 +600,122 @@ bool ps_forward_bands(const at::Tensor& input, const std::vector<int64_t>& batch
     }
   });
   return true;
+}
+
+// The two drivers below run an op from its parts, Parts<scalar_t> (T its opmath type),
+// built once per call from (rois, spatial_scale, ph, pw, H, W, the op's own arguments):
+//   reads(): the taps (or cells) of all boxes over all bins, as a forward reads them;
+//   cover(boxes, i, j, t): grows tile t over the cells that bin (i, j) of `boxes` reads
+//     (forward) or writes (backward), and returns how many reads that takes (ps_use_tile);
+// forward:
+//   may_use_bands(), kReach, bin_rows(k, i): whether a channels_last map may go by bands,
+//     and ps_forward_bands's reach and rows;
+//   sum_row(band, buf, k, i, part, out): ps_forward_bands's sum, written to out (PsOutput);
+//   tile_bins(v, boxes, i, j, c0, nc, out): bin (i, j) of `boxes` from a tile's lanes v;
+//   bin_means(k, i, j, base, cs, s, nc, acc, r): box k's bin (i, j) of the nc planes at
+//     base + c * cs (strides s) into r, with nc values of scratch at acc;
+// backward:
+//   row_span(k): {first, last} map rows that box k writes to (first > last: none);
+//   add_band(band, boxes, grad, buf, g): a band's terms (ps_backward_bands; grad: PsGradRows);
+//   scratch(nc): the values of scratch a task that adds in place needs;
+//   add_bin(k, i, j, gk, gc, nc, d, v, base, cs, a): box k's bin (i, j) of grad (nc
+//     channels gc apart from gk) added to the lanes v of a tile (when v.data) or to the nc
+//     planes at base + c * cs (strides a) in place; d is the task's scratch (storage()).
+
+// A forward: a channels_last map by bands where the op allows them and they pay, otherwise
+// by ps_tasks, on a tile of each task's planes where that pays.
+template <typename scalar_t, typename Parts>
+void ps_forward_impl(PsForward& args, int64_t ph, int64_t pw, const Parts& op) {
+  using T = at::opmath_type<scalar_t>;
+  const at::Tensor& input = args.input;
+  const int64_t N = input.size(0), W = input.size(3), bins = ph * pw;
+  const Strides s(input);
+  const scalar_t* in = input.const_data_ptr<scalar_t>();
+  PsOutput<scalar_t> out(args.out);
+  const std::vector<int64_t> batch = ps_batch(args.rois);
+  if (s.w != 1 && op.may_use_bands()) {
+    const auto rows = [&](int64_t k, int64_t i) { return op.bin_rows(k, i); };
+    const auto sum = [&](const PsBand& band, const T* buf, int64_t k, int64_t i, const PsRowPart<T>& part) {
+      op.sum_row(band, buf, k, i, part, out);
+    };
+    if (ps_forward_bands<T, scalar_t>(input, batch, args.C_out, ph, pw, op.reads(), Parts::kReach, rows, sum)) return;
+  }
+  Scratch<T> scratch;
+  const auto task = [&](int64_t n, int64_t bin, int64_t c0, int64_t nc, const std::vector<int64_t>& boxes) {
+    const int64_t i = bin / pw, j = bin % pw, cs = bins * s.c;
+    const scalar_t* base = in + n * s.n + (c0 * bins + bin) * s.c;
+    PsTile t(nc, W);
+    if (s.w == 1 && ps_use_tile<T>(t, op.cover(boxes, i, j, t), nc)) {
+      op.tile_bins(ps_forward_tile(t, base, cs, nc, scratch), boxes, i, j, c0, nc, out);
+      return;
+    }
+    T* acc = scratch.get(nc);
+    for (const int64_t k : boxes) op.bin_means(k, i, j, base, cs, s, nc, acc, out.row(bin, k) + c0);
+  };
+  ps_tasks(batch, N, args.C_out, bins, task);
+  out.finish();
+}
+
+// A backward: a channels_last gradient by bands where they pay (ps_use_bands), otherwise by
+// ps_tasks, on a tile of each task's planes where that pays.
+template <typename scalar_t, typename Parts>
+void ps_backward_impl(const PsBackward& args, int64_t ph, int64_t pw, const Parts& op) {
+  using T = at::opmath_type<scalar_t>;
+  const int64_t N = args.acc.size(0), W = args.acc.size(3), C_out = args.grad.size(1), bins = ph * pw;
+  const PsGradRows<scalar_t> grad(args.grad);
+  const std::vector<int64_t> batch = ps_batch(args.rois);
+  if (ps_use_bands(args.acc, op.reads(), C_out, bins)) {
+    std::vector<std::pair<int64_t, int64_t>> spans(batch.size());
+    for (size_t k = 0; k < spans.size(); ++k) spans[k] = op.row_span(static_cast<int64_t>(k));
+    ps_backward_bands<T>(batch, spans, C_out, bins, args.acc,
+                         [&](const PsBand& band, const std::vector<int64_t>& boxes, T* buf, T* g) {
+                           op.add_band(band, boxes, grad, buf, g);
+                         });
+    return;
+  }
+  args.clear();
+  const Strides a(args.acc), &gs = grad.s;
+  T* acc_p = args.acc.template data_ptr<T>();
+  Scratch<T> scratch;
+  const auto task = [&](int64_t n, int64_t bin, int64_t c0, int64_t nc, const std::vector<int64_t>& boxes) {
+    const int64_t i = bin / pw, j = bin % pw, cs = bins * a.c;
+    T* base = acc_p + n * a.n + (c0 * bins + bin) * a.c;
+    PsTile t(nc, W);
+    PsLanes<T> v{};
+    const bool lanes = a.w == 1 && ps_use_tile<T>(t, op.cover(boxes, i, j, t), nc);
+    T* d = args.storage(lanes, t, base, cs, nc, op.scratch(nc), scratch, v);
+    for (const int64_t k : boxes) {
+      op.add_bin(k, i, j, grad.data + k * gs.n + c0 * gs.c + i * gs.h + j * gs.w, gs.c, nc, d, v, base, cs, a);
+    }
+    if (lanes) args.store(v.data, t, base, cs, nc);
+  };
+  ps_tasks(batch, N, C_out, bins, task);
+}
+
+// A position-sensitive op's forward entry point: checked arguments, then its driver in
+// the input's dtype with the op's Parts (extra: the op's own arguments).
+template <template <typename> class Parts, typename... Extra>
+at::Tensor ps_forward(const at::Tensor& input, const at::Tensor& rois, double spatial_scale, int64_t ph, int64_t pw,
+                      Extra... extra) {
+  PsForward a(input, rois, spatial_scale, ph, pw);
+  if (a.out.numel() == 0) return a.out;
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, a.input.scalar_type(), "roiops_ps_forward", [&] {
+    const Parts<scalar_t> parts(a.rois, spatial_scale, ph, pw, a.input.size(2), a.input.size(3), extra...);
+    ps_forward_impl<scalar_t>(a, ph, pw, parts);
+  });
+  return a.out;
+}
+
+// The same for a backward: the gradient of the [N, C, H, W] input.
+template <template <typename> class Parts, typename... Extra>
+at::Tensor ps_backward(const at::Tensor& grad, const at::Tensor& rois, double spatial_scale, int64_t ph, int64_t pw,
+                       int64_t N, int64_t C, int64_t H, int64_t W, bool channels_last, Extra... extra) {
+  PsBackward a(grad, rois, spatial_scale, ph, pw, N, C, H, W, channels_last);
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, a.grad.scalar_type(), "roiops_ps_backward", [&] {
+    const Parts<scalar_t> parts(a.rois, spatial_scale, ph, pw, H, W, extra...);
+    ps_backward_impl<scalar_t>(a, ph, pw, parts);
+  });
+  return a.result();
 }
 
 }  // namespace roiops

@@ -9,7 +9,7 @@
 // follows the cells the box touches.
 //  - NCHW: tasks of (image, block of channels); per plane the loops run along map rows;
 //  - channels_last: the input is read in place and the loops run along channels; forward
-//    tasks are boxes, backward tasks bands of map rows (sampling.h, BackwardSplit).
+//    tasks are boxes, backward tasks bands of map rows (tiles.h, BackwardSplit).
 // Backward tasks own disjoint slices of grad_input and add boxes in increasing k; the box
 // gradient sums each box's channels in order: deterministic, no atomics.
 #include <ATen/OpMathType.h>
@@ -19,8 +19,11 @@
 #include <vector>
 
 #include "geometry.h"
+#include "memory.h"
+#include "parallel.h"
 #include "registry.h"
-#include "sampling.h"
+#include "simd.h"
+#include "tiles.h"
 
 namespace roiops {
 namespace {

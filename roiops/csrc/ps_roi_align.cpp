@@ -13,12 +13,15 @@
 #include <algorithm>
 #include <climits>
 #include <cmath>
+#include <utility>
 #include <vector>
 
 #include "geometry.h"
+#include "memory.h"
+#include "plans.h"
 #include "position_sensitive.h"
 #include "registry.h"
-#include "sampling.h"
+#include "simd.h"
 
 namespace roiops {
 namespace {
@@ -190,9 +193,9 @@ ROIOPS_SIMD void align_bin_lanes_backward(const AlignPlan<T>& p, int64_t i, int6
 // adds (grad * w) / count to those of its four neighbours in the band's rows, in the order
 // of align_bin_lanes_backward (a power-of-2 count: times its exact reciprocal).
 template <typename scalar_t, typename T>
-ROIOPS_SIMD void add_band(const PsBand& band, const BoxPlans<AlignPlan<T>>& plans,
-                          const std::vector<int64_t>& boxes, const scalar_t* grad_p, const Strides& gs, int64_t ph,
-                          int64_t pw, T* __restrict__ buf, T* __restrict__ g) {
+ROIOPS_SIMD void add_band_terms(const PsBand& band, const BoxPlans<AlignPlan<T>>& plans,
+                                const std::vector<int64_t>& boxes, const scalar_t* grad_p, const Strides& gs,
+                                int64_t ph, int64_t pw, T* __restrict__ buf, T* __restrict__ g) {
   const int64_t L = band.lanes, cell = band.cell();
   for (const int64_t k : boxes) {
     const AlignPlan<T>& p = plans[k];
@@ -252,132 +255,94 @@ int64_t total_reads(const BoxPlans<AlignPlan<T>>& plans, int64_t ph, int64_t pw)
   return reads;
 }
 
+// PSRoIAlign's parts for position_sensitive.h's drivers: a bin's mean is the sum of its
+// samples divided by their count; backward adds (grad * w) / count to each sample's four
+// neighbours (a power-of-2 count on a tile's lanes: times its exact reciprocal).
 template <typename scalar_t>
-void forward_impl(const at::Tensor& input, const at::Tensor& rois, double spatial_scale, int64_t ph, int64_t pw,
-                  int64_t sampling_ratio, int64_t C_out, at::Tensor& out) {
+struct AlignParts {
   using T = at::opmath_type<scalar_t>;
-  const int64_t N = input.size(0), H = input.size(2), W = input.size(3), bins = ph * pw;
-  const BoxPlans<AlignPlan<T>> plans = build_plans<T>(rois, spatial_scale, ph, pw, sampling_ratio, H, W);
-  const Strides s(input);
-  const scalar_t* in = input.const_data_ptr<scalar_t>();
-  PsOutput<scalar_t> result(out);
-  const std::vector<int64_t> batch = ps_batch(rois);
-  const auto rows = [&](int64_t k, int64_t i) { return plans[k].bin_rows(i); };
-  const auto sum_row = [&](const PsBand& band, const T* buf, int64_t k, int64_t i, const PsRowPart<T>& part) {
+  // A band adds the samples whose y_low is among its rows; their y_high may be the next row.
+  static constexpr int64_t kReach = 1;
+  const BoxPlans<AlignPlan<T>> plans;
+  const int64_t ph, pw;
+
+  AlignParts(const at::Tensor& rois, double spatial_scale, int64_t ph_, int64_t pw_, int64_t H, int64_t W,
+             int64_t sampling_ratio)
+      : plans(build_plans<T>(rois, spatial_scale, ph_, pw_, sampling_ratio, H, W)), ph(ph_), pw(pw_) {}
+
+  int64_t reads() const { return total_reads(plans, ph, pw); }
+  int64_t cover(const std::vector<int64_t>& boxes, int64_t i, int64_t j, PsTile& t) const {
+    return cover_bin(plans, boxes, i, j, t);
+  }
+
+  // A bin row that spans bands is summed top band first, which is its samples' order only
+  // where their rows never decrease: a box upside down (y2 < y1 with a fixed sampling
+  // ratio) has its samples run bottom to top, and such a call takes the per-bin path.
+  bool may_use_bands() const {
+    const auto upside_down = [](const AlignPlan<T>& p) { return !p.empty() && p.ys.bin < T(0); };
+    return std::none_of(plans.begin(), plans.end(), upside_down);
+  }
+  std::pair<int64_t, int64_t> bin_rows(int64_t k, int64_t i) const { return plans[k].bin_rows(i); }
+  void sum_row(const PsBand& band, const T* buf, int64_t k, int64_t i, const PsRowPart<T>& part,
+               const PsOutput<scalar_t>& out) const {
     align_bins_lanes<T, scalar_t>(pw, band.nc, [&](int64_t j) {
-      return LanesBin<T, scalar_t>{&plans[k], i, j, band.view(buf, i * pw + j), result.row(i * pw + j, k) + band.c0,
+      return LanesBin<T, scalar_t>{&plans[k], i, j, band.view(buf, i * pw + j), out.row(i * pw + j, k) + band.c0,
                                    part.ya, part.yb, part.carry_of(j, band.lanes), part.first, part.last};
     });
-  };
-  // A band adds the samples whose y_low is among its rows; their y_high may be the next row.
-  // A bin row that spans bands is summed top band first, which is its samples' order only
-  // where their rows never decrease: a box upside down (y2 < y1 with a fixed sampling ratio)
-  // has its samples run bottom to top, and such a call takes the per-bin path below.
-  const bool upright = std::none_of(plans.begin(), plans.end(),
-                                    [](const AlignPlan<T>& p) { return !p.empty() && p.ys.bin < T(0); });
-  if (s.w != 1 && upright &&
-      ps_forward_bands<T, scalar_t>(input, batch, C_out, ph, pw, total_reads(plans, ph, pw), 1, rows, sum_row)) {
-    return;
   }
-  Scratch<T> scratch;
-  const auto task = [&](int64_t n, int64_t bin, int64_t c0, int64_t nc, const std::vector<int64_t>& boxes) {
-    const int64_t i = bin / pw, j = bin % pw;
-    const scalar_t* base = in + n * s.n + (c0 * bins + bin) * s.c;
-    PsTile t(nc, W);
-    if (s.w == 1 && ps_use_tile<T>(t, cover_bin(plans, boxes, i, j, t), nc)) {
-      const PsLanes<const T> v = ps_forward_tile(t, base, bins * s.c, nc, scratch);
-      align_bins_lanes<T, scalar_t>(static_cast<int64_t>(boxes.size()), nc, [&](int64_t m) {
-        const int64_t k = boxes[m];
-        return LanesBin<T, scalar_t>{&plans[k], i, j, v, result.row(bin, k) + c0};
-      });
+  void tile_bins(const PsLanes<const T>& v, const std::vector<int64_t>& boxes, int64_t i, int64_t j, int64_t c0,
+                 int64_t nc, const PsOutput<scalar_t>& out) const {
+    align_bins_lanes<T, scalar_t>(static_cast<int64_t>(boxes.size()), nc, [&](int64_t m) {
+      const int64_t k = boxes[m];
+      return LanesBin<T, scalar_t>{&plans[k], i, j, v, out.row(i * pw + j, k) + c0};
+    });
+  }
+  void bin_means(int64_t k, int64_t i, int64_t j, const scalar_t* base, int64_t cs, const Strides& s, int64_t nc,
+                 T* acc, scalar_t* r) const {
+    const AlignPlan<T>& p = plans[k];
+    if (p.empty()) {
+      for (int64_t c = 0; c < nc; ++c) r[c] = static_cast<scalar_t>(T(0) / p.count);
       return;
     }
-    T* acc = scratch.get(nc);
-    for (const int64_t k : boxes) {
-      const AlignPlan<T>& p = plans[k];
-      scalar_t* r = result.row(bin, k) + c0;
-      if (p.empty()) {
-        for (int64_t c = 0; c < nc; ++c) r[c] = static_cast<scalar_t>(T(0) / p.count);
-      } else {
-        align_bin(p, i, j, base, bins * s.c, s.h, s.w, nc, acc);
-        for (int64_t c = 0; c < nc; ++c) r[c] = static_cast<scalar_t>(acc[c] / p.count);
-      }
-    }
-  };
-  ps_tasks(batch, N, C_out, bins, task);
-  result.finish();
-}
-
-template <typename scalar_t>
-void backward_impl(const at::Tensor& grad, const at::Tensor& rois, double spatial_scale, int64_t ph, int64_t pw,
-                   int64_t sampling_ratio, int64_t N, int64_t H, int64_t W, const PsBackward& args) {
-  using T = at::opmath_type<scalar_t>;
-  const int64_t C_out = grad.size(1), bins = ph * pw;
-  const BoxPlans<AlignPlan<T>> plans = build_plans<T>(rois, spatial_scale, ph, pw, sampling_ratio, H, W);
-  const PsGradRows<scalar_t> grad_rows(grad);
-  const scalar_t* grad_p = grad_rows.data;
-  const Strides& gs = grad_rows.s;
-  if (ps_use_bands(args.acc, total_reads(plans, ph, pw), C_out, bins)) {
-    std::vector<std::pair<int64_t, int64_t>> spans(plans.size());
-    for (size_t k = 0; k < plans.size(); ++k) spans[k] = plans[k].row_span();
-    ps_backward_bands<T>(ps_batch(rois), spans, C_out, bins, args.acc,
-                         [&](const PsBand& band, const std::vector<int64_t>& boxes, T* buf, T* g) {
-                           add_band(band, plans, boxes, grad_p, gs, ph, pw, buf, g);
-                         });
-    return;
+    align_bin(p, i, j, base, cs, s.h, s.w, nc, acc);
+    for (int64_t c = 0; c < nc; ++c) r[c] = static_cast<scalar_t>(acc[c] / p.count);
   }
-  args.clear();
-  const Strides a(args.acc);
-  T* acc_p = args.acc.data_ptr<T>();
-  Scratch<T> scratch;
-  const auto task = [&](int64_t n, int64_t bin, int64_t c0, int64_t nc, const std::vector<int64_t>& boxes) {
-    const int64_t i = bin / pw, j = bin % pw;
-    T* base = acc_p + n * a.n + (c0 * bins + bin) * a.c;
-    PsTile t(nc, W);
-    PsLanes<T> v{};
-    const bool lanes = a.w == 1 && ps_use_tile<T>(t, cover_bin(plans, boxes, i, j, t), nc);
-    T* gv = args.storage(lanes, t, base, bins * a.c, nc, 5 * nc, scratch, v);
-    for (const int64_t k : boxes) {
-      const AlignPlan<T>& p = plans[k];
-      if (p.empty()) continue;
-      const scalar_t* gk = grad_p + k * gs.n + c0 * gs.c + i * gs.h + j * gs.w;
-      for (int64_t c = 0; c < nc; ++c) gv[c] = static_cast<T>(gk[c * gs.c]);
-      int exp;
-      if (!lanes) {
-        align_bin_backward(p, i, j, gv, base, bins * a.c, a.h, a.w, nc, gv + nc);
-      } else if (std::frexp(p.count, &exp) == T(0.5)) {
-        align_bin_lanes_backward<true>(p, i, j, gv, v);
-      } else {
-        align_bin_lanes_backward<false>(p, i, j, gv, v);
-      }
+
+  std::pair<int64_t, int64_t> row_span(int64_t k) const { return plans[k].row_span(); }
+  void add_band(const PsBand& band, const std::vector<int64_t>& boxes, const PsGradRows<scalar_t>& grad, T* buf,
+                T* g) const {
+    add_band_terms(band, plans, boxes, grad.data, grad.s, ph, pw, buf, g);
+  }
+  int64_t scratch(int64_t nc) const { return 5 * nc; }  // g, then align_bin_backward's 4 * nc
+  void add_bin(int64_t k, int64_t i, int64_t j, const scalar_t* gk, int64_t gc, int64_t nc, T* g,
+               const PsLanes<T>& v, T* base, int64_t cs, const Strides& a) const {
+    const AlignPlan<T>& p = plans[k];
+    if (p.empty()) return;
+    for (int64_t c = 0; c < nc; ++c) g[c] = static_cast<T>(gk[c * gc]);
+    int exp;
+    if (!v.data) {
+      align_bin_backward(p, i, j, g, base, cs, a.h, a.w, nc, g + nc);
+    } else if (std::frexp(p.count, &exp) == T(0.5)) {
+      align_bin_lanes_backward<true>(p, i, j, g, v);
+    } else {
+      align_bin_lanes_backward<false>(p, i, j, g, v);
     }
-    if (lanes) args.store(v.data, t, base, bins * a.c, nc);
-  };
-  ps_tasks(ps_batch(rois), N, C_out, bins, task);
-}
+  }
+};
 
 }  // namespace
 
 at::Tensor ps_roi_align_forward(const at::Tensor& input, const at::Tensor& rois, double spatial_scale, int64_t ph,
                                 int64_t pw, int64_t sampling_ratio) {
   check_sampling_ratio(sampling_ratio);
-  PsForward a(input, rois, spatial_scale, ph, pw);
-  if (a.out.numel() == 0) return a.out;
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, a.input.scalar_type(), "roiops_ps_roi_align_forward", [&] {
-    forward_impl<scalar_t>(a.input, a.rois, spatial_scale, ph, pw, sampling_ratio, a.C_out, a.out);
-  });
-  return a.out;
+  return ps_forward<AlignParts>(input, rois, spatial_scale, ph, pw, sampling_ratio);
 }
 
 at::Tensor ps_roi_align_backward(const at::Tensor& grad, const at::Tensor& rois, double spatial_scale, int64_t ph,
                                  int64_t pw, int64_t N, int64_t C, int64_t H, int64_t W, int64_t sampling_ratio,
                                  bool channels_last) {
   check_sampling_ratio(sampling_ratio);
-  PsBackward a(grad, rois, spatial_scale, ph, pw, N, C, H, W, channels_last);
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, a.grad.scalar_type(), "roiops_ps_align_backward", [&] {
-    backward_impl<scalar_t>(a.grad, a.rois, spatial_scale, ph, pw, sampling_ratio, N, H, W, a);
-  });
-  return a.result();
+  return ps_backward<AlignParts>(grad, rois, spatial_scale, ph, pw, N, C, H, W, channels_last, sampling_ratio);
 }
 
 namespace {

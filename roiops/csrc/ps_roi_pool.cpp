@@ -9,12 +9,14 @@
 #include <ATen/Parallel.h>
 
 #include <cmath>
+#include <utility>
 #include <vector>
 
 #include "geometry.h"
+#include "memory.h"
 #include "position_sensitive.h"
 #include "registry.h"
-#include "sampling.h"
+#include "simd.h"
 
 namespace roiops {
 namespace {
@@ -31,7 +33,7 @@ class PsPoolBins {
   };
 
   // rois of the kernel's opmath type T. A ROIOPS_SIMD clone: there floor, ceil and round
-  // are instructions, not calls (R-FCN's 300 boxes: 18-21 us instead of 26-33).
+  // are instructions, not calls.
   template <typename T>
   ROIOPS_SIMD static PsPoolBins build(const at::Tensor& rois, double spatial_scale, int64_t ph, int64_t pw,
                                       int64_t H, int64_t W) {
@@ -197,69 +199,12 @@ inline int64_t total_reads(const PsPoolBins& bins, int64_t ph, int64_t pw) {
   return reads;
 }
 
-template <typename scalar_t>
-void forward_impl(const at::Tensor& input, const at::Tensor& rois, double spatial_scale, int64_t ph, int64_t pw,
-                  int64_t C_out, at::Tensor& out) {
-  using T = at::opmath_type<scalar_t>;
-  const int64_t N = input.size(0), H = input.size(2), W = input.size(3), bins = ph * pw;
-  const PsPoolBins boxes_bins = PsPoolBins::build<T>(rois, spatial_scale, ph, pw, H, W);
-  const Strides s(input);
-  const scalar_t* in = input.const_data_ptr<scalar_t>();
-  PsOutput<scalar_t> result(out);
-  const std::vector<int64_t> batch = ps_batch(rois);
-  const auto rows = [&](int64_t k, int64_t i) {
-    const PsPoolBins::Bin b = boxes_bins.bin(k, i, 0);
-    return std::pair<int64_t, int64_t>(b.y0, b.y1 - 1);
-  };
-  const auto sum_row = [&](const PsBand& band, const T* buf, int64_t k, int64_t i, const PsRowPart<T>& part) {
-    pool_bins_lanes<T, scalar_t>(pw, band.nc, [&](int64_t j) {
-      return LanesBin<T, scalar_t>{band.view(buf, i * pw + j), boxes_bins.bin(k, i, j),
-                                   result.row(i * pw + j, k) + band.c0, part.ya, part.yb,
-                                   part.carry_of(j, band.lanes), part.first, part.last};
-    });
-  };
-  if (s.w != 1 && ps_forward_bands<T, scalar_t>(input, batch, C_out, ph, pw, total_reads(boxes_bins, ph, pw), 0, rows,
-                                                sum_row)) {
-    return;
-  }
-  Scratch<T> scratch;
-  const auto task = [&](int64_t n, int64_t bin, int64_t c0, int64_t nc, const std::vector<int64_t>& boxes) {
-    const int64_t i = bin / pw, j = bin % pw;
-    const scalar_t* base = in + n * s.n + (c0 * bins + bin) * s.c;
-    PsTile t(nc, W);
-    if (s.w == 1 && ps_use_tile<T>(t, cover_bin(boxes_bins, boxes, i, j, t), nc)) {
-      const PsLanes<const T> v = ps_forward_tile(t, base, bins * s.c, nc, scratch);
-      pool_bins_lanes<T, scalar_t>(static_cast<int64_t>(boxes.size()), nc, [&](int64_t m) {
-        const int64_t k = boxes[m];
-        const PsPoolBins::Bin b = boxes_bins.bin(k, i, j);
-        return LanesBin<T, scalar_t>{v, b, result.row(bin, k) + c0, b.y0, b.y1};
-      });
-      return;
-    }
-    T* acc = scratch.get(nc);
-    for (const int64_t k : boxes) {
-      const PsPoolBins::Bin b = boxes_bins.bin(k, i, j);
-      const auto [y0, y1, x0, x1] = b;
-      scalar_t* r = result.row(bin, k) + c0;
-      if (b.empty()) {
-        for (int64_t c = 0; c < nc; ++c) r[c] = scalar_t(0);
-        continue;
-      }
-      const T area = static_cast<T>(b.area());
-      pool_bin(base, bins * s.c, s.h, s.w, y0, y1, x0, x1, nc, acc);
-      for (int64_t c = 0; c < nc; ++c) r[c] = static_cast<scalar_t>(acc[c] / area);
-    }
-  };
-  ps_tasks(batch, N, C_out, bins, task);
-  result.finish();
-}
-
 // A band's terms (ps_backward_bands): each bin of `boxes` (in increasing k) adds grad / area
 // to its cells in the band's rows.
 template <typename scalar_t, typename T>
-ROIOPS_SIMD void add_band(const PsBand& band, const PsPoolBins& bb, const std::vector<int64_t>& boxes,
-                          const scalar_t* grad_p, const Strides& gs, int64_t ph, int64_t pw, T* __restrict__ buf,
-                          T* __restrict__ d) {
+ROIOPS_SIMD void add_band_terms(const PsBand& band, const PsPoolBins& bb, const std::vector<int64_t>& boxes,
+                                const scalar_t* grad_p, const Strides& gs, int64_t ph, int64_t pw,
+                                T* __restrict__ buf, T* __restrict__ d) {
   for (const int64_t k : boxes) {
     for (int64_t i = 0; i < ph; ++i) {
       for (int64_t j = 0; j < pw; ++j) {
@@ -282,72 +227,85 @@ ROIOPS_SIMD void add_band(const PsBand& band, const PsPoolBins& bb, const std::v
   }
 }
 
+// PSRoIPool's parts for position_sensitive.h's drivers: a bin's mean is the sum of its
+// cells divided by its area; backward adds grad / area to each of them.
 template <typename scalar_t>
-void backward_impl(const at::Tensor& grad, const at::Tensor& rois, double spatial_scale, int64_t ph, int64_t pw,
-                   int64_t N, int64_t H, int64_t W, const PsBackward& args) {
+struct PoolParts {
   using T = at::opmath_type<scalar_t>;
-  const int64_t C_out = grad.size(1), bins = ph * pw;
-  const PsPoolBins boxes_bins = PsPoolBins::build<T>(rois, spatial_scale, ph, pw, H, W);
-  const PsGradRows<scalar_t> grad_rows(grad);
-  const scalar_t* grad_p = grad_rows.data;
-  const Strides& gs = grad_rows.s;
-  if (ps_use_bands(args.acc, total_reads(boxes_bins, ph, pw), C_out, bins)) {
-    std::vector<std::pair<int64_t, int64_t>> spans(static_cast<size_t>(boxes_bins.size()));
-    for (int64_t k = 0; k < boxes_bins.size(); ++k) spans[k] = boxes_bins.row_span(k);
-    ps_backward_bands<T>(ps_batch(rois), spans, C_out, bins, args.acc,
-                         [&](const PsBand& band, const std::vector<int64_t>& boxes, T* buf, T* d) {
-                           add_band(band, boxes_bins, boxes, grad_p, gs, ph, pw, buf, d);
-                         });
-    return;
+  static constexpr int64_t kReach = 0;  // a bin reads only its own rows
+  const PsPoolBins bins;
+  const int64_t ph, pw;
+
+  PoolParts(const at::Tensor& rois, double spatial_scale, int64_t ph_, int64_t pw_, int64_t H, int64_t W)
+      : bins(PsPoolBins::build<T>(rois, spatial_scale, ph_, pw_, H, W)), ph(ph_), pw(pw_) {}
+
+  int64_t reads() const { return total_reads(bins, ph, pw); }
+  int64_t cover(const std::vector<int64_t>& boxes, int64_t i, int64_t j, PsTile& t) const {
+    return cover_bin(bins, boxes, i, j, t);
   }
-  args.clear();
-  const Strides a(args.acc);
-  T* acc_p = args.acc.data_ptr<T>();
-  Scratch<T> scratch;
-  const auto task = [&](int64_t n, int64_t bin, int64_t c0, int64_t nc, const std::vector<int64_t>& boxes) {
-    const int64_t i = bin / pw, j = bin % pw;
-    T* base = acc_p + n * a.n + (c0 * bins + bin) * a.c;
-    PsTile t(nc, W);
-    PsLanes<T> v{};
-    const bool lanes = a.w == 1 && ps_use_tile<T>(t, cover_bin(boxes_bins, boxes, i, j, t), nc);
-    T* d = args.storage(lanes, t, base, bins * a.c, nc, nc, scratch, v);
-    for (const int64_t k : boxes) {
-      const PsPoolBins::Bin b = boxes_bins.bin(k, i, j);
-      if (b.empty()) continue;
-      const auto [y0, y1, x0, x1] = b;
-      const T area = static_cast<T>(b.area());
-      const scalar_t* gk = grad_p + k * gs.n + c0 * gs.c + i * gs.h + j * gs.w;
-      for (int64_t c = 0; c < nc; ++c) d[c] = static_cast<T>(gk[c * gs.c]) / area;
-      if (lanes) {
-        pool_bin_lanes_backward(d, v, y0, y1, x0, x1);
-      } else {
-        pool_bin_backward(d, base, bins * a.c, a.h, a.w, y0, y1, x0, x1, nc);
-      }
+
+  bool may_use_bands() const { return true; }
+  std::pair<int64_t, int64_t> bin_rows(int64_t k, int64_t i) const {
+    const PsPoolBins::Bin b = bins.bin(k, i, 0);
+    return {b.y0, b.y1 - 1};
+  }
+  void sum_row(const PsBand& band, const T* buf, int64_t k, int64_t i, const PsRowPart<T>& part,
+               const PsOutput<scalar_t>& out) const {
+    pool_bins_lanes<T, scalar_t>(pw, band.nc, [&](int64_t j) {
+      return LanesBin<T, scalar_t>{band.view(buf, i * pw + j), bins.bin(k, i, j), out.row(i * pw + j, k) + band.c0,
+                                   part.ya, part.yb, part.carry_of(j, band.lanes), part.first, part.last};
+    });
+  }
+  void tile_bins(const PsLanes<const T>& v, const std::vector<int64_t>& boxes, int64_t i, int64_t j, int64_t c0,
+                 int64_t nc, const PsOutput<scalar_t>& out) const {
+    pool_bins_lanes<T, scalar_t>(static_cast<int64_t>(boxes.size()), nc, [&](int64_t m) {
+      const int64_t k = boxes[m];
+      const PsPoolBins::Bin b = bins.bin(k, i, j);
+      return LanesBin<T, scalar_t>{v, b, out.row(i * pw + j, k) + c0, b.y0, b.y1};
+    });
+  }
+  void bin_means(int64_t k, int64_t i, int64_t j, const scalar_t* base, int64_t cs, const Strides& s, int64_t nc,
+                 T* acc, scalar_t* r) const {
+    const PsPoolBins::Bin b = bins.bin(k, i, j);
+    if (b.empty()) {
+      for (int64_t c = 0; c < nc; ++c) r[c] = scalar_t(0);
+      return;
     }
-    if (lanes) args.store(v.data, t, base, bins * a.c, nc);
-  };
-  ps_tasks(ps_batch(rois), N, C_out, bins, task);
-}
+    const T area = static_cast<T>(b.area());
+    pool_bin(base, cs, s.h, s.w, b.y0, b.y1, b.x0, b.x1, nc, acc);
+    for (int64_t c = 0; c < nc; ++c) r[c] = static_cast<scalar_t>(acc[c] / area);
+  }
+
+  std::pair<int64_t, int64_t> row_span(int64_t k) const { return bins.row_span(k); }
+  void add_band(const PsBand& band, const std::vector<int64_t>& boxes, const PsGradRows<scalar_t>& grad, T* buf,
+                T* d) const {
+    add_band_terms(band, bins, boxes, grad.data, grad.s, ph, pw, buf, d);
+  }
+  int64_t scratch(int64_t nc) const { return nc; }
+  void add_bin(int64_t k, int64_t i, int64_t j, const scalar_t* gk, int64_t gc, int64_t nc, T* d,
+               const PsLanes<T>& v, T* base, int64_t cs, const Strides& a) const {
+    const PsPoolBins::Bin b = bins.bin(k, i, j);
+    if (b.empty()) return;
+    const T area = static_cast<T>(b.area());
+    for (int64_t c = 0; c < nc; ++c) d[c] = static_cast<T>(gk[c * gc]) / area;
+    if (v.data) {
+      pool_bin_lanes_backward(d, v, b.y0, b.y1, b.x0, b.x1);
+    } else {
+      pool_bin_backward(d, base, cs, a.h, a.w, b.y0, b.y1, b.x0, b.x1, nc);
+    }
+  }
+};
 
 }  // namespace
 
 at::Tensor ps_roi_pool_forward(const at::Tensor& input, const at::Tensor& rois, double spatial_scale, int64_t ph,
                                int64_t pw) {
-  PsForward a(input, rois, spatial_scale, ph, pw);
-  if (a.out.numel() == 0) return a.out;
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, a.input.scalar_type(), "roiops_ps_roi_pool_forward", [&] {
-    forward_impl<scalar_t>(a.input, a.rois, spatial_scale, ph, pw, a.C_out, a.out);
-  });
-  return a.out;
+  return ps_forward<PoolParts>(input, rois, spatial_scale, ph, pw);
 }
 
 at::Tensor ps_roi_pool_backward(const at::Tensor& grad, const at::Tensor& rois, double spatial_scale, int64_t ph,
                                 int64_t pw, int64_t N, int64_t C, int64_t H, int64_t W, bool channels_last) {
-  PsBackward a(grad, rois, spatial_scale, ph, pw, N, C, H, W, channels_last);
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, a.grad.scalar_type(), "roiops_ps_roi_pool_backward", [&] {
-    backward_impl<scalar_t>(a.grad, a.rois, spatial_scale, ph, pw, N, H, W, a);
-  });
-  return a.result();
+  return ps_backward<PoolParts>(grad, rois, spatial_scale, ph, pw, N, C, H, W, channels_last);
 }
 
 namespace {

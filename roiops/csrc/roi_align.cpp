@@ -1,7 +1,7 @@
 // RoIAlign on the CPU, "avg" and "max" modes (docs/semantics.md, "roi_align avg" and "roi_align max").
 //
 // Every box's sampling plan is built once per call, in parallel, and shared by all
-// channels (sampling.h). Work is split into tasks of (image, block of channels), and for
+// channels (plans.h). Work is split into tasks of (image, block of channels), and for
 // backward also bands of map rows, so that a task's slice of the map stays in cache while
 // all the image's boxes use it; kernels loop along the block's contiguous channels and
 // vectorise:
@@ -13,15 +13,26 @@
 // bit for bit, "max" finds the same winner as the reference.
 // Backward tasks own disjoint slices of grad_input and add boxes in increasing k:
 // deterministic, no atomics.
+#include <ATen/OpMathType.h>
 #include <ATen/Parallel.h>
 
+#include <algorithm>
 #include <array>
+#include <cmath>
+#include <limits>
 #include <memory>
+#include <tuple>
 #include <type_traits>
+#include <utility>
+#include <vector>
 
 #include "geometry.h"
+#include "memory.h"
+#include "parallel.h"
+#include "plans.h"
 #include "registry.h"
-#include "sampling.h"
+#include "simd.h"
+#include "tiles.h"
 
 namespace roiops {
 namespace {
@@ -293,12 +304,7 @@ inline bool take_outside(T best, int64_t idx, int64_t out) {
 // best/row <- the first maximum of (best, v) per sample column, v coming from sample row iy.
 template <typename T>
 inline void running_max(T* __restrict__ best, T* __restrict__ row, const T* __restrict__ v, T iy, int64_t n) {
-  for (int64_t s = 0; s < n; ++s) {
-    const T x = v[s], b = best[s];
-    const bool take = (x > b) | ((x != x) & (b == b));  // x wins: greater, or the first NaN
-    best[s] = take ? x : b;
-    row[s] = take ? iy : row[s];
-  }
+  for (int64_t s = 0; s < n; ++s) take_first_max(v[s], iy, best[s], row[s]);
 }
 
 // NCHW, one plane. Sample rows are evaluated as in avg_forward_plane, and a column-wise
@@ -353,65 +359,51 @@ template <int64_t kN, typename S, typename T, typename scalar_t>
 ROIOPS_SIMD void max_forward_cl(const AlignPlan<T>& p, const S* img, int64_t sH, int64_t sW, int64_t n_, int64_t ph,
                                 int64_t pw, T* best_, int32_t* idx_, scalar_t* out, int32_t* am, int64_t oH, int64_t oW,
                                 int64_t oC) {
-  const int64_t n = kN ? kN : n_;
-  T best_k[kN ? kN : 1];
-  int32_t idx_k[kN ? kN : 1];
-  T* __restrict__ best = kN ? best_k : best_;
-  int32_t* __restrict__ idx = kN ? idx_k : idx_;
-  for (int64_t i = 0; i < ph; ++i) {
-    for (int64_t j = 0; j < pw; ++j) {
-      bool first = true;
-      for (int64_t a = p.ys.begin[i]; a < p.ys.begin[i + 1]; ++a) {
-        const T hy = p.ys.h[a], ly = p.ys.l[a];
-        const int64_t iy = p.ys.first_in[i] + a - p.ys.begin[i];
-        for (int64_t b = p.xs.begin[j]; b < p.xs.begin[j + 1]; ++b) {
-          const T hx = p.xs.h[b], lx = p.xs.l[b];
-          const T w1 = hy * hx, w2 = hy * lx, w3 = ly * hx, w4 = ly * lx;
-          const S* __restrict__ p1 = img + p.ys.lo[a] * sH + p.xs.lo[b] * sW;
-          const S* __restrict__ p2 = img + p.ys.lo[a] * sH + p.xs.hi[b] * sW;
-          const S* __restrict__ p3 = img + p.ys.hi[a] * sH + p.xs.lo[b] * sW;
-          const S* __restrict__ p4 = img + p.ys.hi[a] * sH + p.xs.hi[b] * sW;
-          const int32_t s = static_cast<int32_t>(iy * p.grid_w + p.xs.first_in[j] + b - p.xs.begin[j]);
-          if (first) {
-            for (int64_t c = 0; c < n; ++c) {
-              best[c] = w1 * static_cast<T>(p1[c]) + w2 * static_cast<T>(p2[c]) + w3 * static_cast<T>(p3[c]) +
-                        w4 * static_cast<T>(p4[c]);
-              idx[c] = s;
-            }
-            first = false;
-            continue;
-          }
+  const auto scan = [&](int64_t i, int64_t j, const int64_t n, T* __restrict__ best, int32_t* __restrict__ idx)
+                        __attribute__((always_inline)) {
+    bool first = true;
+    for (int64_t a = p.ys.begin[i]; a < p.ys.begin[i + 1]; ++a) {
+      const T hy = p.ys.h[a], ly = p.ys.l[a];
+      const int64_t iy = p.ys.first_in[i] + a - p.ys.begin[i];
+      for (int64_t b = p.xs.begin[j]; b < p.xs.begin[j + 1]; ++b) {
+        const T hx = p.xs.h[b], lx = p.xs.l[b];
+        const T w1 = hy * hx, w2 = hy * lx, w3 = ly * hx, w4 = ly * lx;
+        const S* __restrict__ p1 = img + p.ys.lo[a] * sH + p.xs.lo[b] * sW;
+        const S* __restrict__ p2 = img + p.ys.lo[a] * sH + p.xs.hi[b] * sW;
+        const S* __restrict__ p3 = img + p.ys.hi[a] * sH + p.xs.lo[b] * sW;
+        const S* __restrict__ p4 = img + p.ys.hi[a] * sH + p.xs.hi[b] * sW;
+        const int32_t s = static_cast<int32_t>(iy * p.grid_w + p.xs.first_in[j] + b - p.xs.begin[j]);
+        if (first) {
           for (int64_t c = 0; c < n; ++c) {
-            const T v = w1 * static_cast<T>(p1[c]) + w2 * static_cast<T>(p2[c]) + w3 * static_cast<T>(p3[c]) +
-                        w4 * static_cast<T>(p4[c]);
-            const T bc = best[c];
-            const bool take = (v > bc) | ((v != v) & (bc == bc));  // v wins: greater, or the first NaN
-            best[c] = take ? v : bc;
-            idx[c] = take ? s : idx[c];
+            best[c] = w1 * static_cast<T>(p1[c]) + w2 * static_cast<T>(p2[c]) + w3 * static_cast<T>(p3[c]) +
+                      w4 * static_cast<T>(p4[c]);
+            idx[c] = s;
           }
+          first = false;
+          continue;
         }
-      }
-      const int64_t outside = p.first_outside(i, j);
-      if (first) {  // no sample inside the map
-        std::fill(best, best + n, T(0));
-        std::fill(idx, idx + n, static_cast<int32_t>(outside));
-      } else if (outside >= 0) {
-        const int32_t o32 = static_cast<int32_t>(outside);
         for (int64_t c = 0; c < n; ++c) {
-          const T bc = best[c];
-          const bool take = (bc == bc) & ((T(0) > bc) | ((T(0) == bc) & (o32 < idx[c])));
-          best[c] = take ? T(0) : bc;
-          idx[c] = take ? o32 : idx[c];
+          const T v = w1 * static_cast<T>(p1[c]) + w2 * static_cast<T>(p2[c]) + w3 * static_cast<T>(p3[c]) +
+                      w4 * static_cast<T>(p4[c]);
+          take_first_max(v, s, best[c], idx[c]);
         }
-      }
-      scalar_t* o = out + i * oH + j * oW;
-      int32_t* m = am + i * oH + j * oW;
-      for (int64_t c = 0; c < n; ++c) {
-        o[c * oC] = static_cast<scalar_t>(best[c]);
-        m[c * oC] = idx[c];
       }
     }
-  }
+    const int64_t outside = p.first_outside(i, j);
+    if (first) {  // no sample inside the map
+      std::fill(best, best + n, T(0));
+      std::fill(idx, idx + n, static_cast<int32_t>(outside));
+    } else if (outside >= 0) {
+      const int32_t o32 = static_cast<int32_t>(outside);
+      for (int64_t c = 0; c < n; ++c) {
+        const T bc = best[c];
+        const bool take = (bc == bc) & ((T(0) > bc) | ((T(0) == bc) & (o32 < idx[c])));
+        best[c] = take ? T(0) : bc;
+        idx[c] = take ? o32 : idx[c];
+      }
+    }
+  };
+  max_bins<kN>(n_, ph, pw, best_, idx_, out, am, oH, oW, oC, scan);
 }
 
 // The positions in the tap arrays of sample `a` (the argmax) of bin (i, j); false when it
@@ -769,7 +761,7 @@ ROIOPS_SIMD void bins_to_cl(const S* src, int64_t sC, int64_t n_, int64_t e0, in
 }
 
 // Each task owns rows [y0, y1) x channels [c0, c0 + nc) of one image of grad_input and
-// adds its boxes in increasing k (BackwardSplit, sampling.h). channels_last: grad and
+// adds its boxes in increasing k (BackwardSplit, tiles.h). channels_last: grad and
 // argmax are read in place, by all the task's channels at once. NCHW: the band is a
 // channels-last tile of a block of channels, and each box's block of grad (and argmax)
 // is first transposed to channels-last scratch.

@@ -16,6 +16,7 @@
 // rows), all channels in place for channels_last, a 16-channel channels-last tile for
 // NCHW, and add the image's boxes in increasing index: the same sums for any thread
 // count, no atomics.
+#include <ATen/OpMathType.h>
 #include <ATen/Parallel.h>
 
 #include <algorithm>
@@ -24,8 +25,11 @@
 #include <vector>
 
 #include "geometry.h"
+#include "memory.h"
+#include "parallel.h"
 #include "registry.h"
-#include "sampling.h"
+#include "simd.h"
+#include "tiles.h"
 
 namespace roiops {
 namespace {

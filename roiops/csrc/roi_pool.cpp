@@ -10,15 +10,24 @@
 // smallest flat index h * W + w among the elements equal to it. This rule does not depend
 // on the order of the scan, which lets the per-plane kernel reduce columns first
 // (vectorised along the row), then across columns.
+#include <ATen/OpMathType.h>
 #include <ATen/Parallel.h>
 
+#include <algorithm>
 #include <array>
 #include <memory>
+#include <tuple>
 #include <type_traits>
+#include <utility>
+#include <vector>
 
 #include "geometry.h"
+#include "memory.h"
+#include "parallel.h"
+#include "plans.h"
 #include "registry.h"
-#include "sampling.h"
+#include "simd.h"
+#include "tiles.h"
 
 namespace roiops {
 namespace {
@@ -38,12 +47,7 @@ BoxPlans<PoolPlan<T>> build_plans(const at::Tensor& rois, double spatial_scale, 
 template <typename scalar_t, typename T>
 inline void column_max(T* __restrict__ colv, int32_t* __restrict__ colr, const scalar_t* __restrict__ row,
                        int32_t h, int64_t n) {
-  for (int64_t x = 0; x < n; ++x) {
-    const T v = static_cast<T>(row[x]), b = colv[x];
-    const bool take = (v > b) | ((v != v) & (b == b));  // v wins: greater, or the first NaN
-    colv[x] = take ? v : b;
-    colr[x] = take ? h : colr[x];
-  }
+  for (int64_t x = 0; x < n; ++x) take_first_max(static_cast<T>(row[x]), h, colv[x], colr[x]);
 }
 
 // One box on one NCHW plane (rows contiguous). Per bin row: colv/colr hold, per column of
@@ -89,46 +93,28 @@ template <int64_t kN, typename S, typename T, typename scalar_t>
 ROIOPS_SIMD void forward_cl(const PoolPlan<T>& p, const S* img, int64_t sH, int64_t sW, int64_t W, int64_t n_,
                             int64_t ph, int64_t pw, T* best_, int32_t* idx_, scalar_t* out, int32_t* am, int64_t oH,
                             int64_t oW, int64_t oC) {
-  const int64_t n = kN ? kN : n_;
-  T best_k[kN ? kN : 1];
-  int32_t idx_k[kN ? kN : 1];
-  T* __restrict__ best = kN ? best_k : best_;
-  int32_t* __restrict__ idx = kN ? idx_k : idx_;
-  for (int64_t i = 0; i < ph; ++i) {
-    for (int64_t j = 0; j < pw; ++j) {
-      scalar_t* o = out + i * oH + j * oW;
-      int32_t* m = am + i * oH + j * oW;
-      if (p.h0[i] >= p.h1[i] || p.w0[j] >= p.w1[j]) {
-        for (int64_t c = 0; c < n; ++c) {
-          o[c * oC] = static_cast<scalar_t>(0);
-          m[c * oC] = -1;
-        }
-        continue;
-      }
-      const S* __restrict__ first = img + p.h0[i] * sH + p.w0[j] * sW;
-      const int32_t first_at = static_cast<int32_t>(p.h0[i] * W + p.w0[j]);
-      for (int64_t c = 0; c < n; ++c) {
-        best[c] = static_cast<T>(first[c]);
-        idx[c] = first_at;
-      }
-      for (int64_t h = p.h0[i]; h < p.h1[i]; ++h) {
-        for (int64_t w = h == p.h0[i] ? p.w0[j] + 1 : p.w0[j]; w < p.w1[j]; ++w) {
-          const S* __restrict__ v = img + h * sH + w * sW;
-          const int32_t at = static_cast<int32_t>(h * W + w);
-          for (int64_t c = 0; c < n; ++c) {
-            const T x = static_cast<T>(v[c]), b = best[c];
-            const bool take = (x > b) | ((x != x) & (b == b));
-            best[c] = take ? x : b;
-            idx[c] = take ? at : idx[c];
-          }
-        }
-      }
-      for (int64_t c = 0; c < n; ++c) {
-        o[c * oC] = static_cast<scalar_t>(best[c]);
-        m[c * oC] = idx[c];
+  const auto scan = [&](int64_t i, int64_t j, const int64_t n, T* __restrict__ best, int32_t* __restrict__ idx)
+                        __attribute__((always_inline)) {
+    if (p.h0[i] >= p.h1[i] || p.w0[j] >= p.w1[j]) {
+      std::fill(best, best + n, T(0));
+      std::fill(idx, idx + n, -1);
+      return;
+    }
+    const S* __restrict__ first = img + p.h0[i] * sH + p.w0[j] * sW;
+    const int32_t first_at = static_cast<int32_t>(p.h0[i] * W + p.w0[j]);
+    for (int64_t c = 0; c < n; ++c) {
+      best[c] = static_cast<T>(first[c]);
+      idx[c] = first_at;
+    }
+    for (int64_t h = p.h0[i]; h < p.h1[i]; ++h) {
+      for (int64_t w = h == p.h0[i] ? p.w0[j] + 1 : p.w0[j]; w < p.w1[j]; ++w) {
+        const S* __restrict__ v = img + h * sH + w * sW;
+        const int32_t at = static_cast<int32_t>(h * W + w);
+        for (int64_t c = 0; c < n; ++c) take_first_max(static_cast<T>(v[c]), at, best[c], idx[c]);
       }
     }
-  }
+  };
+  max_bins<kN>(n_, ph, pw, best_, idx_, out, am, oH, oW, oC, scan);
 }
 
 // Rows and columns of the map that box p reads: {y0, y1, x0, x1}, empty when y0 >= y1.
@@ -271,7 +257,7 @@ bool argmax_rows(const int32_t* box, int64_t sC, int64_t sH, int64_t C, int64_t 
 // grad goes to the argmax element. Tasks own rows [y0, y1) x a block of channels of one
 // image and add their boxes' terms in increasing k, per (cell, channel) in the order
 // (k, i, j) as torchvision does: the sums are bit-exact. Bands and accumulators as in
-// roi_align.cpp's backward (sampling.h): channels_last reads grad and argmax in place, and
+// roi_align.cpp's backward (tiles.h): channels_last reads grad and argmax in place, and
 // accumulates a float/double gradient in place; NCHW accumulates in a channels-last tile
 // (in place, NCHW's scattered writes to 16 planes measured slower).
 // `rows[k * ph + i]` is the range of map rows that bin row i of box k sends gradient to
