@@ -477,7 +477,7 @@ def test_freed_output_blocks_kept_are_bounded():
 
 @linux_only
 def test_freed_output_blocks_kept_are_none_with_the_cache_off():
-    """ROIOPS_CPU_CACHE_MIB=0: a freed 16 MiB gradient is unmapped, not kept."""
+    """ROIOPS_CPU_CACHE_MIB=0: a 16 MiB gradient comes from torch's allocator, and nothing is kept."""
     import os
     import subprocess
     code = "\n".join([

@@ -97,9 +97,10 @@ inline void prefer_huge_pages(void* data, size_t bytes) {
 // 2 MiB pages, kept when freed for the next output of about their size, so that their
 // pages stay mapped. glibc gives blocks of such sizes back to the system when they are
 // freed (unmapping them, or trimming its heap's top), so every call would fault a fresh
-// block's pages in again; and on heap memory the advice cannot apply. At most kCacheLimit bytes are kept per process (ROIOPS_CPU_CACHE_MIB, in MiB,
-// sets it; 0 keeps nothing); torch's memory statistics do not count them. Linux only:
-// elsewhere outputs come from at::empty.
+// block's pages in again; and on heap memory the advice cannot apply. At most
+// kCacheLimit bytes are kept per process (ROIOPS_CPU_CACHE_MIB, in MiB, sets it; 0 turns
+// the cache off and outputs come from at::empty); torch's memory statistics do not count
+// them. Linux only: elsewhere outputs come from at::empty.
 #if defined(__linux__)
 class OutputCache final : public c10::Allocator {
  public:
@@ -131,6 +132,8 @@ class OutputCache final : public c10::Allocator {
   void copy_data(void* dest, const void* src, std::size_t count) const override {
     if (count > 0) std::memcpy(dest, src, count);
   }
+
+  bool enabled() const { return limit_ > 0; }
 
   size_t cached_bytes() {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -210,7 +213,8 @@ class OutputCache final : public c10::Allocator {
 inline at::Tensor empty_output(at::IntArrayRef sizes, const at::TensorOptions& options) {
 #if defined(__linux__)
   const size_t bytes = static_cast<size_t>(c10::multiply_integers(sizes)) * options.dtype().itemsize();
-  if (bytes >= OutputCache::kMinBytes && options.device().type() == c10::DeviceType::CPU) {
+  if (bytes >= OutputCache::kMinBytes && options.device().type() == c10::DeviceType::CPU &&
+      OutputCache::get().enabled()) {
     return at::detail::empty_generic(sizes, &OutputCache::get(), c10::DispatchKeySet(c10::DispatchKey::CPU),
                                      c10::typeMetaToScalarType(options.dtype()), options.memory_format_opt());
   }
