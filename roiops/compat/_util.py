@@ -8,7 +8,6 @@ from collections.abc import Callable
 from typing import ParamSpec, TypeVar
 
 from .._validation import BoxFormatError
-from ..ops._declare import fx_leaf
 
 _P = ParamSpec("_P")
 _T = TypeVar("_T")
@@ -41,9 +40,9 @@ class BoxAssertionError(BoxFormatError, AssertionError):
     AssertionError, as the peer raises, and roiops' ValueError."""
 
 
-def asserts_box_shape(function: Callable[_P, _T]) -> Callable[_P, _T]:
-    """A drop-in function whose peer asserts the boxes' shape: it raises
-    :class:`BoxAssertionError` for malformed boxes; a torch.fx leaf, as every RoI function."""
+def box_assertions(function: Callable[_P, _T]) -> Callable[_P, _T]:
+    """A drop-in's call whose peer asserts the boxes' shape: malformed boxes raise
+    :class:`BoxAssertionError`."""
     @functools.wraps(function)
     def call(*args: _P.args, **kwargs: _P.kwargs) -> _T:
         try:
@@ -51,4 +50,4 @@ def asserts_box_shape(function: Callable[_P, _T]) -> Callable[_P, _T]:
         except BoxFormatError as error:
             raise BoxAssertionError(*error.args) from None
 
-    return fx_leaf(call)
+    return call

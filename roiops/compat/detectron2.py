@@ -54,13 +54,19 @@ class ROIAlign(tv.RoIAlign):
         return _roi_align(input, rois, self.output_size, self.spatial_scale, self.sampling_ratio, self.aligned)
 
 
+def _assert_rows(rois: object, width: int, columns: str) -> None:
+    """detectron2's assertion on ``rois``: a ``Tensor[K, width]`` of rows ``columns`` (a list
+    of per-image boxes, which roiops' own functions take, is refused as there)."""
+    if not isinstance(rois, Tensor) or rois.dim() != 2 or rois.shape[1] != width:
+        shape = tuple(rois.shape) if isinstance(rois, Tensor) else type(rois).__name__
+        raise BoxAssertionError(f"rois must be a Tensor[K, {width}] {columns}, got {shape}")
+
+
 @fx_leaf
 def _roi_align(input: Tensor, rois: Tensor, output_size: tv.OutputSize, spatial_scale: float, sampling_ratio: int,
                aligned: bool) -> Tensor:
     """``ROIAlign.forward``, which asserts the shape of ``rois`` as detectron2's."""
-    if not isinstance(rois, Tensor) or rois.dim() != 2 or rois.shape[1] != 5:
-        shape = tuple(rois.shape) if isinstance(rois, Tensor) else type(rois).__name__
-        raise BoxAssertionError(f"rois must be a Tensor[K, 5] (batch_index, x1, y1, x2, y2), got {shape}")
+    _assert_rows(rois, 5, "(batch_index, x1, y1, x2, y2)")
     if isinstance(input, Tensor) and input.is_floating_point() and rois.is_floating_point():
         rois = rois.to(dtype=input.dtype)
     return F.roi_align(input, rois, output_size, spatial_scale, sampling_ratio, aligned)
@@ -94,8 +100,6 @@ class ROIAlignRotated(nn.Module):
 def _roi_align_rotated(input: Tensor, rois: Tensor, output_size: tuple[int, int], spatial_scale: float,
                        sampling_ratio: int) -> Tensor:
     """``ROIAlignRotated.forward``, which asserts the shape of ``rois`` as detectron2's."""
-    if not isinstance(rois, Tensor) or rois.dim() != 2 or rois.shape[1] != 6:
-        shape = tuple(rois.shape) if isinstance(rois, Tensor) else type(rois).__name__
-        raise BoxAssertionError(f"rois must be a Tensor[K, 6] (batch_index, cx, cy, w, h, angle), got {shape}")
+    _assert_rows(rois, 6, "(batch_index, cx, cy, w, h, angle)")
     return F.roi_align_rotated(input, rois, output_size, spatial_scale, sampling_ratio, aligned=True, clockwise=False,
                                angle="degrees")

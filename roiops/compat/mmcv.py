@@ -46,7 +46,7 @@ from torch import Tensor, nn
 from .. import _validation as v
 from .. import ops as F
 from ..ops._declare import fx_leaf
-from ._util import asserts_box_shape
+from ._util import box_assertions
 
 __all__ = ["PrRoIPool", "RoIAlign", "RoIAlignRotated", "RoIPool", "prroi_pool", "roi_align", "roi_align_rotated",
            "roi_pool"]
@@ -88,7 +88,8 @@ def _sampling_ratio(value: object) -> int:
     return v.sampling_ratio(value)
 
 
-@asserts_box_shape
+@fx_leaf
+@box_assertions
 def roi_align(input: Tensor, rois: Tensor, output_size: OutputSize, spatial_scale: float = 1.0,
               sampling_ratio: int = 0, pool_mode: str = "avg", aligned: bool = True) -> Tensor:
     """``mmcv.ops.roi_align``: ``rois[K, 5]`` on ``input[N, C, H, W]`` -> ``Tensor[K, C, h, w]``."""
@@ -97,7 +98,8 @@ def roi_align(input: Tensor, rois: Tensor, output_size: OutputSize, spatial_scal
                        "max" if mode == "max" else "avg")
 
 
-@asserts_box_shape
+@fx_leaf
+@box_assertions
 def roi_pool(input: Tensor, rois: Tensor, output_size: OutputSize, spatial_scale: float = 1.0) -> Tensor:
     """``mmcv.ops.roi_pool``: continuous-coordinate RoIPool -> ``Tensor[K, C, h, w]``."""
     return F.roi_pool(input, rois, output_size, spatial_scale, "mmdet")

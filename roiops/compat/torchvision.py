@@ -31,7 +31,7 @@ from .. import _validation as v
 from .. import ops as F
 from ..ops._declare import fx_node
 from ..ops.multi_scale import levels_of
-from ._util import BoxAssertionError
+from ._util import box_assertions
 
 __all__ = ["LevelMapper", "MultiScaleRoIAlign", "RoIAlign", "RoIPool", "roi_align", "roi_pool"]
 __all__ += ["PSRoIAlign", "PSRoIPool", "ps_roi_align", "ps_roi_pool"]
@@ -42,6 +42,7 @@ Boxes = Union[Tensor, list[Tensor]]
 OutputSize = Union[int, tuple[int, int], list[int]]
 
 
+@box_assertions
 def _eager(public: Callable[..., Tensor], function: Callable[..., Tensor], input: Tensor, boxes: Boxes,
            *args: Any) -> Tensor:
     """An eager call of the roiops ``function`` behind the drop-in ``public``: one torch.fx
@@ -56,10 +57,7 @@ def _eager(public: Callable[..., Tensor], function: Callable[..., Tensor], input
         missing = input.shape[0] - len(boxes)
         if missing > 0 and isinstance(boxes[0], Tensor):
             boxes = [*boxes, *[boxes[0].new_zeros((0, 4))] * missing]
-    try:
-        return function(input, boxes, *args)
-    except v.BoxFormatError as error:
-        raise BoxAssertionError(*error.args) from None
+    return function(input, boxes, *args)
 
 
 def _rois(input: Tensor, boxes: Boxes) -> Tensor:
@@ -243,15 +241,13 @@ def _scales_and_levels(features: list[Tensor], image_shapes: list[tuple[int, int
     return scales, LevelMapper(k_min, k_max, canonical_scale, canonical_level)
 
 
+@box_assertions
 def _pool_levels(features: list[Tensor], boxes: list[Tensor], scales: list[float], map_levels: LevelMapper,
                  output_size: tuple[int, int], sampling_ratio: int) -> Tensor:
     """Eager MultiScaleRoIAlign over several levels: all in one op (one launch per pass on
     CUDA, the levels picked on the device)."""
     maps = v.feature_maps(features)
-    try:
-        rois = v.rois(maps[0], boxes, max(scales))
-    except v.BoxFormatError as error:
-        raise BoxAssertionError(*error.args) from None
+    rois = v.rois(maps[0], boxes, max(scales))
     return F.multi_scale.multi_scale_call(maps, rois, map_levels(boxes), scales, *output_size, sampling_ratio, False)
 
 

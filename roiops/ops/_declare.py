@@ -91,9 +91,8 @@ def define(name: str, schema: str, kernel: Callable[..., Any], fake: Callable[..
 
     Not ``torch.library.custom_op``, which registers the same but runs each call through
     its own kernel table and an output aliasing check: host work on every call that these
-    ops, whose outputs never alias their inputs, do not need. The kernel
-    is kept from Dynamo, as custom_op keeps it, so that code around a graph break never
-    traces it."""
+    ops, whose outputs never alias their inputs, do not need. The kernel is kept from
+    Dynamo, as custom_op keeps it, so that code around a graph break never traces it."""
     _LIB.define(name + schema)
     _LIB.impl(name, torch._disable_dynamo(kernel), "CompositeExplicitAutograd")
     torch.library.register_fake(f"roiops::{name}", fake, lib=_LIB)
