@@ -12,16 +12,19 @@ from types import ModuleType
 
 from . import _onnx_hook, config
 from ._backend import use_backend
-from .ops import RoIAlign, RoIPool, fpn_levels, multi_scale_roi_align, roi_align, roi_pool
-from .ops import PSRoIAlign, PSRoIPool, ps_roi_align, ps_roi_pool
-from .ops import RoIAlignRotated, roi_align_rotated
-from .ops import PrRoIPool, prroi_pool
+from .ops import SPECS, fpn_levels, multi_scale_roi_align
 
-__all__ = ["RoIAlign", "RoIPool", "config", "fpn_levels", "multi_scale_roi_align", "roi_align", "roi_pool",
-           "use_backend"]
-__all__ += ["PSRoIAlign", "PSRoIPool", "ps_roi_align", "ps_roi_pool"]
-__all__ += ["RoIAlignRotated", "roi_align_rotated"]
-__all__ += ["PrRoIPool", "prroi_pool"]
+# Spelled out for type checkers and editors, which cannot follow a computed __all__;
+# tests/test_api.py checks these against roiops.ops.SPECS.
+from .ops.prroi_pool import PrRoIPool, prroi_pool
+from .ops.ps_roi_align import PSRoIAlign, ps_roi_align
+from .ops.ps_roi_pool import PSRoIPool, ps_roi_pool
+from .ops.roi_align import RoIAlign, roi_align
+from .ops.roi_align_rotated import RoIAlignRotated, roi_align_rotated
+from .ops.roi_pool import RoIPool, roi_pool
+
+__all__ = ["config", "fpn_levels", "multi_scale_roi_align", "use_backend"]
+__all__ += [name for spec in SPECS for name in (spec.name, spec.module.__name__)]
 __version__ = "0.1.0"
 
 _onnx_hook.install()

@@ -9,9 +9,9 @@ call, on a GPU between a pair of CUDA events. Every row also gives the effective
 (the bytes the op must move at the least over roiops' time) and, where the memory bandwidth
 is known, its share of it. Writes a table to stdout, ``results.json`` and ``ratios.png`` to ``--out``.
 
-An operator joins the suite with an ``OPS`` entry (how to call roiops and its peer on a
-workload's map and boxes) and one ``Workload`` per shape in ``WORKLOADS``; the timing
-code does not change.
+An operator joins the suite through its spec (``roiops/ops/<op>.py``): a ``Bench`` entry
+(how to call roiops and its peer on a workload's map and boxes) with one ``Workload`` per
+shape; the timing code does not change.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ import sys
 import textwrap
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 from types import ModuleType
@@ -40,36 +40,19 @@ import torch
 import roiops
 
 from . import _backend
+from .ops import SPECS
+from .ops._spec import Bench, Peer, Workload
 
 # ----------------------------------------------------------------------------- declarations
 
 
-@dataclass(frozen=True)
-class Workload:
-    name: str
-    op: str              # a key of OPS
-    n: int
-    channels: int
-    height: int
-    width: int
-    scale: float
-    boxes: int
-    size: int
-    sampling_ratio: int = 2
-    aligned: bool = True
-    devices: tuple[str, ...] = ("cpu", "cuda")   # the --device values it runs on
-
-    def describe(self) -> str:
-        spec = OPS[self.op]
-        sampling = "" if not spec.sampled else (
-            ", adaptive sampling" if self.sampling_ratio <= 0 else f", sampling {self.sampling_ratio}")
-        where = "" if set(DEVICES) <= set(self.devices) else f" ({', '.join(self.devices)} only)"
-        return (f"{spec.title} {self.size}x{self.size}{sampling}: {self.boxes} boxes, "
-                f"{self.n}x{self.channels}x{self.height}x{self.width} map, scale 1/{1 / self.scale:g}{where}")
-
-    def shape(self) -> dict[str, Any]:
-        """What results.json records of the workload."""
-        return {k: v for k, v in asdict(self).items() if k != "devices"}
+def describe(w: Workload) -> str:
+    spec = OPS[w.op]
+    sampling = "" if not spec.sampled else (
+        ", adaptive sampling" if w.sampling_ratio <= 0 else f", sampling {w.sampling_ratio}")
+    where = "" if set(DEVICES) <= set(w.devices) else f" ({', '.join(w.devices)} only)"
+    return (f"{spec.title} {w.size}x{w.size}{sampling}: {w.boxes} boxes, "
+            f"{w.n}x{w.channels}x{w.height}x{w.width} map, scale 1/{1 / w.scale:g}{where}")
 
 
 def log_uniform_boxes(count: int, n_images: int, img_w: float, img_h: float,
@@ -105,12 +88,6 @@ def rotated_boxes(w: Workload, g: torch.Generator) -> torch.Tensor:
     return torch.cat([b[:, :1], (b[:, 1:3] + b[:, 3:5]) / 2, b[:, 3:5] - b[:, 1:3], angle], dim=1)
 
 
-def unrotated(rois: torch.Tensor) -> torch.Tensor:
-    """The axis-aligned [K, 5] box each rotated box is at angle 0."""
-    i, cx, cy, w, h = rois[:, :5].unbind(1)
-    return torch.stack([i, cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2], dim=1)
-
-
 def rotated_extent(rois: torch.Tensor) -> torch.Tensor:
     """The axis-aligned bounding box of each rotated box."""
     t = torch.deg2rad(rois[:, 5])
@@ -120,113 +97,11 @@ def rotated_extent(rois: torch.Tensor) -> torch.Tensor:
     return torch.stack([rois[:, 0], cx - half_w, cy - half_h, cx + half_w, cy + half_h], dim=1)
 
 
-ROTATED = BoxFormat(rotated_boxes, rotated_extent)
+BOX_FORMATS = {"axis-aligned": AXIS_ALIGNED, "rotated": BoxFormat(rotated_boxes, rotated_extent)}
 
-
-@dataclass(frozen=True)
-class Peer:
-    """What roiops is timed against: a module (imported once; its name labels the results)
-    and the call of the same operator in it."""
-    module: str
-    call: Callable[[ModuleType, Workload, torch.Tensor, torch.Tensor], torch.Tensor]
-    same_result: bool = True   # False for a stand-in that computes something else: no max|diff|
-    note: str = ""             # shown in --help
-    boxes_in_input_dtype: bool = False  # given the boxes cast to the map's dtype (before timing)
-
-
-def torchvision(call: Callable[[ModuleType, Workload, torch.Tensor, torch.Tensor], torch.Tensor],
-                **options: Any) -> Peer:
-    """torchvision.ops as the peer: it wants boxes of the map's dtype."""
-    return Peer("torchvision", call, boxes_in_input_dtype=True, **options)
-
-
-@dataclass(frozen=True)
-class OpSpec:
-    title: str
-    roiops: Callable[[Workload, torch.Tensor, torch.Tensor], torch.Tensor]
-    peer: Peer | None          # None: roiops is timed alone (no ratio)
-    argmax: bool = False       # keeps an int32 index per output value for its backward (bytes model)
-    sampled: bool = True       # the workload's sampling_ratio applies
-    boxes: BoxFormat = AXIS_ALIGNED
-    # the map's channels must be a multiple of this (position-sensitive ops: size x size)
-    channel_multiple: Callable[[Workload], int] = lambda w: 1
-
-
-# One entry per operator: how roiops and its peer compute it from a workload's map and boxes.
-OPS: dict[str, OpSpec] = {
-    "align": OpSpec(
-        "RoIAlign avg",
-        lambda w, x, b: roiops.roi_align(x, b, w.size, w.scale, w.sampling_ratio, w.aligned, "avg"),
-        torchvision(lambda tv, w, x, b: tv.ops.roi_align(x, b, w.size, w.scale, w.sampling_ratio, w.aligned))),
-    "align_max": OpSpec(
-        "RoIAlign max",
-        lambda w, x, b: roiops.roi_align(x, b, w.size, w.scale, w.sampling_ratio, w.aligned, "max"),
-        torchvision(lambda tv, w, x, b: tv.ops.roi_align(x, b, w.size, w.scale, w.sampling_ratio, w.aligned),
-                    same_result=False, note="its average RoIAlign: torchvision has no max mode"),
-        argmax=True),
-    "pool": OpSpec(
-        "RoIPool",
-        lambda w, x, b: roiops.roi_pool(x, b, w.size, w.scale),
-        torchvision(lambda tv, w, x, b: tv.ops.roi_pool(x, b, w.size, w.scale)),
-        argmax=True, sampled=False),
-    "rotated": OpSpec(
-        "RoIAlign rotated",
-        lambda w, x, b: roiops.roi_align_rotated(x, b, w.size, w.scale, w.sampling_ratio, w.aligned),
-        Peer("roiops", lambda r, w, x, b: r.roi_align(x, unrotated(b), w.size, w.scale, w.sampling_ratio, w.aligned),
-             same_result=False, note="its own axis-aligned roi_align on the same boxes unrotated"),
-        boxes=ROTATED),
-}
-OPS |= {
-    "ps_align": OpSpec(
-        "PSRoIAlign",
-        lambda w, x, b: roiops.ps_roi_align(x, b, w.size, w.scale, w.sampling_ratio),
-        torchvision(lambda tv, w, x, b: tv.ops.ps_roi_align(x, b, w.size, w.scale, w.sampling_ratio)),
-        channel_multiple=lambda w: w.size * w.size),
-    "ps_pool": OpSpec(
-        "PSRoIPool",
-        lambda w, x, b: roiops.ps_roi_pool(x, b, w.size, w.scale),
-        torchvision(lambda tv, w, x, b: tv.ops.ps_roi_pool(x, b, w.size, w.scale), same_result=False,
-                    note="its forward leaves out bins' cells on the map's last row and column (docs/semantics.md)"),
-        sampled=False, channel_multiple=lambda w: w.size * w.size),
-}
-OPS |= {
-    "prroi": OpSpec(
-        "PrRoIPool",
-        lambda w, x, b: roiops.prroi_pool(x, b, w.size, w.scale),
-        Peer("roiops", lambda r, w, x, b: r.roi_align(x, b, w.size, w.scale, 2, False), same_result=False,
-             note="its own roi_align (sampling_ratio=2, no offset, as PrRoIPool) on the same boxes"),
-        sampled=False),
-}
-
-# Where these shapes occur: a Mask R-CNN/FPN box head on a stride-4 level of an 800x1344
-# image, its adaptive-sampling variant, a max-mode head, the mask head (14x14 on fewer
-# boxes), Fast R-CNN RoIPool, and a 4-image batch on a stride-8 map.
-WORKLOADS = [
-    Workload("box head train", "align", 2, 256, 200, 336, 1 / 4, 1024, 7),
-    Workload("box head adaptive", "align", 2, 256, 200, 336, 1 / 4, 1024, 7, sampling_ratio=0),
-    Workload("box head max", "align_max", 2, 256, 200, 336, 1 / 4, 1024, 7),
-    Workload("mask head", "align", 2, 256, 200, 336, 1 / 4, 256, 14),
-    Workload("roi_pool", "pool", 2, 256, 200, 336, 1 / 4, 1024, 7),
-    Workload("multi-image", "align", 4, 256, 100, 168, 1 / 8, 2048, 7),
-]
-# R-FCN heads on the stride-16 map of a 600x800 image: 7x7 bins of 21 classes (PASCAL VOC)
-# and of 256 channels, 300 and 1000 proposals.
-WORKLOADS += [
-    Workload("R-FCN classes", "ps_align", 1, 21 * 49, 38, 50, 1 / 16, 300, 7, sampling_ratio=0),
-    Workload("R-FCN 256", "ps_align", 1, 256 * 49, 38, 50, 1 / 16, 1000, 7),
-    Workload("R-FCN pool classes", "ps_pool", 1, 21 * 49, 38, 50, 1 / 16, 300, 7),
-    Workload("R-FCN pool 256", "ps_pool", 1, 256 * 49, 38, 50, 1 / 16, 1000, 7),
-]
-# Rotated heads: a box head on the stride-4 map, and detectron2's rotated Faster R-CNN box
-# head (ROIAlignRotated, adaptive sampling) on a stride-8 map.
-WORKLOADS += [
-    Workload("rotated box head", "rotated", 2, 256, 200, 336, 1 / 4, 1000, 7),
-    Workload("rotated rpn adaptive", "rotated", 2, 256, 100, 168, 1 / 8, 512, 7, sampling_ratio=0),
-]
-# Precise RoI Pooling (IoU-Net's box refinement) on the stride-8 map of an 800x1344 image.
-WORKLOADS += [
-    Workload("prroi box head", "prroi", 2, 256, 100, 168, 1 / 8, 512, 7),
-]
+# Every operator's benchmark entries and workloads, from its spec (roiops/ops/<op>.py).
+OPS: dict[str, Bench] = {b.key: b for spec in SPECS for b in spec.bench}
+WORKLOADS = [replace(w, op=b.key) for b in OPS.values() for w in b.workloads]
 
 
 def tiny(w: Workload) -> Workload:
@@ -413,8 +288,9 @@ def measure(case: Case, device: Device, repeats: int, peers: dict[str, ModuleTyp
     # Drawn on the CPU from one seed, in this order, so that every device gets the same data.
     g = torch.Generator().manual_seed(0)
     x = torch.randn(w.n, w.channels, w.height, w.width, generator=g).contiguous(memory_format=fmt)
-    rois = spec.boxes.make(w, g)
-    cells = covered_cells(spec.boxes.extent(rois), w)
+    boxes = BOX_FORMATS[spec.boxes]
+    rois = boxes.make(w, g)
+    cells = covered_cells(boxes.extent(rois), w)
     x, boxes = x.to(device.name, getattr(torch, case.dtype)), rois.to(device.name)
 
     calls: dict[str, tuple[Callable[[torch.Tensor, torch.Tensor], torch.Tensor], torch.Tensor]] = {
@@ -657,7 +533,7 @@ def build_parser() -> argparse.ArgumentParser:
             "roiops' time), its percentage of --peak-gbps and the largest difference from the "
             "peer's result, and writes results.json and ratios.png to --out.", 78),
         epilog="workloads (quote names that contain spaces; maps are N x C x H x W):\n" + "\n".join(
-            f"  {w.name}\n    {w.describe()}" for w in WORKLOADS)
+            f"  {w.name}\n    {describe(w)}" for w in WORKLOADS)
         + "\n\noperators and their peers:\n" + _peers_help())
     p.add_argument("--device", choices=list(DEVICES), default="cpu",
                    help="cpu (default): times with the wall clock, 1 warm-up call; cuda: the first "

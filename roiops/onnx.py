@@ -30,21 +30,15 @@ What each op becomes (docs/ecosystem.md has the table and the reasons):
 - ``roi_align`` mode ``"max"``: a decomposition into standard ops (Gather, ReduceMax).
   ONNX ``RoiAlign``'s max mode is a different formula (the maximum of the four weighted
   corners of each sample), so it is never used.
-- ``ps_roi_align`` and ``ps_roi_pool`` (position-sensitive, R-FCN): not exported; an export
-  of a model using them fails with an error naming the op. ONNX has no such operator, and
-  a decomposition would sum in an order ONNX's reductions do not guarantee.
 - ``roi_pool`` (both conventions): a decomposition (Gather, ReduceMax, GatherElements).
   ``MaxRoiPool`` (Caffe convention only) is not used: onnxruntime's kernel starts its
   running maximum at -FLT_MAX (older releases at +FLT_MIN, the smallest positive float,
   so all-negative bins came out positive), turning an all ``-inf`` bin into -FLT_MAX, and
   it propagates NaN only when the NaN is the last element of the bin.
-
-- ``roi_align_rotated``: no translation; exporting it raises an error naming the op. ONNX
-  has no rotated RoIAlign operator, and a decomposition would gather every sample of every
-  box (the kernels visit only the samples near the map).
-- ``prroi_pool`` (Precise RoI Pooling): no translation; exporting it raises an error naming
-  the op. ONNX has no such operator, and a decomposition would weigh every cell a box's
-  bins touch by closed-form integrals (the kernels visit only the cells near each bin).
+- Every other op (its spec's ``Kernels.onnx`` names what ONNX lacks): no translation;
+  exporting it raises an error naming the op. docs/ecosystem.md lists them and why a
+  decomposition is not exported (each would visit far more of the map than the kernels,
+  or sum in an order ONNX's reductions do not guarantee).
 
 Every decomposition reproduces the kernels' arithmetic (same float type, same operation
 order) and matches roiops bit for bit, NaN and infinities included, up to the sign of a
@@ -55,6 +49,7 @@ inputs are computed in float32 and cast back, which is what roiops' kernels do.
 
 from __future__ import annotations
 
+import inspect
 import os
 import warnings
 from collections.abc import Callable, Mapping
@@ -66,8 +61,9 @@ import torch
 from onnxscript import ir
 from onnxscript import opset18
 
-from . import ops  # noqa: F401  (registers torch.ops.roiops.*)
+from . import ops
 from ._geometry import align_axis, bilinear_taps, round_half_away, sample_position
+from .ops._spec import Kernels
 
 __all__ = ["MIN_OPSET", "export", "translation_table"]
 
@@ -98,16 +94,10 @@ def translation_table(
     """
     if align_avg not in ("RoiAlign", "decompose"):
         raise ValueError(f"align_avg must be 'RoiAlign' or 'decompose', got {align_avg!r}")
-    avg = _roi_align_native if align_avg == "RoiAlign" else _roi_align_decomposed
-    return {
-        torch.ops.roiops.roi_align.default: avg,
-        torch.ops.roiops.roi_align_max.default: _roi_align_max,
-        torch.ops.roiops.roi_pool.default: _roi_pool,
-        torch.ops.roiops.ps_roi_align.default: _ps_roi_align_refused,
-        torch.ops.roiops.ps_roi_pool.default: _ps_roi_pool_refused,
-        torch.ops.roiops.roi_align_rotated.default: _roi_align_rotated_refused,
-        torch.ops.roiops.prroi_pool.default: _prroi_pool_refused,
-    }
+    translations = {"roi_align": _roi_align_native if align_avg == "RoiAlign" else _roi_align_decomposed,
+                    "roi_align_max": _roi_align_max, "roi_pool": _roi_pool}
+    return {getattr(torch.ops.roiops, k.name).default: translations[k.name] if k.onnx is None else _refused(k)
+            for spec in ops.SPECS for k in spec.kernels}
 
 
 def export(
@@ -460,29 +450,25 @@ def _roi_align_decomposed(
 # ---- position-sensitive ops -----------------------------------------------------------------
 
 
-def _refusal(name: str, what: str) -> NotImplementedError:
-    return NotImplementedError(f"roiops.{name} cannot be exported to ONNX: ONNX has no {what} operator and roiops "
-                               "exports no decomposition of it; keep it out of the exported graph (e.g. export the "
-                               "network up to the pooling)")
+_SCHEMA_TYPES = {"float": float, "int": int, "bool": bool}
 
 
-# Refusals spell out the op's parameters: the exporter matches a translation to a node by them.
-def _ps_roi_align_refused(input: _In, rois: _In, spatial_scale: float, pooled_height: int, pooled_width: int,
-                          sampling_ratio: int) -> Any:
-    raise _refusal("ps_roi_align", "position-sensitive RoI")
+def _refused(kernels: Kernels) -> Callable[..., Any]:
+    """The translation of an op ONNX cannot express (``kernels.onnx`` names what ONNX lacks):
+    it raises an error naming the op. Its parameters spell out the op's, since the exporter
+    matches a translation to a node by them."""
+    def refuse(*args: Any, **kwargs: Any) -> Any:
+        raise NotImplementedError(
+            f"roiops.{kernels.title or kernels.name} cannot be exported to ONNX: ONNX has no {kernels.onnx} operator "
+            "and roiops exports no decomposition of it; keep it out of the exported graph (e.g. export the network "
+            "up to the pooling)")
 
-
-def _ps_roi_pool_refused(input: _In, rois: _In, spatial_scale: float, pooled_height: int, pooled_width: int) -> Any:
-    raise _refusal("ps_roi_pool", "position-sensitive RoI")
-
-
-def _roi_align_rotated_refused(input: _In, rois: _In, spatial_scale: float, pooled_height: int, pooled_width: int,
-                               sampling_ratio: int, aligned: bool) -> Any:
-    raise _refusal("roi_align_rotated", "rotated RoIAlign")
-
-
-def _prroi_pool_refused(input: _In, rois: _In, spatial_scale: float, pooled_height: int, pooled_width: int) -> Any:
-    raise _refusal("prroi_pool", "Precise RoI Pooling")
+    params = [("input", _In), ("rois", _In), *((n, _In) for n, _ in kernels.tensors),
+              *((n, _SCHEMA_TYPES[t]) for t, n in kernels.args)]
+    refuse.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+        [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=t) for n, t in params])
+    refuse.__annotations__ = dict(params)
+    return refuse
 
 
 # ---- roi_pool ----------------------------------------------------------------------------

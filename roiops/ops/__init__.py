@@ -1,17 +1,33 @@
-"""The operators, one module each: its registered ``torch.ops.roiops`` ops (declared once,
-built by ``_declare``), its public function and its Module. Importing this package
-registers them all."""
+"""The operators, one module each: its declaration (``SPEC``, :class:`._spec.OpSpec`), the
+registered ``torch.ops.roiops`` ops built from it, its public function and its Module.
+Importing this package registers them all and collects their specs in ``SPECS``: adding an
+operator adds a module, and no list changes.
+
+``multi_scale.py`` is FPN RoIAlign over a list of maps: RoIAlign's kernels once per level
+(or one multi-level kernel), with ops of its own but no spec of its own.
+"""
+
+import importlib
+import pkgutil
 
 from .._validation import BoxesType, OutputSize
+from ._spec import OpSpec
 from .multi_scale import fpn_levels, multi_scale_roi_align
-from .prroi_pool import PrRoIPool, prroi_pool
-from .ps_roi_align import PSRoIAlign, ps_roi_align
-from .ps_roi_pool import PSRoIPool, ps_roi_pool
-from .roi_align import RoIAlign, roi_align
-from .roi_align_rotated import RoIAlignRotated, roi_align_rotated
-from .roi_pool import RoIPool, roi_pool
 
-__all__ = ["BoxesType", "OutputSize", "RoIAlign", "RoIPool", "fpn_levels", "multi_scale_roi_align", "roi_align", "roi_pool"]
-__all__ += ["PSRoIAlign", "PSRoIPool", "ps_roi_align", "ps_roi_pool"]
-__all__ += ["RoIAlignRotated", "roi_align_rotated"]
-__all__ += ["PrRoIPool", "prroi_pool"]
+
+def _collect() -> tuple[OpSpec, ...]:
+    found = []
+    for info in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
+        spec = getattr(importlib.import_module(f"{__name__}.{info.name}"), "SPEC", None)
+        if spec is not None:
+            found.append(spec)
+            globals()[spec.name] = spec.function
+            globals()[spec.module.__name__] = spec.module
+    return tuple(found)
+
+
+#: Every operator's spec, in the order of their modules' names.
+SPECS = _collect()
+
+__all__ = ["BoxesType", "OutputSize", "SPECS", "fpn_levels", "multi_scale_roi_align"]
+__all__ += [name for spec in SPECS for name in (spec.name, spec.module.__name__)]

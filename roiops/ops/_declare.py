@@ -3,21 +3,22 @@ backward) with their fake kernels, autograd and the refusal of double backward; 
 ``nn.Module`` base that validates an op's arguments by name.
 
 The kernel contract (docs/architecture.md): op ``roiops::<name>`` calls
-``<kernels>.<name>_forward(input, rois, *args)``; op ``roiops::_<name>_backward`` calls
-``<kernels>.<name>_backward(grad, *saved, rois, *backward)``, where ``saved`` are the
-forward's extra outputs (an argmax) and ``backward`` names forward arguments or the
-input's ``batch_size, channels, height, width, channels_last``. An op declared with
-``rois_grad`` also has ``roiops::_<name>_rois_backward``, which calls
-``<kernels>.<name>_rois_backward(grad, input, rois, *args)`` (the forward's arguments) and
-returns the gradient with respect to ``rois`` (zero in the batch-index column); autograd
-uses it when ``rois`` requires grad.
+``<kernels>.<name>_forward(input, rois, *tensors, *args)``; op ``roiops::_<name>_backward``
+calls ``<kernels>.<name>_backward(grad, *saved, rois, *tensors, *backward)``, where
+``tensors`` are the op's extra tensor inputs (``Kernels.tensors``), ``saved`` the forward's
+extra outputs (an argmax) and ``backward`` names forward arguments or the input's
+``batch_size, channels, height, width, channels_last``; it returns the input's gradient,
+then one per differentiable extra tensor. An op declared with ``rois_grad`` also has
+``roiops::_<name>_rois_backward``, which calls ``<kernels>.<name>_rois_backward(grad,
+input, rois, *tensors, *args)`` (the forward's arguments) and returns the gradient with
+respect to ``rois`` (zero in the batch-index column); autograd uses it when ``rois``
+requires grad.
 """
 
 from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, Literal, ParamSpec, TypeVar, get_args, get_origin, get_type_hints
 
 import torch
@@ -27,29 +28,10 @@ from torch.fx import Proxy
 from .. import _backend
 from .. import _validation as v
 from .._geometry import is_channels_last, memory_format
+from ._spec import Kernels
 
 # Backward arguments that come from the input rather than from the forward's arguments.
 _FROM_INPUT = {"batch_size": "int", "channels": "int", "height": "int", "width": "int", "channels_last": "bool"}
-
-
-@dataclass(frozen=True)
-class Kernels:
-    """One registered op pair. ``args``: the forward's arguments after ``input`` and ``rois``,
-    as ``(type, name)`` in schema types; ``saved``: names of the forward's outputs after the
-    first, which the backward receives (not differentiable); ``backward``: the backward's
-    arguments after grad, the saved outputs and rois, in the kernels' order; ``title``:
-    how errors name the op; ``out_channels``: the output's channels from the input's and
-    the pooled size (position-sensitive ops read ``ph * pw`` input channels per output
-    channel), the input's by default; ``rois_grad``: whether the output is differentiable
-    with respect to the box coordinates (the kernels provide ``<name>_rois_backward``)."""
-
-    name: str
-    args: tuple[tuple[str, str], ...]
-    backward: tuple[str, ...]
-    saved: tuple[str, ...] = ()
-    title: str = ""
-    out_channels: Callable[[Any, int, int], Any] | None = None
-    rois_grad: bool = False
 
 
 # RoIAlign's arguments (Kernels.args) and its backward's (Kernels.backward); rotated
@@ -154,45 +136,57 @@ def fx_leaf(function: Callable[_P, _T]) -> Callable[_P, _T]:
 
 
 def register(spec: Kernels) -> Callable[..., Any]:
-    """Defines ``roiops::<name>`` and ``roiops::_<name>_backward`` from ``spec``. Returns
-    the call the public function makes, ``call(input, rois, *args)``: the registered op,
-    or where :func:`direct` allows, its kernel with the same autograd formula."""
+    """Defines ``roiops::<name>`` and ``roiops::_<name>_backward`` (and with ``rois_grad``
+    ``roiops::_<name>_rois_backward``) from ``spec``. Returns the call the public function
+    makes, ``call(input, rois, *tensors, *args)``: the registered op, or where
+    :func:`direct` allows, its kernel with the same autograd formula."""
     types = dict((n, t) for t, n in spec.args) | _FROM_INPUT
     arg_names = [n for _, n in spec.args]
-    n_inputs = 2 + len(spec.args)
+    tensors = [("Tensor?", n) for n, _ in spec.tensors]
+    n_tensors = len(spec.tensors)
+    # Positions in the forward's inputs of the extra tensors that get a gradient.
+    grad_tensors = [2 + i for i, (_, differentiable) in enumerate(spec.tensors) if differentiable]
+    n_inputs = 2 + n_tensors + len(spec.args)
     forward_kernel, backward_kernel = f"{spec.name}_forward", f"{spec.name}_backward"
 
     def forward(input: Tensor, rois: Tensor, *args: Any) -> Any:
         return getattr(_backend.kernels_of(input), forward_kernel)(input, rois, *args)
 
-    def backward(grad: Tensor, *args: Any) -> Tensor:
+    def backward(grad: Tensor, *args: Any) -> Any:
         return getattr(_backend.kernels_of(grad), backward_kernel)(grad, *args)
 
     def forward_fake(input: Tensor, rois: Tensor, *args: Any) -> Any:
-        named = dict(zip(arg_names, args))
+        named = dict(zip(arg_names, args[n_tensors:]))
         ph, pw = named["pooled_height"], named["pooled_width"]
         c = spec.out_channels(input.shape[1], ph, pw) if spec.out_channels else None
         out = empty_output(input, rois, ph, pw, channels=c)
         saved = [empty_output(input, rois, ph, pw, torch.int32, c) for _ in spec.saved]
         return (out, *saved) if saved else out
 
-    def backward_fake(grad: Tensor, *args: Any) -> Tensor:
-        named = dict(zip(spec.backward, args[len(spec.saved) + 1:]))
-        return empty_grad(grad, named["batch_size"], named["channels"], named["height"], named["width"],
-                          named["channels_last"])
+    first_arg = len(spec.saved) + 1 + n_tensors  # after the saved outputs, rois and the extra tensors
 
-    fwd = define(spec.name, _schema([("Tensor", "input"), ("Tensor", "rois"), *spec.args], 1 + len(spec.saved)),
+    def backward_fake(grad: Tensor, *args: Any) -> Any:
+        named = dict(zip(spec.backward, args[first_arg:]))
+        gi = empty_grad(grad, named["batch_size"], named["channels"], named["height"], named["width"],
+                        named["channels_last"])
+        if not grad_tensors:
+            return gi
+        extra = args[len(spec.saved) + 1:first_arg]
+        return (gi, *(torch.empty_like(extra[i - 2]) for i in grad_tensors))
+
+    fwd = define(spec.name, _schema([("Tensor", "input"), ("Tensor", "rois"), *tensors, *spec.args],
+                                    1 + len(spec.saved)),
                  forward, forward_fake)
     bwd = define(f"_{spec.name}_backward",
-                 _schema([("Tensor", "grad"), *(("Tensor", s) for s in spec.saved), ("Tensor", "rois"),
-                          *((types[n], n) for n in spec.backward)], 1),
+                 _schema([("Tensor", "grad"), *(("Tensor", s) for s in spec.saved), ("Tensor", "rois"), *tensors,
+                          *((types[n], n) for n in spec.backward)], 1 + len(grad_tensors)),
                  backward, backward_fake)
-    rois_bwd = _register_rois_backward(spec) if spec.rois_grad else None
+    rois_bwd = _register_rois_backward(spec, tensors) if spec.rois_grad else None
 
     input_grad = backward_call(bwd, backward)
 
     # Where each backward argument comes from: a forward argument (its position), or the input.
-    sources = [2 + arg_names.index(n) if n in arg_names else n for n in spec.backward]
+    sources = [2 + n_tensors + arg_names.index(n) if n in arg_names else n for n in spec.backward]
 
     def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
         input, rois = inputs[:2]
@@ -204,9 +198,10 @@ def register(spec: Kernels) -> Callable[..., Any]:
         ctx.set_materialize_grads(False)
         # The input is kept only for a box gradient, which reads it.
         ctx.box_grad = rois_bwd is not None and ctx.needs_input_grad[1]
-        ctx.save_for_backward(rois, input if ctx.box_grad else None, *(output[1:] if spec.saved else ()))
+        ctx.save_for_backward(rois, input if ctx.box_grad else None, *inputs[2:2 + n_tensors],
+                              *(output[1:] if spec.saved else ()))
         ctx.args = tuple(inputs[i] if isinstance(i, int) else from_input[i] for i in sources)
-        ctx.forward_args = inputs[2:] if ctx.box_grad else ()
+        ctx.forward_args = inputs[2 + n_tensors:] if ctx.box_grad else ()
         ctx.backend = _backend.current()
 
     def gradient(ctx: Any, grad: Tensor | None, *_int_outputs: Any) -> tuple[Tensor | None, ...]:
@@ -220,13 +215,20 @@ def register(spec: Kernels) -> Callable[..., Any]:
         return gradients(ctx, grad)
 
     def gradients(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
-        rois, input, *saved = ctx.saved_tensors
-        gi = gr = None
-        if ctx.needs_input_grad[0]:
-            gi = input_grad(grad, *saved, rois, *ctx.args)
+        rois, input, *rest = ctx.saved_tensors
+        extra, saved = rest[:n_tensors], rest[n_tensors:]
+        grads: list[Tensor | None] = [None] * n_inputs
+        if ctx.needs_input_grad[0] or any(ctx.needs_input_grad[i] for i in grad_tensors):
+            result = input_grad(grad, *saved, rois, *extra, *ctx.args)
+            if grad_tensors:
+                grads[0] = result[0]
+                for i, g in zip(grad_tensors, result[1:]):
+                    grads[i] = g if extra[i - 2] is not None else None
+            else:
+                grads[0] = result
         if ctx.box_grad and rois_bwd is not None:
-            gr = rois_bwd(grad, input, rois, *ctx.forward_args)
-        return (gi, gr) + (None,) * (n_inputs - 2)
+            grads[1] = rois_bwd(grad, input, rois, *extra, *ctx.forward_args)
+        return tuple(grads)
 
     register_autograd(fwd, gradient, setup_context)
     refuse_double_backward(bwd, spec.title or spec.name)
@@ -246,26 +248,37 @@ def register(spec: Kernels) -> Callable[..., Any]:
 
         backward = staticmethod(gradient)
 
-    def call(input: Tensor, rois: Tensor, *args: Any) -> Any:
-        if not direct(input, rois):
+    if not n_tensors:
+        def call(input: Tensor, rois: Tensor, *args: Any) -> Any:
+            if not direct(input, rois):
+                return fwd(input, rois, *args)
+            if torch.is_grad_enabled() and (input.requires_grad or rois.requires_grad):
+                return Direct.apply(input, rois, *args)
+            return forward(input, rois, *args)
+
+        return call
+
+    def call_with_tensors(input: Tensor, rois: Tensor, *args: Any) -> Any:
+        given = [t for t in args[:n_tensors] if t is not None]
+        if not direct(input, rois, *given):
             return fwd(input, rois, *args)
-        if torch.is_grad_enabled() and (input.requires_grad or rois.requires_grad):
+        if torch.is_grad_enabled() and any(t.requires_grad for t in (input, rois, *given)):
             return Direct.apply(input, rois, *args)
         return forward(input, rois, *args)
 
-    return call
+    return call_with_tensors
 
 
-def _register_rois_backward(spec: Kernels) -> Callable[..., Tensor]:
-    """Defines ``roiops::_<name>_rois_backward(grad, input, rois, *args) -> grad_rois``;
-    returns its call (:func:`backward_call`)."""
+def _register_rois_backward(spec: Kernels, tensors: list[tuple[str, str]]) -> Callable[..., Tensor]:
+    """Defines ``roiops::_<name>_rois_backward(grad, input, rois, *tensors, *args) ->
+    grad_rois``; returns its call (:func:`backward_call`)."""
     kernel = f"{spec.name}_rois_backward"
 
     def rois_backward(grad: Tensor, input: Tensor, rois: Tensor, *args: Any) -> Tensor:
         return getattr(_backend.kernels_of(grad), kernel)(grad, input, rois, *args)
 
     op = define(f"_{spec.name}_rois_backward",
-                _schema([("Tensor", "grad"), ("Tensor", "input"), ("Tensor", "rois"), *spec.args], 1),
+                _schema([("Tensor", "grad"), ("Tensor", "input"), ("Tensor", "rois"), *tensors, *spec.args], 1),
                 rois_backward, lambda grad, input, rois, *args: torch.empty_like(rois))
     refuse_double_backward(op, spec.title or spec.name)
     return backward_call(op, rois_backward)

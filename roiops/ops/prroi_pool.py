@@ -8,12 +8,16 @@ from torch import Tensor
 
 from .. import _validation as v
 from .._validation import BoxesType, OutputSize
-from ._declare import Kernels, RoIModule, fx_leaf, register
+from ._declare import RoIModule, fx_leaf, register
+from ._spec import Bench, Kernels, OpSpec, Peer, Workload
 
-_prroi_pool = register(Kernels(
+_KERNELS = Kernels(
     "prroi_pool", (("float", "spatial_scale"), ("int", "pooled_height"), ("int", "pooled_width")),
     ("spatial_scale", "pooled_height", "pooled_width", "batch_size", "channels", "height", "width", "channels_last"),
-    title="prroi_pool", rois_grad=True))
+    title="prroi_pool", rois_grad=True, onnx="Precise RoI Pooling",
+    variants={"forward": (dict(), dict(rois_grad=True)), "backward": (dict(channels_last=True),),
+              "rois_backward": (dict(),)})
+_prroi_pool = register(_KERNELS)
 
 
 @fx_leaf
@@ -69,3 +73,12 @@ class PrRoIPool(RoIModule):
 
     def __init__(self, output_size: OutputSize, spatial_scale: float = 1.0) -> None:
         super().__init__(output_size=output_size, spatial_scale=spatial_scale)
+
+
+# IoU-Net's box refinement on the stride-8 map of an 800x1344 image.
+SPEC = OpSpec(
+    prroi_pool, PrRoIPool, (_KERNELS,), box_grad={},
+    bench=(Bench("prroi_pool", "PrRoIPool", lambda w, x, b: prroi_pool(x, b, w.size, w.scale),
+                 Peer("roiops", lambda r, w, x, b: r.roi_align(x, b, w.size, w.scale, 2, False), same_result=False,
+                      note="its own roi_align (sampling_ratio=2, no offset, as PrRoIPool) on the same boxes"),
+                 (Workload("prroi box head", 2, 256, 100, 168, 1 / 8, 512, 7),), sampled=False),))

@@ -10,7 +10,8 @@ from torch import Tensor
 
 from .. import _validation as v
 from .._validation import BoxesType, OutputSize
-from ._declare import Kernels, RoIModule, fx_leaf, register
+from ._declare import RoIModule, fx_leaf, register
+from ._spec import Bench, Kernels, OpSpec, Workload, torchvision
 
 
 def ps_channels(channels: Any, ph: int, pw: int) -> Any:
@@ -19,11 +20,16 @@ def ps_channels(channels: Any, ph: int, pw: int) -> Any:
     return channels // (ph * pw)
 
 
-_ps_roi_align = register(Kernels(
+# The contract tests' position-sensitive inputs read pooled_height * pooled_width (2 * 3)
+# input channels per output channel.
+_KERNELS = Kernels(
     "ps_roi_align", (("float", "spatial_scale"), ("int", "pooled_height"), ("int", "pooled_width"),
                      ("int", "sampling_ratio")),
     ("spatial_scale", "pooled_height", "pooled_width", "batch_size", "channels", "height", "width", "sampling_ratio",
-     "channels_last"), title="ps_roi_align", out_channels=ps_channels))
+     "channels_last"), title="ps_roi_align", out_channels=ps_channels, onnx="position-sensitive RoI", variants={
+        "forward": (dict(sampling_ratio=-1, channels=12, out_channels=2),),
+        "backward": (dict(sampling_ratio=2, channels=12, out_channels=2, channels_last=True),)})
+_ps_roi_align = register(_KERNELS)
 
 
 @fx_leaf
@@ -79,3 +85,15 @@ class PSRoIAlign(RoIModule):
 
     def __init__(self, output_size: OutputSize, spatial_scale: float, sampling_ratio: int = -1) -> None:
         super().__init__(output_size=output_size, spatial_scale=spatial_scale, sampling_ratio=sampling_ratio)
+
+
+# R-FCN heads on the stride-16 map of a 600x800 image: 7x7 bins of 21 classes (PASCAL VOC)
+# and of 256 channels, 300 and 1000 proposals.
+SPEC = OpSpec(
+    ps_roi_align, PSRoIAlign, (_KERNELS,), options=(dict(sampling_ratio=2), dict(sampling_ratio=-1)),
+    position_sensitive=True,
+    bench=(Bench("ps_roi_align", "PSRoIAlign", lambda w, x, b: ps_roi_align(x, b, w.size, w.scale, w.sampling_ratio),
+                 torchvision(lambda tv, w, x, b: tv.ops.ps_roi_align(x, b, w.size, w.scale, w.sampling_ratio)),
+                 (Workload("R-FCN classes", 1, 21 * 49, 38, 50, 1 / 16, 300, 7, sampling_ratio=0),
+                  Workload("R-FCN 256", 1, 256 * 49, 38, 50, 1 / 16, 1000, 7)),
+                 channel_multiple=lambda w: w.size * w.size),))

@@ -10,11 +10,14 @@ from torch import Tensor
 
 from .. import _validation as v
 from .._validation import BoxesType, OutputSize
-from ._declare import Kernels, RoIModule, fx_leaf, register
+from ._declare import RoIModule, fx_leaf, register
+from ._spec import Bench, Kernels, OpSpec, Workload, torchvision
 
-_roi_pool = register(Kernels("roi_pool", (("float", "spatial_scale"), ("int", "pooled_height"), ("int", "pooled_width"),
-                              ("bool", "continuous")),
-                 ("batch_size", "channels", "height", "width", "channels_last"), saved=("argmax",), title="roi_pool"))
+_KERNELS = Kernels(
+    "roi_pool", (("float", "spatial_scale"), ("int", "pooled_height"), ("int", "pooled_width"), ("bool", "continuous")),
+    ("batch_size", "channels", "height", "width", "channels_last"), saved=("argmax",), title="roi_pool", variants={
+        "forward": (dict(continuous=False), dict(continuous=True)), "backward": (dict(channels_last=False),)})
+_roi_pool = register(_KERNELS)
 
 
 @fx_leaf
@@ -64,3 +67,11 @@ class RoIPool(RoIModule):
     def __init__(self, output_size: OutputSize, spatial_scale: float,
                  convention: Literal["caffe", "mmdet"] = "caffe") -> None:
         super().__init__(output_size=output_size, spatial_scale=spatial_scale, convention=convention)
+
+
+# Fast R-CNN's RoIPool on a stride-4 level of an 800x1344 image.
+SPEC = OpSpec(
+    roi_pool, RoIPool, (_KERNELS,), options=(dict(), dict(convention="mmdet")),
+    bench=(Bench("roi_pool", "RoIPool", lambda w, x, b: roi_pool(x, b, w.size, w.scale),
+                 torchvision(lambda tv, w, x, b: tv.ops.roi_pool(x, b, w.size, w.scale)),
+                 (Workload("roi_pool", 2, 256, 200, 336, 1 / 4, 1024, 7),), argmax=True, sampled=False),))
