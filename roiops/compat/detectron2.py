@@ -25,9 +25,10 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
+
 from .. import _validation as v
 
-from .. import ops as F
+import roiops as F
 from ..ops._declare import fx_leaf
 from ._util import BoxAssertionError
 from . import torchvision as tv

@@ -43,8 +43,10 @@ from typing import Any, TypeVar, Union
 
 from torch import Tensor, nn
 
+
+import roiops as F
+
 from .. import _validation as v
-from .. import ops as F
 from ..ops._declare import fx_leaf
 from ._util import box_assertions
 

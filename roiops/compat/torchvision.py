@@ -27,10 +27,11 @@ import torch
 from torch import Tensor, nn
 from torch.jit.annotations import BroadcastingList2
 
+import roiops as F
+
 from .. import _validation as v
-from .. import ops as F
 from ..ops._declare import fx_node
-from ..ops.multi_scale import levels_of
+from ..ops.multi_scale import levels_of, multi_scale_call
 from ._util import box_assertions
 
 __all__ = ["LevelMapper", "MultiScaleRoIAlign", "RoIAlign", "RoIPool", "roi_align", "roi_pool"]
@@ -248,7 +249,7 @@ def _pool_levels(features: list[Tensor], boxes: list[Tensor], scales: list[float
     CUDA, the levels picked on the device)."""
     maps = v.feature_maps(features)
     rois = v.rois(maps[0], boxes, max(scales))
-    return F.multi_scale.multi_scale_call(maps, rois, map_levels(boxes), scales, *output_size, sampling_ratio, False)
+    return multi_scale_call(maps, rois, map_levels(boxes), scales, *output_size, sampling_ratio, False)
 
 
 class MultiScaleRoIAlign(nn.Module):

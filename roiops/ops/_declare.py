@@ -77,8 +77,8 @@ def define(name: str, schema: str, kernel: Callable[..., Any], fake: Callable[..
     Dynamo, as custom_op keeps it, so that code around a graph break never traces it."""
     _LIB.define(name + schema)
     _LIB.impl(name, torch._disable_dynamo(kernel), "CompositeExplicitAutograd")
-    torch.library.register_fake(f"roiops::{name}", fake, lib=_LIB)
-    return getattr(torch.ops.roiops, name).default
+    torch.library.register_fake(f"{_LIB.ns}::{name}", fake, lib=_LIB)
+    return getattr(getattr(torch.ops, _LIB.ns), name).default
 
 
 def register_autograd(op: Any, backward: Callable[..., Any], setup_context: Callable[..., Any] | None = None) -> None:

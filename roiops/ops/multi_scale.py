@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from contextlib import nullcontext
+from types import ModuleType
 from typing import Any, Literal
 
 import torch
@@ -100,7 +101,8 @@ def multi_scale_roi_align(
     return multi_scale_call(maps, rois, levels, scales, h, w, ratio, aligned)
 
 
-def _levels_forward(kernels, inputs, rois, levels, spatial_scales, ph, pw, sampling_ratio, aligned):
+def _levels_forward(kernels: ModuleType, inputs: list[Tensor], rois: Tensor, levels: Tensor,
+                    spatial_scales: list[float], ph: int, pw: int, sampling_ratio: int, aligned: bool) -> Tensor:
     out = empty_output(inputs[0], rois, ph, pw).zero_()
     for level, (x, scale) in enumerate(zip(inputs, spatial_scales)):
         chosen = (levels == level).nonzero().squeeze(1)  # a sync, which only CPU-side kernels reach
@@ -110,8 +112,9 @@ def _levels_forward(kernels, inputs, rois, levels, spatial_scales, ph, pw, sampl
     return out
 
 
-def _levels_backward(kernels, grad, rois, levels, spatial_scales, ph, pw, batch_size, channels, heights, widths,
-                     sampling_ratio, aligned, channels_last):
+def _levels_backward(kernels: ModuleType, grad: Tensor, rois: Tensor, levels: Tensor, spatial_scales: list[float],
+                     ph: int, pw: int, batch_size: int, channels: int, heights: list[int], widths: list[int],
+                     sampling_ratio: int, aligned: bool, channels_last: bool) -> list[Tensor]:
     grads = []
     for level, (scale, h, w) in enumerate(zip(spatial_scales, heights, widths)):
         chosen = (levels == level).nonzero().squeeze(1)
@@ -151,13 +154,15 @@ def _multi_scale_backward(grad: Tensor, rois: Tensor, levels: Tensor, spatial_sc
     return _levels_backward(kernels, *args)
 
 
-def _multi_scale_forward_fake(inputs, rois, levels, spatial_scales, pooled_height, pooled_width, sampling_ratio,
-                              aligned):
+def _multi_scale_forward_fake(inputs: list[Tensor], rois: Tensor, levels: Tensor, spatial_scales: list[float],
+                              pooled_height: int, pooled_width: int, sampling_ratio: int, aligned: bool) -> Tensor:
     return empty_output(inputs[0], rois, pooled_height, pooled_width)
 
 
-def _multi_scale_backward_fake(grad, rois, levels, spatial_scales, pooled_height, pooled_width, batch_size, channels,
-                               heights, widths, sampling_ratio, aligned, channels_last):
+def _multi_scale_backward_fake(grad: Tensor, rois: Tensor, levels: Tensor, spatial_scales: list[float],
+                               pooled_height: int, pooled_width: int, batch_size: int, channels: int,
+                               heights: list[int], widths: list[int], sampling_ratio: int, aligned: bool,
+                               channels_last: bool) -> list[Tensor]:
     return [empty_grad(grad, batch_size, channels, h, w, channels_last) for h, w in zip(heights, widths)]
 
 
@@ -174,7 +179,7 @@ _multi_scale_roi_align_backward = define(
     _multi_scale_backward, _multi_scale_backward_fake)
 
 
-def _setup_levels(ctx, inputs, output):
+def _setup_levels(ctx: Any, inputs: tuple[Any, ...], output: Tensor) -> None:
     maps, rois, levels, spatial_scales, ph, pw, sampling_ratio, aligned = inputs
     ctx.set_materialize_grads(False)
     ctx.save_for_backward(rois, levels)
@@ -187,7 +192,7 @@ def _setup_levels(ctx, inputs, output):
 _levels_backward_call = backward_call(_multi_scale_roi_align_backward, _multi_scale_backward)
 
 
-def _levels_grad(ctx, grad):
+def _levels_grad(ctx: Any, grad: Tensor | None) -> tuple[Any, ...]:
     if grad is None:  # a list input takes a list of gradients
         return [None] * len(ctx.args[5]), *ctx.no_grads
     rois, levels = ctx.saved_tensors
@@ -205,14 +210,15 @@ class _Direct(torch.autograd.Function):
     come last and one by one, so that each gets its gradient."""
 
     @staticmethod
-    def forward(ctx, rois, levels, spatial_scales, ph, pw, sampling_ratio, aligned, *maps):
+    def forward(ctx: Any, rois: Tensor, levels: Tensor, spatial_scales: list[float], ph: int, pw: int,
+                sampling_ratio: int, aligned: bool, *maps: Tensor) -> Tensor:
         inputs = (list(maps), rois, levels, spatial_scales, ph, pw, sampling_ratio, aligned)
         out = _multi_scale_forward(*inputs)
         _setup_levels(ctx, inputs, out)
         return out
 
     @staticmethod
-    def backward(ctx, grad):
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
         grads = _levels_grad(ctx, grad)[0]
         return (None,) * 7 + tuple(grads)
 
