@@ -25,10 +25,9 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
+import roiops as F
 
 from .. import _validation as v
-
-import roiops as F
 from ..ops._declare import fx_leaf
 from ._util import BoxAssertionError
 from . import torchvision as tv
