@@ -288,13 +288,13 @@ def measure(case: Case, device: Device, repeats: int, peers: dict[str, ModuleTyp
     # Drawn on the CPU from one seed, in this order, so that every device gets the same data.
     g = torch.Generator().manual_seed(0)
     x = torch.randn(w.n, w.channels, w.height, w.width, generator=g).contiguous(memory_format=fmt)
-    boxes = BOX_FORMATS[spec.boxes]
-    rois = boxes.make(w, g)
-    cells = covered_cells(boxes.extent(rois), w)
+    box_format = BOX_FORMATS[spec.boxes]
+    rois = box_format.make(w, g)
+    cells = covered_cells(box_format.extent(rois), w)
     x, boxes = x.to(device.name, getattr(torch, case.dtype)), rois.to(device.name)
 
     calls: dict[str, tuple[Callable[[torch.Tensor, torch.Tensor], torch.Tensor], torch.Tensor]] = {
-        "roiops": (lambda x, b: spec.roiops(w, x, b), boxes)}
+        "roiops": (lambda x, b: spec.call(w, x, b), boxes)}
     peer = spec.peer
     if peer is not None:
         call, module = peer.call, peers[peer.module]

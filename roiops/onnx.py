@@ -94,8 +94,9 @@ def translation_table(
     """
     if align_avg not in ("RoiAlign", "decompose"):
         raise ValueError(f"align_avg must be 'RoiAlign' or 'decompose', got {align_avg!r}")
-    translations = {"roi_align": _roi_align_native if align_avg == "RoiAlign" else _roi_align_decomposed,
-                    "roi_align_max": _roi_align_max, "roi_pool": _roi_pool}
+    translations: dict[str, Callable[..., Any]] = {
+        "roi_align": _roi_align_native if align_avg == "RoiAlign" else _roi_align_decomposed,
+        "roi_align_max": _roi_align_max, "roi_pool": _roi_pool}
     return {getattr(torch.ops.roiops, k.name).default: translations[k.name] if k.onnx is None else _refused(k)
             for spec in ops.SPECS for k in spec.kernels}
 
