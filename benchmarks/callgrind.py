@@ -8,10 +8,26 @@ show what it costs independently of the machine's caches, clock and load.
     python benchmarks/callgrind.py --keep dumps/         # and callgrind's dumps, one per call,
                                                          # for callgrind_annotate
 
+The cases come from the operators' specs (roiops.ops.SPECS): every registered op pair's
+entry points, ``<name>_forward``, ``<name>_backward`` and, with a box gradient,
+``<name>_rois_backward`` (``Kernels.ops()``), on an NCHW and a channels_last input, with
+the arguments of the op's first forward variant (``Kernels.variants``) and 7 x 7 bins.
+A position-sensitive op runs on an R-FCN head's map, every other op on a box head's
+(``INPUTS``), with its spec's box format. A case is labelled ``<name> <layout> <entry>``,
+e.g. ``roi_align_max channels_last backward``.
+
 Each case calls one entry point twice on the same arguments; the count is the second
 call's (the first may set up what a process does once). Only the entry point and what it
-calls is counted, not Python or the making of the inputs. Needs valgrind on PATH and
-roiops._C built (`python setup.py build_ext --inplace`); run it from the checkout.
+calls is counted, not Python or the making of the inputs. A count repeats from run to
+run within about 0.05% (the allocator's work inside an entry point varies a little). Needs
+valgrind on PATH and roiops._C built (`python setup.py build_ext --inplace`); run it from
+the checkout.
+
+Counts saved before the cases came from the specs labelled RoIAlign's cases ``roi_align
+avg ...`` and the position-sensitive ones ``... 21 ...``; ``--compare`` reads those under
+the labels above. Their inputs and arguments are the same, except max-mode RoIAlign's,
+which ran with sampling_ratio 2 (``roi_align max ...``) and now runs with its variant's
+adaptive sampling, so it has no earlier count to compare with.
 """
 
 from __future__ import annotations
@@ -24,14 +40,47 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Callable
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
+from typing import Any
 
-# The entry points (roiops::NAME, the C++ functions the bindings call) the cases call.
-ENTRIES = ("roi_align_forward", "roi_align_backward", "roi_align_max_forward", "roi_align_max_backward",
-           "roi_pool_forward", "roi_pool_backward", "ps_roi_align_forward", "ps_roi_align_backward",
-           "ps_roi_pool_forward", "ps_roi_pool_backward", "roi_align_rotated_forward", "roi_align_rotated_backward",
-           "prroi_pool_forward", "prroi_pool_backward")
+LAYOUTS = {"NCHW": False, "channels_last": True}
+
+
+@dataclass(frozen=True)
+class Input:
+    """A fixed input: an ``n x channels x height x width`` map at ``scale`` of the image,
+    ``boxes`` boxes over the image, and a gradient of ``out_channels`` channels."""
+
+    what: str
+    n: int
+    channels: int
+    height: int
+    width: int
+    scale: float
+    boxes: int
+    out_channels: int
+
+
+# Drawn from one generator in this order; the cases of an op whose spec is position-sensitive
+# run on the second, the others on the first.
+INPUTS = (
+    Input("a box head at 1/8 of an 800 x 1344 image", 2, 64, 100, 168, 1 / 8, 256, 64),
+    Input("R-FCN, 21 classes, at 1/16 of a 600 x 800 image", 1, 21 * 49, 38, 50, 1 / 16, 300, 21),
+)
+POOLED = 7
+
+
+def specs() -> tuple[Any, ...]:
+    from roiops.ops import SPECS
+
+    return SPECS
+
+
+def entries() -> list[str]:
+    """The entry points (roiops::NAME, the C++ functions the bindings call) the cases call."""
+    return [f"{k.name}_{role}" for spec in specs() for k in spec.kernels for role in k.ops()]
 
 
 def cases() -> list[tuple[str, str, Callable[[], object]]]:
@@ -52,67 +101,63 @@ def cases() -> list[tuple[str, str, Callable[[], object]]]:
     def layout(t: torch.Tensor, cl: bool) -> torch.Tensor:
         return t.contiguous(memory_format=torch.channels_last if cl else torch.contiguous_format)
 
-    def box_head() -> list[tuple[str, str, Callable[[], object]]]:
-        out: list[tuple[str, str, Callable[[], object]]] = []
-        # A box head: 2 x 64 x 100 x 168 map at 1/8 of an 800 x 1344 image, 256 boxes, 7 x 7 bins.
-        N, C, H, W, scale = 2, 64, 100, 168, 1 / 8
-        x = torch.randn(N, C, H, W, generator=g)
-        rois = boxes(N, 256, W / scale, H / scale)
-        centres = (rois[:, 1:3] + rois[:, 3:5]) / 2
-        sizes = rois[:, 3:5] - rois[:, 1:3]
-        angles = torch.rand(rois.size(0), 1, generator=g) * 360 - 180
-        rotated = torch.cat([rois[:, :1], centres, sizes, angles], 1)
-        grad = torch.randn(rois.size(0), C, 7, 7, generator=g)
-        for cl in (False, True):
-            xi, gi, tag = layout(x, cl), layout(grad, cl), "channels_last" if cl else "NCHW"
-            out += [
-                (f"roi_align avg {tag} forward", "roi_align_forward",
-                 partial(_C.roi_align_forward, xi, rois, scale, 7, 7, 2, True)),
-                (f"roi_align avg {tag} backward", "roi_align_backward",
-                 partial(_C.roi_align_backward, gi, rois, scale, 7, 7, N, C, H, W, 2, True, cl)),
-            ]
-        argmax = _C.roi_align_max_forward(x, rois, scale, 7, 7, 2, False)[1]
-        pool_argmax = _C.roi_pool_forward(x, rois, scale, 7, 7, False)[1]
-        out += [
-            ("roi_align max NCHW forward", "roi_align_max_forward",
-             partial(_C.roi_align_max_forward, x, rois, scale, 7, 7, 2, False)),
-            ("roi_align max NCHW backward", "roi_align_max_backward",
-             partial(_C.roi_align_max_backward, grad, argmax, rois, scale, 7, 7, N, C, H, W, 2, False, False)),
-            ("roi_pool NCHW forward", "roi_pool_forward", partial(_C.roi_pool_forward, x, rois, scale, 7, 7, False)),
-            ("roi_pool NCHW backward", "roi_pool_backward",
-             partial(_C.roi_pool_backward, grad, pool_argmax, rois, N, C, H, W, False)),
-            ("roi_align_rotated NCHW forward", "roi_align_rotated_forward",
-             partial(_C.roi_align_rotated_forward, x, rotated, scale, 7, 7, 2, True)),
-            ("roi_align_rotated NCHW backward", "roi_align_rotated_backward",
-             partial(_C.roi_align_rotated_backward, grad, rotated, scale, 7, 7, N, C, H, W, 2, True, False)),
-            ("prroi_pool NCHW forward", "prroi_pool_forward", partial(_C.prroi_pool_forward, x, rois, scale, 7, 7)),
-            ("prroi_pool NCHW backward", "prroi_pool_backward",
-             partial(_C.prroi_pool_backward, grad, rois, scale, 7, 7, N, C, H, W, False)),
-        ]
-        return out
+    data = []
+    for i in INPUTS:
+        x = torch.randn(i.n, i.channels, i.height, i.width, generator=g)
+        rois = {"axis-aligned": boxes(i.n, i.boxes, i.width / i.scale, i.height / i.scale)}
+        if i is INPUTS[0]:  # the same boxes turned about their centres
+            r = rois["axis-aligned"]
+            angles = torch.rand(i.boxes, 1, generator=g) * 360 - 180
+            rois["rotated"] = torch.cat([r[:, :1], (r[:, 1:3] + r[:, 3:5]) / 2, r[:, 3:5] - r[:, 1:3], angles], 1)
+        grad = torch.randn(i.boxes, i.out_channels, POOLED, POOLED, generator=g)
+        data.append((i, x, rois, grad))
 
-    def rfcn() -> list[tuple[str, str, Callable[[], object]]]:
-        out: list[tuple[str, str, Callable[[], object]]] = []
-        # R-FCN, 21 classes: 1 x 1029 x 38 x 50 map at 1/16 of a 600 x 800 image, 300 boxes.
-        N, C, H, W, scale = 1, 21 * 49, 38, 50, 1 / 16
-        x = torch.randn(N, C, H, W, generator=g)
-        rois = boxes(N, 300, W / scale, H / scale)
-        grad = torch.randn(rois.size(0), 21, 7, 7, generator=g)
-        for cl in (False, True):
-            xi, gi, tag = layout(x, cl), layout(grad, cl), "channels_last" if cl else "NCHW"
-            out += [
-                (f"ps_roi_align 21 {tag} forward", "ps_roi_align_forward",
-                 partial(_C.ps_roi_align_forward, xi, rois, scale, 7, 7, 0)),
-                (f"ps_roi_align 21 {tag} backward", "ps_roi_align_backward",
-                 partial(_C.ps_roi_align_backward, gi, rois, scale, 7, 7, N, C, H, W, 0, cl)),
-                (f"ps_roi_pool 21 {tag} forward", "ps_roi_pool_forward",
-                 partial(_C.ps_roi_pool_forward, xi, rois, scale, 7, 7)),
-                (f"ps_roi_pool 21 {tag} backward", "ps_roi_pool_backward",
-                 partial(_C.ps_roi_pool_backward, gi, rois, scale, 7, 7, N, C, H, W, cl)),
-            ]
-        return out
+    out: list[tuple[str, str, Callable[[], object]]] = []
+    for i, x, all_rois, grad in data:
+        for spec in specs():
+            if spec.position_sensitive != (i is INPUTS[1]):
+                continue
+            rois = all_rois[spec.boxes]
+            for k in spec.kernels:
+                if (k.out_channels(i.channels, POOLED, POOLED) if k.out_channels else i.channels) != i.out_channels:
+                    sys.exit(f"callgrind: {k.name}'s output on {i.what} has not {i.out_channels} channels")
+                # The forward's arguments: the first forward variant's, the input's scale and the bins.
+                values = {"spatial_scale": i.scale, "pooled_height": POOLED, "pooled_width": POOLED}
+                values |= k.variants.get("forward", ({},))[0]
+                missing = [n for _, n in k.args if n not in values]
+                if missing:
+                    sys.exit(f"callgrind: no value for {k.name}'s arguments {missing}")
+                args = [values[n] for _, n in k.args]
+                extra = [None] * len(k.tensors)  # the optional extra tensor inputs, left out
+                for tag, cl in LAYOUTS.items():
+                    xi, gi = layout(x, cl), layout(grad, cl)
+                    from_input = {"batch_size": i.n, "channels": i.channels, "height": i.height, "width": i.width,
+                                  "channels_last": cl}
+                    backward = [values[n] if n in values and n not in from_input else from_input[n]
+                                for n in k.backward]
+                    # The forward's extra outputs (an argmax), which the backward takes: kept from
+                    # the forward case's call, the output itself dropped as a caller would.
+                    saved: dict[str, Any] = {}
 
-    return box_head() + rfcn()
+                    def forward(f: Any = getattr(_C, f"{k.name}_forward"), xi: torch.Tensor = xi,
+                                rois: torch.Tensor = rois, saved: dict[str, Any] = saved, keep: bool = bool(k.saved),
+                                args: list[Any] = args, extra: list[Any] = extra) -> None:
+                        result = f(xi, rois, *extra, *args)
+                        if keep:
+                            saved["outputs"] = result[1:]
+
+                    def backward_call(f: Any = getattr(_C, f"{k.name}_backward"), gi: torch.Tensor = gi,
+                                      rois: torch.Tensor = rois, saved: dict[str, Any] = saved,
+                                      rest: list[Any] = [*extra, *backward]) -> object:
+                        return f(gi, *saved.get("outputs", ()), rois, *rest)
+
+                    out += [(f"{k.name} {tag} forward", f"{k.name}_forward", forward),
+                            (f"{k.name} {tag} backward", f"{k.name}_backward", backward_call)]
+                    if k.rois_grad:
+                        rois_backward = getattr(_C, f"{k.name}_rois_backward")
+                        out.append((f"{k.name} {tag} rois_backward", f"{k.name}_rois_backward",
+                                    partial(rois_backward, gi, xi, rois, *extra, *args)))
+    return out
 
 
 def inner() -> None:
@@ -135,8 +180,8 @@ def measure(keep: str | None) -> dict[str, int]:
         # Patterns end in ")": the lambdas inside an entry point (named after it, ending in
         # "const") must not toggle collection off. callgrind matches --dump-after only with
         # a pattern that starts with a wildcard.
-        cmd += [f"--toggle-collect=roiops::{name}(*)" for name in ENTRIES]
-        cmd += [f"--dump-after=*roiops::{name}(*)" for name in ENTRIES]
+        cmd += [f"--toggle-collect=roiops::{name}(*)" for name in entries()]
+        cmd += [f"--dump-after=*roiops::{name}(*)" for name in entries()]
         cmd += [sys.executable, __file__, "--inner"]
         root = str(Path(__file__).resolve().parent.parent)
         env = dict(os.environ, OMP_NUM_THREADS="1",
@@ -159,8 +204,8 @@ def parse(dump: str) -> tuple[str, int]:
 def match(calls: list[tuple[str, str, Callable[[], object]]], dumps: list[tuple[str, int]]) -> dict[str, int]:
     """Each case's second call among the dumps, which come in call order. A dump follows an
     entry point, or a function inside one whose name holds the entry point's (a template
-    argument); the calls' counts are the sums up to each entry point's own dump, and making
-    the inputs calls some entry points too."""
+    argument); the calls' counts are the sums up to each entry point's own dump. A case's
+    calls are the first two of its entry point after the previous case's."""
     entries, total = [], 0
     for trigger, count in dumps:
         total += count
@@ -177,6 +222,12 @@ def match(calls: list[tuple[str, str, Callable[[], object]]], dumps: list[tuple[
     return counts
 
 
+def _label(saved: str) -> str:
+    """A saved case's label as the cases are labelled now: counts saved before the cases came
+    from the specs called RoIAlign's "roi_align avg ..." and the R-FCN ones "... 21 ..."."""
+    return re.sub(r" (avg|21)(?= )", "", saved)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--save", metavar="JSON", help="write the counts to this file")
@@ -187,10 +238,12 @@ def main() -> None:
     if args.inner:
         return inner()
     counts = measure(args.keep)
-    before = json.loads(Path(args.compare).read_text()) if args.compare else {}
+    before = {_label(name): n for name, n in json.loads(Path(args.compare).read_text()).items()} \
+        if args.compare else {}
+    width = max(map(len, counts))
     for name, n in counts.items():
         ratio = f"  {n / before[name]:.4f}" if name in before else ""
-        print(f"{name:36} {n:>14,}{ratio}")
+        print(f"{name:{width}} {n:>14,}{ratio}")
     if args.save:
         Path(args.save).write_text(json.dumps(counts, indent=1) + "\n")
 

@@ -27,6 +27,11 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def _workload(name: str) -> bench.Workload:
+    (found,) = (w for w in bench.WORKLOADS if w.name == name)
+    return found
+
+
 def _check_results(out: Path, workloads: set[str], chart: bool = True) -> dict:
     data = json.loads((out / "results.json").read_text())
     rows = data["rows"]
@@ -118,8 +123,9 @@ def test_recorded_shapes_are_the_ones_the_cpu_suite_runs():
     text = (ROOT / "BENCHMARKS.md").read_text()
     rows = re.findall(r"^\| ([A-Za-z0-9_ -]+) \| (\d+) \| (\d+) \| (\d+)x(\d+) \| 1/(\d+) \| (\d+) \| (\d+)x\d+ \| "
                       r"([^|]+) \| ([^|]+) \|$", text, re.MULTILINE)
-    modes = {"avg": "align", "max": "align_max", "RoIPool": "pool", "PSRoIAlign": "ps_align", "PSRoIPool": "ps_pool",
-             "rotated": "rotated", "PrRoIPool": "prroi"}
+    # The mode column starts with the last word of the operator's title ("RoIAlign avg": avg).
+    modes = {spec.title.split()[-1]: key for key, spec in bench.OPS.items()}
+    assert len(modes) == len(bench.OPS)
     recorded = {(name, modes[mode.split()[0]], int(n), int(c), int(h), int(w), 1 / int(s), int(k), int(p),
                  None if sampling == "-" else int(sampling.split()[0]))
                 for name, n, c, h, w, s, k, p, sampling, mode in rows}
@@ -136,7 +142,7 @@ def test_help_explains_every_option_and_lists_the_workloads(capsys):
         assert action.help, action.option_strings
         assert all(option in out for option in action.option_strings)
     for w in bench.WORKLOADS:
-        assert f"  {w.name}\n    {w.describe()}" in out
+        assert f"  {w.name}\n    {bench.describe(w)}" in out
     for name, spec in bench.OPS.items():
         assert f"  {name}: {spec.title}; peer: " in out
     assert "its average RoIAlign: torchvision has no max mode" in out
@@ -201,7 +207,7 @@ def test_cuda_without_a_gpu(monkeypatch, tmp_path, capsys):
 def test_a_workload_the_device_does_not_run(monkeypatch, tmp_path, capsys):
     cpu_only = replace(bench.WORKLOADS[0], devices=("cpu",))
     monkeypatch.setattr(bench, "WORKLOADS", [cpu_only])
-    assert cpu_only.describe().endswith(" (cpu only)")
+    assert bench.describe(cpu_only).endswith(" (cpu only)")
     assert bench.main(["--device", "cuda", "--out", str(tmp_path / "out")]) == 2
     assert "none of the chosen workloads runs on --device cuda" in capsys.readouterr().err
 
@@ -217,9 +223,10 @@ def test_cpu_cases_by_default():
     device, cases, repeats = _plan()
     assert device is bench.CPU and repeats == 5
     assert len(cases) == len(bench.WORKLOADS) * 2 * 2
+    first = bench.WORKLOADS[0].name
     assert [(c.workload.name, c.layout, c.dtype, c.threads) for c in cases[:4]] == [
-        ("box head train", "NCHW", "float32", 1), ("box head train", "NCHW", "float32", 2),
-        ("box head train", "channels_last", "float32", 1), ("box head train", "channels_last", "float32", 2)]
+        (first, "NCHW", "float32", 1), (first, "NCHW", "float32", 2),
+        (first, "channels_last", "float32", 1), (first, "channels_last", "float32", 2)]
     assert all(c.workload in bench.WORKLOADS for c in cases)  # the declared shapes, unchanged
     _, quick, repeats = _plan("--quick", "--threads", "1", "3")
     assert repeats == 1 and {c.threads for c in quick} == {3}
@@ -237,7 +244,7 @@ def test_gpu_cases():
                               "--workload", "mask head", "--repeats", "7", "--tiny")
     assert repeats == 7
     assert [(c.workload, c.layout, c.dtype) for c in cases] == [
-        (bench.tiny(bench.WORKLOADS[3]), "channels_last", "float16")]
+        (bench.tiny(_workload("mask head")), "channels_last", "float16")]
 
 
 def test_select_cases_keeps_each_workload_to_its_devices():
@@ -252,7 +259,7 @@ def test_select_cases_keeps_each_workload_to_its_devices():
 
 
 def test_covered_cells_counts_each_cell_once_with_a_margin_and_clipped():
-    w = bench.Workload("t", "align", 2, 3, 10, 12, 1 / 2, 4, 2)
+    w = bench.Workload("t", 2, 3, 10, 12, 1 / 2, 4, 2)
     boxes = torch.tensor([[0, 4, 4, 8, 8],       # cells 1..5 x 1..5: 25
                           [0, 6, 6, 10, 10],     # 2..6 x 2..6: 25, 16 of them shared with the first
                           [1, -10, 0, 3, 1],     # columns 0..3 (clipped at 0), rows 0..2: 12
@@ -261,7 +268,7 @@ def test_covered_cells_counts_each_cell_once_with_a_margin_and_clipped():
 
 
 def test_bytes_moved():
-    w = bench.Workload("t", "align", 2, 3, 10, 12, 1 / 2, 3, 2)
+    w = bench.Workload("t", 2, 3, 10, 12, 1 / 2, 3, 2)
     # 55 cells x 3 channels x 4 bytes + 36 outputs x 4 bytes + 80 bytes of boxes; the whole
     # 2x3x10x12 gradient is written back
     out = (3, 3, 2, 2)
@@ -278,18 +285,19 @@ def test_bytes_moved():
 
 
 def test_tiny_keeps_the_channels_a_position_sensitive_op_needs(monkeypatch):
-    monkeypatch.setitem(bench.OPS, "ps", replace(bench.OPS["align"], channel_multiple=lambda w: w.size ** 2))
-    assert bench.tiny(bench.Workload("ps", "ps", 2, 490, 200, 336, 1 / 4, 1024, 7)).channels == 8 * 49
+    first = bench.OPS[bench.WORKLOADS[0].op]
+    monkeypatch.setitem(bench.OPS, "ps", replace(first, channel_multiple=lambda w: w.size ** 2))
+    assert bench.tiny(bench.Workload("ps", 2, 490, 200, 336, 1 / 4, 1024, 7, op="ps")).channels == 8 * 49
     assert bench.tiny(bench.WORKLOADS[0]).channels == 8
 
 
 def test_result_row_ratio_bandwidth_and_peak():
-    case = bench.Case(bench.WORKLOADS[0], "NCHW", "bfloat16", 1)
+    case = bench.Case(_workload("box head train"), "NCHW", "bfloat16", 1)
     row = bench.result_row(case, "cuda", "forward", 1e-3, "torchvision", 3e-3, 2_000_000, 4.0, 0.5, None)
     assert row == {**row, "roiops_ms": 1.0, "peer_ms": 3.0, "ratio": 3.0, "gbps": 2.0, "pct_peak": 50.0,
                    "bytes": 2_000_000, "max_diff": 0.5, "device": "cuda", "dtype": "bfloat16",
-                   "workload": "box head train", "op": "align", "layout": "NCHW", "direction": "forward"}
-    assert row["shape"] == {k: v for k, v in vars(bench.WORKLOADS[0]).items() if k != "devices"}
+                   "workload": "box head train", "op": "roi_align", "layout": "NCHW", "direction": "forward"}
+    assert row["shape"] == {k: v for k, v in vars(case.workload).items() if k != "devices"}
     alone = bench.result_row(case, "cuda", "backward det", 2e-3, "torchvision", None, 2_000_000, None, None,
                              "no bfloat16")
     assert (alone["peer_ms"], alone["ratio"], alone["pct_peak"], alone["gbps"]) == (None, None, None, 1.0)
@@ -359,11 +367,11 @@ def test_gpu_suite_flow_on_cpu_tensors(monkeypatch, peer_call, failing):
         calls.append("peer")
         return peer_call(m, w, x, b)
 
-    monkeypatch.setitem(bench.OPS, "probe", bench.OpSpec("probe", ours, bench.Peer("math", peer)))
+    monkeypatch.setitem(bench.OPS, "probe", bench.Bench("probe", "probe", ours, bench.Peer("math", peer)))
     monkeypatch.setattr(roiops.config, "deterministic_backward", False)
     _Probe.switch.clear()
     device = replace(bench.CUDA, name="cpu", timer=bench.wall_clock, warmup=2)
-    w = bench.Workload("probe", "probe", 2, 3, 8, 8, 1 / 4, 4, 2, devices=("cuda",))
+    w = bench.Workload("probe", 2, 3, 8, 8, 1 / 4, 4, 2, devices=("cuda",), op="probe")
     rows = bench.measure(bench.Case(w, "channels_last", "float32", 1), device, 3, {"math": math}, 0.5, "alternate")
 
     assert [r["direction"] for r in rows] == ["forward", "backward", "backward det"]
@@ -440,9 +448,9 @@ def test_a_peer_can_take_the_boxes_in_the_maps_dtype(monkeypatch):
             return 2 * x[:, :, :2, :2]
         return call
 
-    monkeypatch.setitem(bench.OPS, "probe", bench.OpSpec(
-        "probe", op("roiops"), bench.Peer("math", op("peer"), boxes_in_input_dtype=True)))
-    w = bench.Workload("probe", "probe", 1, 2, 4, 4, 1 / 4, 2, 2)
+    monkeypatch.setitem(bench.OPS, "probe", bench.Bench(
+        "probe", "probe", op("roiops"), bench.Peer("math", op("peer"), boxes_in_input_dtype=True)))
+    w = bench.Workload("probe", 1, 2, 4, 4, 1 / 4, 2, 2, op="probe")
     bench.measure(bench.Case(w, "NCHW", "bfloat16", 1), bench.CPU, 1, {"math": math}, None, "alternate")
     assert seen == {"roiops": torch.float32, "peer": torch.bfloat16}
 
@@ -615,3 +623,15 @@ def test_benchmarks_md_tables_are_those_of_the_result_files(capsys):
     text = (ROOT / "BENCHMARKS.md").read_text()
     assert {name for name in re.findall(r"<!-- table: (\S+) -->", text)} == {
         p.name for p in (ROOT / "benchmarks" / "results").glob("*.json")}
+
+
+def test_result_files_name_the_declared_operators_and_workloads():
+    """Every row of benchmarks/results/ names its operator by its Bench key (bench.OPS), the
+    one that declares the row's workload, in the row and in its recorded shape."""
+    declared = {w.name: w.op for w in bench.WORKLOADS}
+    for path in (ROOT / "benchmarks" / "results").glob("*.json"):
+        rows = json.loads(path.read_text())["rows"]
+        assert rows, path.name
+        for r in rows:
+            assert r["op"] in bench.OPS and declared[r["workload"]] == r["op"], (path.name, r["workload"], r["op"])
+            assert "shape" not in r or r["shape"]["op"] == r["op"], (path.name, r["workload"])

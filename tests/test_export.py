@@ -1,5 +1,6 @@
-"""torch.export: a model calling every roiops op exports with a dynamic box count; the
-exported program (also saved, reloaded and decomposed) runs and matches eager."""
+"""torch.export: a model calling every roiops operator (each spec's function with each of its
+option sets) exports with a dynamic box count; the exported program (also saved, reloaded
+and decomposed) runs and matches eager."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import torch
 from torch.export import Dim
 
 import roiops
+from roiops.ops import SPECS
 
 
 def _boxes(k: int) -> torch.Tensor:
@@ -20,23 +22,21 @@ def _boxes(k: int) -> torch.Tensor:
     return b
 
 
+def _rotated(b: torch.Tensor) -> torch.Tensor:
+    """Rotated rows (batch_index, cx, cy, w, h, angle) of the same boxes, turned by 30."""
+    return torch.cat([b[:, :1], (b[:, 1:3] + b[:, 3:5]) / 2, b[:, 3:5] - b[:, 1:3], b[:, :1] * 0 + 30], dim=1)
+
+
 class _Model(torch.nn.Module):
     def __init__(self) -> None:
         super().__init__()
         self.conv = torch.nn.Conv2d(3, 4, 3, padding=1)
 
     def forward(self, x: torch.Tensor, boxes: torch.Tensor) -> torch.Tensor:
-        f = self.conv(x)
-        return torch.cat([
-            roiops.roi_align(f, boxes, 2, 0.5, 2, True),
-            roiops.roi_align(f, boxes, 2, 0.5, 0, False),
-            roiops.roi_align(f, boxes, 2, 0.5, -1, True, mode="max"),
-            roiops.roi_pool(f, boxes, 2, 0.5),
-            roiops.roi_pool(f, boxes, 2, 0.5, convention="mmdet"),
-            roiops.prroi_pool(f, boxes, 2, 0.5),
-            roiops.ps_roi_align(f, boxes, 2, 0.5, 2),  # 4 channels = 1 x 2 x 2
-            roiops.ps_roi_pool(f, boxes, 2, 0.5),
-        ], dim=1)
+        f = self.conv(x)  # 4 channels: 1 x 2 x 2 for a position-sensitive op
+        rotated = _rotated(boxes)
+        return torch.cat([spec.function(f, rotated if spec.boxes == "rotated" else boxes, 2, 0.5, **options)
+                          for spec in SPECS for options in spec.options], dim=1)
 
 
 @pytest.fixture(scope="module")
@@ -49,10 +49,12 @@ def exported():
 
 
 def test_graph_holds_the_roiops_ops(exported):
+    """Every registered forward op is in the graph, as one node per call."""
     _, ep = exported
-    targets = {str(n.target) for n in ep.graph.nodes if n.op == "call_function"}
-    for name in ("roi_align", "roi_align_max", "roi_pool", "prroi_pool", "ps_roi_align", "ps_roi_pool"):
-        assert f"roiops.{name}.default" in targets
+    targets = [str(n.target) for n in ep.graph.nodes if n.op == "call_function"]
+    forward = {k.ops()["forward"] for spec in SPECS for k in spec.kernels}
+    assert forward == {t.split(".")[1] for t in targets if t.startswith("roiops.")}
+    assert sum(t.startswith("roiops.") for t in targets) == sum(len(spec.options) for spec in SPECS)
 
 
 @pytest.mark.parametrize("k", [0, 1, 6, 13])

@@ -16,6 +16,7 @@ import torch
 from torch.export import Dim
 
 import roiops
+from roiops.ops import SPECS
 from boxes import nasty_boxes, nasty_coordinates, random_boxes
 from roiops import _geometry as geometry
 from roiops.compat import torchvision as tv
@@ -197,19 +198,42 @@ def test_export_refuses_what_it_cannot_do():
         roiops_onnx.translation_table(align_avg="RoiAlignMax")  # type: ignore[arg-type]
 
 
-def test_export_refuses_prroi_pool_naming_it():
+@pytest.mark.parametrize("spec", [s for s in SPECS if any(k.onnx is not None for k in s.kernels)],
+                         ids=lambda s: s.name)
+def test_export_refuses_what_onnx_lacks_naming_the_op(spec):
+    """An op whose spec says ONNX lacks it (Kernels.onnx) is refused with an error that
+    names the public function called and what ONNX lacks; its option sets are exported
+    until each of its refused ops has been met."""
     class Head(torch.nn.Module):
-        def forward(self, x: torch.Tensor, boxes: torch.Tensor) -> torch.Tensor:
-            return roiops.prroi_pool(x, boxes, OUT, SCALE)
+        def __init__(self, options: dict) -> None:
+            super().__init__()
+            self.options = options
 
-    with pytest.raises(Exception) as info:
-        roiops_onnx.export(Head().eval(), _example())
-    chain, e = [], info.value
-    while e is not None:
-        chain.append(str(e))
-        e = e.__cause__ or e.__context__
-    assert any("roiops.prroi_pool cannot be exported to ONNX: ONNX has no Precise RoI Pooling operator" in m
-               for m in chain), chain
+        def forward(self, x: torch.Tensor, boxes: torch.Tensor) -> torch.Tensor:
+            return spec.function(x, boxes, OUT, SCALE, **self.options)
+
+    x, boxes = _example()
+    x = x.repeat(1, OUT[0] * OUT[1], 1, 1)  # a multiple of the bins, for a position-sensitive op
+    if spec.boxes == "rotated":  # (batch_index, cx, cy, w, h, angle)
+        boxes = torch.cat([boxes[:, :1], (boxes[:, 1:3] + boxes[:, 3:]) / 2, boxes[:, 3:] - boxes[:, 1:3],
+                           torch.full_like(boxes[:, :1], 30.0)], dim=1)
+    messages = {f"roiops.{spec.name} cannot be exported to ONNX: ONNX has no {k.onnx} operator"
+                for k in spec.kernels if k.onnx is not None}
+    met: set[str] = set()
+    for options in spec.options:
+        try:
+            roiops_onnx.export(Head(options).eval(), (x, boxes))
+        except Exception as error:
+            chain, e = [], error
+            while e is not None:
+                chain.append(str(e))
+                e = e.__cause__ or e.__context__
+            found = {m for m in messages if any(m in text for text in chain)}
+            assert found, chain
+            met |= found
+        if met == messages:
+            break
+    assert met == messages
 
 
 def test_translation_table_with_torch_onnx_export():

@@ -557,3 +557,88 @@ def test_triton_huge_boxes_cost_what_they_cover():
         torch.testing.assert_close(gi.cpu(), ref_gi, **close)
     torch.testing.assert_close(rt.prroi_pool_rois_backward(_on_device(g), xd, rd, SCALE, 2, 2).cpu(),
                                ref.prroi_pool_rois_backward(g, x, rois, SCALE, 2, 2), **close)
+
+
+
+# ----------------------------------------------------------------------------- on a GPU
+# The compiled Triton kernels at realistic sizes (moved from tests/test_gpu.py; the helpers
+# are tests/gpu_cases.py). Skipped without a CUDA GPU.
+
+import gpu_cases as gpu  # noqa: E402
+
+
+@gpu.on_gpu
+@pytest.mark.parametrize("cl", [False, True], ids=["nchw", "cl"])
+@pytest.mark.parametrize("dtype", [gpu.F32, gpu.F64])
+def test_prroi_pool_on_cuda_against_cpu_kernels_and_reference(dtype, cl):
+    """Precise RoI Pooling on C = 256 maps: forward, both input-gradient paths and the box
+    gradient. float64 against the reference; float32 against the C++ kernels, which
+    compute the windows' weights with the same arithmetic (the float32 reference takes
+    differences of the hat's antiderivative, which lose digits on short windows far from
+    the origin: docs/semantics.md)."""
+    from roiops import reference as REF
+
+    rt = gpu.triton_kernels()
+    N, C, cuda, close = gpu.N, gpu.C, gpu.cuda, gpu.close
+    scale, H, W = gpu.LEVELS[1]
+    x = gpu.feature_map(H, W, dtype, cl, seed=28)
+    rois = gpu.gpu_boxes(scale, H, W, 7, 7, seed=29, k_random=24).to(dtype)
+    g = gpu.random_grad((rois.shape[0], C, 7, 7), dtype, seed=30)
+    if dtype == gpu.F64:
+        want = (REF.prroi_pool_forward(x, rois, scale, 7, 7),
+                REF.prroi_pool_backward(g, rois, scale, 7, 7, N, C, H, W, cl),
+                REF.prroi_pool_rois_backward(g, x, rois, scale, 7, 7))
+    else:
+        import roiops._C as cpp
+
+        want = (cpp.prroi_pool_forward(x, rois, scale, 7, 7),
+                cpp.prroi_pool_backward(g, rois, scale, 7, 7, N, C, H, W, cl),
+                cpp.prroi_pool_rois_backward(g, x, rois, scale, 7, 7))
+    out = rt.prroi_pool_forward(cuda(x), cuda(rois), scale, 7, 7)
+    close(out.cpu(), want[0], dtype)
+    for gi in gpu.both_backwards(lambda d: rt.prroi_pool_backward(cuda(g), cuda(rois), scale, 7, 7, N, C, H, W, cl,
+                                                                  deterministic=d)):
+        close(gi, want[1], dtype)
+    gr = rt.prroi_pool_rois_backward(cuda(g), cuda(x), cuda(rois), scale, 7, 7).cpu()
+    # A box's four derivatives each sum C x 49 terms, in another order on each side.
+    scale_row = want[2].abs().amax(dim=1, keepdim=True)
+    torch.testing.assert_close(gr / scale_row.clamp(min=1e-30), want[2] / scale_row.clamp(min=1e-30), **gpu.tol(dtype))
+
+
+# ----------------------------------------------------------------------------- mmcv drop-in
+# roiops.compat.mmcv's PrRoIPool and prroi_pool (moved from tests/test_compat.py).
+
+def test_mmcv_prroi_pool_signatures_and_repr():
+    import inspect
+
+    from roiops.compat import mmcv
+
+    params = lambda fn: [(p.name, p.default) for p in inspect.signature(fn).parameters.values()]  # noqa: E731
+    empty = inspect.Parameter.empty
+    assert params(mmcv.prroi_pool) == [("input", empty), ("rois", empty), ("output_size", empty),
+                                       ("spatial_scale", 1.0)]
+    assert params(mmcv.PrRoIPool.__init__) == [("self", empty), ("output_size", empty), ("spatial_scale", 1.0)]
+    assert repr(mmcv.PrRoIPool(7, 1 / 16)) == "PrRoIPool(output_size=(7, 7), spatial_scale=0.0625)"
+    with pytest.raises(ValueError, match="spatial_scale"):
+        mmcv.PrRoIPool(7, -1.0)
+    with pytest.raises(ValueError, match="output_size"):
+        mmcv.prroi_pool(torch.zeros(1, 1, 4, 4), torch.zeros(1, 5), (2, 0))
+
+
+@pytest.mark.parametrize("backend", ["reference", "cpu", "triton"])
+def test_mmcv_prroi_pool_published_case_with_rois_gradient(backend):
+    """mmcv's own test: a 2 x 2 map, rois (0, 0, 0, 1, 1), 2 x 2 bins, upstream gradient of
+    ones. On [0, 1]^2 the map interpolates to 1 + x + 2y, so a bin's value is its centre's
+    and the sum of the four is 4 + 2 (x1 + x2) + 4 (y1 + y2)."""
+    from roiops.compat import mmcv
+
+    x = torch.tensor([[[[1.0, 2.0], [3.0, 4.0]]]], requires_grad=True)
+    rois = torch.tensor([[0.0, 0.0, 0.0, 1.0, 1.0]], requires_grad=True)
+    with roiops.use_backend(backend):
+        for layer in (lambda a, b: mmcv.prroi_pool(a, b, 2), mmcv.PrRoIPool((2, 2))):
+            x.grad = rois.grad = None
+            out = layer(x, rois)
+            assert out.tolist() == [[[[1.75, 2.25], [2.75, 3.25]]]]
+            out.sum().backward()
+            assert x.grad.tolist() == [[[[1.0, 1.0], [1.0, 1.0]]]]
+            assert rois.grad.tolist() == [[0.0, 2.0, 4.0, 2.0, 4.0]]

@@ -460,3 +460,49 @@ def test_triton_huge_boxes_visit_only_samples_near_the_map(monkeypatch):
             assert torch.equal(t_grad.cpu(), grad)
         else:
             close(t_grad.cpu(), grad, torch.float32)
+
+
+
+# ----------------------------------------------------------------------------- on a GPU
+# The compiled Triton kernels at realistic sizes (moved from tests/test_gpu.py; the helpers
+# are tests/gpu_cases.py). Skipped without a CUDA GPU.
+
+import gpu_cases as gpu  # noqa: E402
+
+# R-FCN's head on the stride-16 map of a 600x800 image: 7x7 bins of 21 classes.
+R_FCN = (1 / 16, 38, 50)
+R_FCN_C = 21 * 49
+PS_ON_GPU = {"align-adaptive": lambda t, b, s: roiops.ps_roi_align(t, b, 7, s, 0),
+             "align-2": lambda t, b, s: roiops.ps_roi_align(t, b, 7, s, 2),
+             "pool": lambda t, b, s: roiops.ps_roi_pool(t, b, 7, s)}
+
+
+@gpu.on_gpu
+@pytest.mark.parametrize("cl", [False, True], ids=["nchw", "cl"])
+@pytest.mark.parametrize("dtype", [gpu.F32, gpu.F64])
+@pytest.mark.parametrize("op", list(PS_ON_GPU))
+def test_position_sensitive_on_cuda_equal_cpu_kernels(op, dtype, cl, monkeypatch):
+    """The R-FCN head: forward and the deterministic backward equal the C++ kernels bit for
+    bit (the same arithmetic in the same order; the tests above hold those to
+    torchvision), the atomic backward within rounding; and the PSRoIAlign forward with a
+    fixed grid equals torchvision's CPU kernel itself."""
+    scale, H, W = R_FCN
+    g = torch.Generator().manual_seed(20)
+    x = torch.randn(gpu.N, R_FCN_C, H, W, generator=g).to(dtype)
+    x = x.contiguous(memory_format=torch.channels_last) if cl else x
+    rois = gpu.gpu_boxes(scale, H, W, 7, 7, seed=21).to(dtype)
+    grad = gpu.random_grad((rois.shape[0], R_FCN_C // 49, 7, 7), dtype, seed=22)
+    fn = lambda t, b: PS_ON_GPU[op](t, b, scale)  # noqa: E731
+    ref_out, ref_grad = gpu.api_forward_backward(fn, x, rois, grad)
+    for deterministic in (False, True):
+        monkeypatch.setattr(roiops.config, "deterministic_backward", deterministic)
+        out, gi = gpu.api_forward_backward(fn, gpu.cuda(x), gpu.cuda(rois), grad)
+        gpu.exact(out, ref_out, f"ps {op} forward")
+        if deterministic:
+            gpu.exact(gi, ref_grad, f"ps {op} deterministic backward")
+        else:
+            gpu.close(gi, ref_grad, dtype)
+    if op == "align-2":
+        import torchvision
+
+        gpu.exact(out, torchvision.ops.ps_roi_align(x, rois, 7, scale, 2).contiguous(), "ps align vs torchvision")

@@ -374,3 +374,70 @@ def test_onnx_export_refuses_with_the_op_named():
         chain.append(str(e))
         e = e.__cause__ or e.__context__
     assert any("roiops.roi_align_rotated cannot be exported to ONNX" in m for m in chain)
+
+
+
+# ----------------------------------------------------------------------------- on a GPU
+# The compiled Triton kernels at realistic sizes (moved from tests/test_gpu.py; the helpers
+# are tests/gpu_cases.py). Skipped without a CUDA GPU.
+
+import gpu_cases as gpu  # noqa: E402
+
+
+def gpu_rotated_rois(scale: float, H: int, W: int, seed: int) -> torch.Tensor:
+    """[K, 6] (batch, cx, cy, w, h, degrees): gpu_cases.gpu_boxes' boxes (their awkward
+    sizes and places), turned by quarter, half and whole turns (whose cosines and sines
+    round near 0 and 1) and by other angles."""
+    b = gpu.gpu_boxes(scale, H, W, 7, 7, seed, k_random=24).double()
+    angles = torch.tensor([0.0, 90.0, 180.0, -90.0, 45.0, -30.5, 12.25, 270.0, 360.0, 135.0, -179.75])
+    angle = angles[torch.arange(b.shape[0]) % len(angles)].double()
+    return torch.stack([b[:, 0], (b[:, 1] + b[:, 3]) / 2, (b[:, 2] + b[:, 4]) / 2, b[:, 3] - b[:, 1],
+                        b[:, 4] - b[:, 2], angle], dim=1)
+
+
+@gpu.on_gpu
+@pytest.mark.parametrize("cl", [False, True], ids=["nchw", "cl"])
+@pytest.mark.parametrize("dtype", [gpu.F32, gpu.F64])
+@pytest.mark.parametrize("sr,aligned", [(2, True), (0, False)])
+def test_rotated_on_cuda_against_reference(sr, aligned, dtype, cl):
+    """Rotated RoIAlign on C = 256 maps: forward, atomic and deterministic backward against
+    the reference; the deterministic one repeats bit for bit."""
+    from roiops import reference as REF
+
+    rt = gpu.triton_kernels()
+    N, C, cuda, close = gpu.N, gpu.C, gpu.cuda, gpu.close
+    scale, H, W = gpu.LEVELS[1]
+    x = gpu.feature_map(H, W, dtype, cl, seed=23)
+    deg = gpu_rotated_rois(scale, H, W, seed=24).to(dtype)
+    rad = torch.cat([deg[:, :5], torch.deg2rad(deg[:, 5:].double()).to(dtype)], dim=1)
+    out = rt.roi_align_rotated_forward(cuda(x), cuda(rad), scale, 7, 7, sr, aligned)
+    assert out.is_contiguous(memory_format=torch.channels_last if cl else torch.contiguous_format)
+    close(out.cpu(), REF.roi_align_rotated_forward(x, rad, scale, 7, 7, sr, aligned), dtype)
+    g = gpu.random_grad(out.shape, dtype, seed=25)
+    ref_gi = REF.roi_align_rotated_backward(g, rad, scale, 7, 7, N, C, H, W, sr, aligned, cl)
+    for gi in gpu.both_backwards(lambda d: rt.roi_align_rotated_backward(cuda(g), cuda(rad), scale, 7, 7, N, C, H,
+                                                                         W, sr, aligned, cl, deterministic=d)):
+        close(gi, ref_gi, dtype)
+    # The public function in degrees, against the C++ kernels.
+    fn = lambda t, b: roiops.roi_align_rotated(t, b, 7, scale, sr, aligned)  # noqa: E731
+    cpu_out, cpu_gi = gpu.api_forward_backward(fn, x, deg, g)
+    gpu_out, gpu_gi = gpu.api_forward_backward(fn, cuda(x), cuda(deg), g)
+    close(gpu_out, cpu_out, dtype)
+    close(gpu_gi, cpu_gi, dtype)
+
+
+@gpu.on_gpu
+def test_rotated_on_cuda_at_angle_zero_is_roi_align():
+    """Angle 0 pools the axis-aligned box as roi_align(aligned=True) does. The two compute
+    the sample positions in different orders, so in float64, where that rounding is far
+    below the tolerance (coordinates up to 10^3 cells)."""
+    cuda = gpu.cuda
+    scale, H, W = gpu.LEVELS[0]
+    x = cuda(gpu.feature_map(H, W, gpu.F64, True, seed=26))
+    rois = gpu_rotated_rois(scale, H, W, seed=27)
+    rois[:, 5] = 0
+    rois = rois[(rois[:, 3] > 0) & (rois[:, 4] > 0)]  # roi_align pools inverted boxes as 1-cell ones
+    axis = torch.stack([rois[:, 0], rois[:, 1] - rois[:, 3] / 2, rois[:, 2] - rois[:, 4] / 2,
+                        rois[:, 1] + rois[:, 3] / 2, rois[:, 2] + rois[:, 4] / 2], dim=1)
+    torch.testing.assert_close(roiops.roi_align_rotated(x, cuda(rois), 7, scale, 2).cpu(),
+                               roiops.roi_align(x, cuda(axis), 7, scale, 2, True).cpu(), rtol=1e-10, atol=1e-10)

@@ -6,8 +6,10 @@ torchvision itself."""
 
 from __future__ import annotations
 
+import inspect
 import warnings
 from collections import OrderedDict
+from types import FunctionType
 
 import pytest
 import torch
@@ -23,6 +25,7 @@ from roiops.compat import maskrcnn_benchmark as mrb
 from roiops.compat import mmcv, mmdet
 from roiops.compat import simple_faster_rcnn as sfr
 from roiops.compat import torchvision as tv
+from roiops.ops import SPECS
 
 # torch.jit.script is deprecated (a FutureWarning on each call) but still what scripted
 # deployments of torchvision's detection models use.
@@ -52,19 +55,57 @@ def _script(fn):
         return torch.jit.script(fn)
 
 
+# ---- the operators and the drop-ins, from their declarations -----------------------------
+
+OPS = {spec.name: spec for spec in SPECS}
+COMPAT = (d2, frp, mrb, mmcv, mmdet, sfr, tv)
+# Whether torchvision computes what roiops computes, by operator (its bench peer's claim):
+# PSRoIPool's torchvision forward leaves out a bin's last row (docs/semantics.md).
+SAME_AS_TORCHVISION = {b.key: b.peer.same_result for spec in SPECS for b in spec.bench
+                       if b.peer is not None and b.peer.module == "torchvision"}
+# A drop-in's arguments after the map and the boxes, by parameter name.
+FILL = {"output_size": 2, "out_size": 2, "aligned_height": 2, "aligned_width": 2, "pooled_height": 2,
+        "pooled_width": 2, "outh": 2, "outw": 2, "spatial_scale": 0.5, "sampling_ratio": 2}
+
+
+def _public(module, kind):
+    """A drop-in module's public functions (``kind`` function) or classes (``kind`` type)."""
+    return [getattr(module, name) for name in module.__all__ if isinstance(getattr(module, name), kind)]
+
+
+def _fill(fn) -> dict:
+    return {name: FILL[name] for name in inspect.signature(fn).parameters if name in FILL}
+
+
+def _rotated_drop_in(fn) -> bool:
+    """A drop-in for an operator on rotated boxes: named after one (any case)."""
+    return fn.__name__.lower() in {n.lower() for spec in SPECS if spec.boxes == "rotated"
+                                   for n in (spec.name, spec.module.__name__)}
+
+
+def _takes_lists(fn) -> bool:
+    """The function takes a per-image list of boxes too (torchvision's signature)."""
+    boxes = list(inspect.signature(fn).parameters.values())[1]
+    return "list" in str(boxes.annotation)
+
+
 # ---- TorchScript -------------------------------------------------------------------------
 
-SCRIPTED = [("roi_align", (3, 0.5, 2, True)), ("roi_align", ((2, 3), 0.5, -1, False)), ("roi_pool", ([3, 2], 0.5)),
-            ("ps_roi_align", (2, 0.5, 2)), ("ps_roi_pool", (2, 0.5))]
+# Every torchvision function with each output size form: (output_size, spatial_scale,
+# sampling_ratio, aligned), as far as the function takes them.
+SCRIPTED = [(fn.__name__, args[:len(inspect.signature(fn).parameters) - 2]) for fn in _public(tv, FunctionType)
+            for args in ((3, 0.5, 2, True), ((2, 3), 0.5, -1, False), ([3, 2], 0.5, 0, True))]
 
 
 @pytest.mark.parametrize("name, args", SCRIPTED)
 def test_torchvision_functions_script_and_equal_torchvision(name, args):
     ours, theirs = getattr(tv, name), getattr(torchvision.ops, name)
     scripted = _script(ours)
-    x, rois = _maps(), _rois()
+    size = args[0] if isinstance(args[0], (tuple, list)) else (args[0], args[0])
+    # a position-sensitive op reads size[0] x size[1] channels per output channel
+    x, rois = _maps(2 * size[0] * size[1] if OPS[name].position_sensitive else 8), _rois()
     expected = ours(x, rois, *args)
-    if name != "ps_roi_pool":  # torchvision's forward leaves out a bin's last row (docs/semantics.md)
+    if SAME_AS_TORCHVISION[name]:
         assert torch.equal(theirs(x, rois, *args), expected)
     for boxes in (rois, _per_image(rois)):
         assert torch.equal(scripted(x, boxes, *args), expected)
@@ -88,12 +129,11 @@ def test_scripted_gradient_equals_eager_and_the_boxes_get_none():
 def test_torchvision_modules_script(module):
     scripted = _script(module)
     x, rois = _maps(), _rois()
-    peer = getattr(torchvision.ops, type(module).__name__)(*[getattr(module, a) for a in (
-        ("output_size", "spatial_scale", "sampling_ratio", "aligned") if isinstance(module, tv.RoIAlign) else
-        ("output_size", "spatial_scale", "sampling_ratio") if isinstance(module, tv.PSRoIAlign) else
-        ("output_size", "spatial_scale"))])
+    peer = getattr(torchvision.ops, type(module).__name__)(
+        *[getattr(module, a) for a in inspect.signature(type(module)).parameters])
     assert torch.equal(scripted(x, _per_image(rois)), module(x, rois))
-    if not isinstance(module, tv.PSRoIPool):  # torchvision's forward leaves out a bin's last row
+    (spec,) = (s for s in SPECS if s.module.__name__ == type(module).__name__)
+    if SAME_AS_TORCHVISION[spec.name]:  # not PSRoIPool: torchvision's forward leaves out a bin's last row
         assert torch.equal(scripted(x, rois), peer(x, rois))
 
 
@@ -195,53 +235,43 @@ def _rotated(rois: torch.Tensor) -> torch.Tensor:
                         torch.linspace(-1, 1, len(rois))], 1)
 
 
-# (function, its arguments after the map and the boxes, box form)
-LEAVES = [
-    (roiops.roi_align, (3, 0.5, 2, True, "max"), "rois"),
-    (roiops.roi_pool, (3, 0.5), "list"),
-    (roiops.roi_align_rotated, (3, 0.5, 2), "rotated"),
-    (roiops.ps_roi_align, (2, 0.5, 2), "rois"),
-    (roiops.ps_roi_pool, (2, 0.5), "rois"),
-    (roiops.prroi_pool, (3, 0.5), "rois"),
-    (roiops.multi_scale_roi_align, (3, [0.5, 0.25], 2), "levels"),
-    (tv.roi_align, (3, 0.5, 2), "list"),
-    (tv.roi_pool, (3, 0.5), "rois"),
-    (tv.ps_roi_align, (2, 0.5, 2), "rois"),
-    (tv.ps_roi_pool, (2, 0.5), "list"),
-    (mmcv.roi_align, (3, 0.5), "rois"),
-    (mmcv.roi_pool, (3, 0.5), "rois"),
-    (mmcv.roi_align_rotated, (3, 0.5), "rotated"),
-    (mmcv.prroi_pool, (3, 0.5), "rois"),
-    (mrb.roi_align, (3, 0.5, 2), "rois"),
-    (mrb.roi_pool, (3, 0.5), "rois"),
-    (mmdet.roi_pool, (3, 0.5), "rois"),
-    (frp.roi_align_corners, (3, 3, 0.5), "rois"),
-]
+def _forms(rotated: bool, lists: bool) -> tuple[str, ...]:
+    boxes = "rotated" if rotated else "rois"
+    return (boxes, f"{boxes} list") if lists else (boxes,)
+
+
+# (function, its arguments after the map and the boxes, its keyword arguments, box form):
+# every operator with each of its option sets (a position-sensitive one reads the 8
+# channels as 2 x 2 x 2), FPN RoIAlign, and every function of the drop-ins.
+LEAVES = [pytest.param(spec.function, (2, 0.5), options, form, id=f"roiops.{spec.name}-{i}-{form}")
+          for spec in SPECS for i, options in enumerate(spec.options)
+          for form in _forms(spec.boxes == "rotated", True)]
+LEAVES.append(pytest.param(roiops.multi_scale_roi_align, (3, [0.5, 0.25], 2), {}, "levels", id="multi_scale_roi_align"))
+LEAVES += [pytest.param(fn, (), _fill(fn), form, id=f"{fn.__module__}.{fn.__name__}-{form}")
+           for fn in dict.fromkeys(fn for module in COMPAT for fn in _public(module, FunctionType))
+           for form in _forms(_rotated_drop_in(fn), _takes_lists(fn))]
 
 
 class _Call(nn.Module):
-    def __init__(self, fn, args):
+    def __init__(self, fn, args, kwargs=None):
         super().__init__()
-        self.fn, self.args = fn, args
+        self.fn, self.args, self.kwargs = fn, args, kwargs or {}
 
     def forward(self, x, boxes):
-        return self.fn(x, boxes, *self.args)
+        return self.fn(x, boxes, *self.args, **self.kwargs)
 
 
 def _inputs(form: str):
     x, rois = _maps(), _rois()
-    if form == "rotated":
-        return x, _rotated(rois)
-    if form == "list":
-        return x, _per_image(rois)
     if form == "levels":
         return [x, _maps(seed=5)[..., :8, :10]], rois
-    return x, rois
+    boxes = _rotated(rois) if form.startswith("rotated") else rois
+    return x, _per_image(boxes) if form.endswith("list") else boxes
 
 
-@pytest.mark.parametrize("fn, args, form", LEAVES, ids=lambda p: f"{p.__module__}.{p.__name__}" if callable(p) else "")
-def test_every_public_function_is_one_fx_node(fn, args, form):
-    module = _Call(fn, args)
+@pytest.mark.parametrize("fn, args, kwargs, form", LEAVES)
+def test_every_public_function_is_one_fx_node(fn, args, kwargs, form):
+    module = _Call(fn, args, kwargs)
     traced = torch.fx.symbolic_trace(module)
     calls = [n for n in traced.graph.nodes if n.op not in ("placeholder", "output", "get_attr")]
     assert [(n.op, n.target) for n in calls] == [("call_function", fn)]
@@ -249,14 +279,22 @@ def test_every_public_function_is_one_fx_node(fn, args, form):
     assert torch.equal(traced(x, boxes), module(x, boxes))
 
 
+# The drop-ins' layers that take a map and boxes (not torchvision's MultiScaleRoIAlign,
+# which takes the levels and image sizes, nor LevelMapper); faster-rcnn.pytorch's
+# RoIAlignAvg and RoIAlignMax pool the aligned output once more, as that project's do.
+LAYERS = [cls for cls in dict.fromkeys(cls for module in COMPAT for cls in _public(module, type))
+          if issubclass(cls, nn.Module) and len(inspect.signature(cls.forward).parameters) == 3]
+POOLED_AFTER = (frp.RoIAlignAvg, frp.RoIAlignMax)
+
+
 @pytest.mark.parametrize("layer", [
-    tv.RoIAlign(5, 1.0, -1), tv.RoIPool(3, 1.0), tv.PSRoIAlign(2, 1.0, 2), tv.PSRoIPool(2, 1.0),
-    roiops.RoIAlign(3, 0.5), roiops.PSRoIPool(2, 0.5), roiops.PrRoIPool(3, 0.5), mmcv.RoIAlign(3), mmcv.RoIPool(3),
-    mmcv.PrRoIPool(3), d2.ROIAlign(3, 0.5, 2), mrb.ROIAlign(3, 0.5, 2), mrb.ROIPool(3, 0.5), mmdet.RoIPool(3, 0.5),
-    frp.RoIAlign(3, 3, 0.5), frp.RoIPool(3, 3, 0.5), sfr.RoIPooling2D(3, 3, 0.5)], ids=lambda m: type(m).__module__)
+    tv.RoIAlign(5, 1.0, -1), tv.PSRoIAlign(2, 1.0, 2),
+    *(spec.module(2, 0.5, **options) for spec in SPECS for options in spec.options),
+    *(cls(**_fill(cls)) for cls in LAYERS)], ids=lambda m: f"{type(m).__module__}.{type(m).__name__}")
 def test_layers_trace_to_one_node_per_op(layer):
     """torchvision's own op tester: a module holding the layer traces to its inputs and
-    one node (get_graph_node_names); the GraphModule computes the same."""
+    one node per op (get_graph_node_names); the GraphModule computes the same. Every
+    operator's Module with each of its option sets, and every drop-in layer."""
     from torchvision.models.feature_extraction import get_graph_node_names
 
     class Wrapper(nn.Module):
@@ -268,8 +306,8 @@ def test_layers_trace_to_one_node_per_op(layer):
             return self.layer(a, b)
 
     train_nodes, eval_nodes = get_graph_node_names(Wrapper())
-    assert len(train_nodes) == len(eval_nodes) == 3
-    x, rois = _maps(), _rois()
+    assert len(train_nodes) == len(eval_nodes) == 3 + isinstance(layer, POOLED_AFTER)
+    x, rois = _inputs("rotated" if _rotated_drop_in(type(layer)) else "rois")
     assert torch.equal(torch.fx.symbolic_trace(Wrapper())(x, rois), layer(x, rois))
 
 
@@ -298,11 +336,10 @@ def test_create_feature_extractor_on_a_model_with_roi_align():
 # ---- exception types -----------------------------------------------------------------------
 
 def test_malformed_boxes_raise_what_torchvision_raises():
-    x = torch.linspace(1, 64, 64).reshape(1, 1, 8, 8)
-    calls = [(f, (x, torch.tensor([[0.0, 0, 3, 3]]), (2, 2))) for f in ("roi_align", "roi_pool")]
-    calls += [(f, (x, [torch.tensor([[0.0, 0, 3]])], (2, 2))) for f in ("roi_align", "roi_pool")]
-    calls += [(f, (torch.rand(1, 4, 8, 8), torch.tensor([[0.0, 0, 3, 3]]), (2, 2)))
-              for f in ("ps_roi_align", "ps_roi_pool")]
+    """Every torchvision function, given boxes of 4 columns and a list of 3-column boxes."""
+    x = torch.linspace(1, 256, 256).reshape(1, 4, 8, 8)  # 4 channels: 1 x 2 x 2 bins for a position-sensitive op
+    calls = [(fn.__name__, (x, boxes, (2, 2))) for fn in _public(tv, FunctionType)
+             for boxes in (torch.tensor([[0.0, 0, 3, 3]]), [torch.tensor([[0.0, 0, 3]])])]
     for name, args in calls:
         with pytest.raises(AssertionError):
             getattr(torchvision.ops, name)(*args)
@@ -316,49 +353,58 @@ def test_malformed_boxes_raise_what_torchvision_raises():
 
 def test_position_sensitive_ops_check_the_boxes_before_the_channels():
     x = torch.rand(1, 3, 8, 8)  # 3 channels: not a multiple of 2 * 2
-    for fn in (roiops.ps_roi_align, roiops.ps_roi_pool):
+    functions = [spec.function for spec in SPECS if spec.position_sensitive]
+    assert functions
+    for fn in functions:
         with pytest.raises(ValueError, match="boxes must have shape"):
             fn(x, torch.tensor([[0.0, 0, 3, 3]]), 2)
         with pytest.raises(ValueError, match="not a multiple"):
             fn(x, torch.tensor([[0.0, 0, 0, 3, 3]]), 2)
 
 
+# The drop-ins of detectron2 and mmcv whose peer asserts the boxes' shape.
+ASSERTING = (d2.ROIAlign, d2.ROIAlignRotated, d2.roi_align, mmcv.roi_align, mmcv.RoIAlign, mmcv.roi_pool, mmcv.RoIPool)
+
+
 def test_detectron2_and_mmcv_drop_ins_assert_the_box_shape_as_their_peers():
+    """Every function and layer of the two: an AssertionError (and roiops' ValueError) where
+    the peer asserts the shape; the others (mmcv's rotated and Precise RoI Pooling) assert
+    nothing: roiops' ValueError alone."""
     x, bad = _maps(), torch.rand(3, 4)
-    for call in (lambda: d2.ROIAlign(3, 0.5, 2)(x, bad), lambda: d2.ROIAlignRotated(3, 0.5, 2)(x, bad),
-                 lambda: mmcv.roi_align(x, bad, 3), lambda: mmcv.RoIAlign(3)(x, bad), lambda: mmcv.roi_pool(x, bad, 3),
-                 lambda: mmcv.RoIPool(3)(x, bad)):
-        with pytest.raises(AssertionError) as error:
-            call()
-        assert isinstance(error.value, ValueError)
-    # mmcv's rotated and Precise RoI Pooling layers assert nothing: roiops' ValueError alone.
-    for call in (lambda: mmcv.roi_align_rotated(x, bad, 3), lambda: mmcv.prroi_pool(x, bad, 3)):
-        with pytest.raises(ValueError) as error:
-            call()
-        assert not isinstance(error.value, AssertionError)
+    drop_ins = list(dict.fromkeys(obj for module in (d2, mmcv)
+                                  for obj in (*_public(module, FunctionType), *_public(module, type))))
+    assert set(ASSERTING) < set(drop_ins)
+    for obj in drop_ins:
+        call = obj(**_fill(obj)) if isinstance(obj, type) else lambda a, b, fn=obj: fn(a, b, **_fill(fn))
+        if obj in ASSERTING:
+            with pytest.raises(AssertionError) as error:
+                call(x, bad)
+            assert isinstance(error.value, ValueError)
+        else:
+            with pytest.raises(ValueError) as error:
+                call(x, bad)
+            assert not isinstance(error.value, AssertionError), obj
 
 
 # ---- quantized tensors ---------------------------------------------------------------------
 
-def _quantized_cases():
-    x, rois = _maps(4), _rois()
+def _quantized_cases(rotated: bool = False):
+    x, rois = _maps(4), _rotated(_rois()) if rotated else _rois()
     qx = torch.quantize_per_tensor(x, 0.05, 0, torch.quint8)
     qrois = torch.quantize_per_tensor(rois, 0.125, 0, torch.qint32)
     return [(qx, rois, "input"), (x, qrois, "boxes"), (x, _per_image(qrois), "boxes\\[0\\]")]
 
 
-OPS = [(roiops.roi_align, (2, 0.5)), (roiops.roi_pool, (2, 0.5)), (roiops.ps_roi_align, (2, 0.5)),
-       (roiops.ps_roi_pool, (2, 0.5)), (roiops.prroi_pool, (2, 0.5))]
-
-
-@pytest.mark.parametrize("fn, args", OPS, ids=lambda p: getattr(p, "__name__", ""))
-def test_quantized_tensors_are_refused_clearly(fn, args):
-    for x, boxes, name in _quantized_cases():
+@pytest.mark.parametrize("spec", SPECS, ids=lambda spec: spec.name)
+def test_quantized_tensors_are_refused_clearly(spec):
+    for x, boxes, name in _quantized_cases(spec.boxes == "rotated"):
         with pytest.raises(ValueError, match=f"{name} is a quantized tensor .*PyTorch deprecates.*dequantize"):
-            fn(x, boxes, *args)
+            spec.function(x, boxes, 2, 0.5)
     qx = torch.quantize_per_tensor(_maps(), 0.05, 0, torch.qint8)
-    with pytest.raises(NotImplementedError, match="quantized"):  # also a ValueError
-        roiops.roi_align_rotated(qx, _rotated(_rois()), 2)
+    rois = _rotated(_rois()) if spec.boxes == "rotated" else _rois()
+    with pytest.raises(NotImplementedError, match="quantized") as error:
+        spec.function(qx, rois, 2)
+    assert isinstance(error.value, ValueError)
     for layer in (d2.ROIAlign(2, 0.5, 2), tv.RoIAlign(2, 0.5, 2), mmcv.RoIAlign(2, 0.5)):
         with pytest.raises(ValueError, match="input is a quantized tensor"):
             layer(qx, _rois())
@@ -380,7 +426,7 @@ def test_torchvision_drop_in_refuses_quantized_input_with_the_type_torchvision_r
         assert peer.type is ValueError
     with pytest.raises(NotImplementedError):
         torchvision.ops.roi_pool(qx, rois, 2)
-    for name in ("roi_align", "roi_pool", "ps_roi_align", "ps_roi_pool"):
+    for fn in _public(tv, FunctionType):
         with pytest.raises(ValueError, match="quantized") as error:
-            getattr(tv, name)(qx, rois, 2)
+            fn(qx, rois, 2)
         assert isinstance(error.value, NotImplementedError)

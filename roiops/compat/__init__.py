@@ -1,7 +1,8 @@
 """Drop-in classes with the signatures of the systems people port from.
 
 Each module mirrors one project's RoI layer API (class names, argument order,
-defaults, box format) and reproduces its numbers on top of roiops:
+defaults, box format) and reproduces its numbers on top of roiops; its ``__all__``
+names its classes and functions:
 
 - ``roiops.compat.maskrcnn_benchmark``: ``ROIAlign``, ``ROIPool``, ``roi_align``,
   ``roi_pool`` of facebookresearch/maskrcnn-benchmark (``maskrcnn_benchmark.layers``).
@@ -12,15 +13,15 @@ defaults, box format) and reproduces its numbers on top of roiops:
   chenyuntc/simple-faster-rcnn-pytorch.
 - ``roiops.compat.mmdet``: ``RoIPool`` and ``roi_pool`` of mmdetection v1
   (``mmdet.ops``), continuous-coordinate RoIPool.
-- ``roiops.compat.torchvision``: ``roi_align``, ``roi_pool``, ``RoIAlign``, ``RoIPool``,
-  ``MultiScaleRoIAlign`` (and ``LevelMapper``), ``ps_roi_align``, ``ps_roi_pool``,
-  ``PSRoIAlign``, ``PSRoIPool`` of ``torchvision.ops``, bit for bit (docs/semantics.md
-  has the two position-sensitive exceptions).
+- ``roiops.compat.torchvision``: the RoI layers and functions of ``torchvision.ops``
+  (RoIAlign, RoIPool, their position-sensitive versions, ``MultiScaleRoIAlign`` and
+  ``LevelMapper``), bit for bit (docs/semantics.md has the two position-sensitive
+  exceptions).
 - ``roiops.compat.detectron2``: ``ROIAlign`` (``aligned=True`` default), ``ROIAlignRotated``
   and ``roi_align`` of ``detectron2.layers``.
-- ``roiops.compat.mmcv``: ``RoIAlign``, ``RoIPool``, ``roi_align``, ``roi_pool`` of
-  ``mmcv.ops`` (RoIPool in mmcv's continuous convention); ``RoIAlignRotated`` and
-  ``roi_align_rotated``; ``PrRoIPool`` and ``prroi_pool`` (gradient to the boxes too).
+- ``roiops.compat.mmcv``: the RoI layers and functions of ``mmcv.ops``: RoIAlign,
+  RoIPool (in mmcv's continuous convention), rotated RoIAlign and Precise RoI Pooling
+  (gradient to the boxes too).
 
 The modules are imported on first use (``roiops.compat.mmdet``, or
 ``from roiops.compat import mmdet``) so that importing roiops does not pay for them.
