@@ -234,7 +234,7 @@ def result_row(case: Case, device: str, direction: str, roiops_s: float, peer: s
                peer_s: float | None, nbytes: int, peak_gbps: float | None, diff: float | None,
                peer_error: str | None) -> dict[str, Any]:
     gbps = nbytes / roiops_s / 1e9
-    return {"workload": case.workload.name, "op": case.workload.op, "device": device, "layout": case.layout,
+    return {"workload": case.workload.name, "device": device, "layout": case.layout,
             "dtype": case.dtype, "threads": case.threads, "direction": direction, "roiops_ms": 1e3 * roiops_s,
             "peer": peer, "peer_ms": None if peer_s is None else 1e3 * peer_s,
             "ratio": None if peer_s is None else peer_s / roiops_s, "max_diff": diff,

@@ -32,12 +32,17 @@ def _workload(name: str) -> bench.Workload:
     return found
 
 
+def _bench(row: dict) -> bench.Bench:
+    """The benchmark entry of a results row, through the workload it names."""
+    return bench.OPS[_workload(row["workload"]).op]
+
+
 def _check_results(out: Path, workloads: set[str], chart: bool = True) -> dict:
     data = json.loads((out / "results.json").read_text())
     rows = data["rows"]
     assert {r["workload"] for r in rows} == workloads
     assert {r["direction"] for r in rows} == {"forward", "backward"}
-    assert all(r["device"] == "cpu" and r["dtype"] == "float32" and r["peer"] == bench.OPS[r["op"]].peer.module
+    assert all(r["device"] == "cpu" and r["dtype"] == "float32" and r["peer"] == _bench(r).peer.module
                for r in rows)
     assert all(r["roiops_ms"] > 0 and r["peer_ms"] > 0 and r["gbps"] > 0 for r in rows)
     assert all(r["ratio"] == pytest.approx(r["peer_ms"] / r["roiops_ms"]) for r in rows)
@@ -45,7 +50,7 @@ def _check_results(out: Path, workloads: set[str], chart: bool = True) -> dict:
     # max workloads' peer is torchvision's average and the rotated ones' roiops' unrotated
     # RoIAlign, so there is nothing to compare (nor for PSRoIPool, whose torchvision forward
     # leaves out the map's last row and column)
-    assert all(r["max_diff"] == (0.0 if bench.OPS[r["op"]].peer.same_result else None) for r in rows)
+    assert all(r["max_diff"] == (0.0 if _bench(r).peer.same_result else None) for r in rows)
     meta = data["meta"]
     assert meta["complete"] is True
     assert meta["device"] == "cpu" and meta["cpu"] and meta["gpu"] is None
@@ -296,8 +301,8 @@ def test_result_row_ratio_bandwidth_and_peak():
     row = bench.result_row(case, "cuda", "forward", 1e-3, "torchvision", 3e-3, 2_000_000, 4.0, 0.5, None)
     assert row == {**row, "roiops_ms": 1.0, "peer_ms": 3.0, "ratio": 3.0, "gbps": 2.0, "pct_peak": 50.0,
                    "bytes": 2_000_000, "max_diff": 0.5, "device": "cuda", "dtype": "bfloat16",
-                   "workload": "box head train", "op": "roi_align", "layout": "NCHW", "direction": "forward"}
-    assert row["shape"] == {k: v for k, v in vars(case.workload).items() if k != "devices"}
+                   "workload": "box head train", "layout": "NCHW", "direction": "forward"}
+    assert row["shape"] == {k: v for k, v in vars(case.workload).items() if k not in ("devices", "op")}
     alone = bench.result_row(case, "cuda", "backward det", 2e-3, "torchvision", None, 2_000_000, None, None,
                              "no bfloat16")
     assert (alone["peer_ms"], alone["ratio"], alone["pct_peak"], alone["gbps"]) == (None, None, None, 1.0)
@@ -625,13 +630,13 @@ def test_benchmarks_md_tables_are_those_of_the_result_files(capsys):
         p.name for p in (ROOT / "benchmarks" / "results").glob("*.json")}
 
 
-def test_result_files_name_the_declared_operators_and_workloads():
-    """Every row of benchmarks/results/ names its operator by its Bench key (bench.OPS), the
-    one that declares the row's workload, in the row and in its recorded shape."""
-    declared = {w.name: w.op for w in bench.WORKLOADS}
+def test_result_files_name_declared_workloads():
+    """Every row of benchmarks/results/ names a declared workload (which names its operator)
+    with the workload's recorded shape."""
+    declared = {w.name: w.shape() for w in bench.WORKLOADS}
     for path in (ROOT / "benchmarks" / "results").glob("*.json"):
         rows = json.loads(path.read_text())["rows"]
         assert rows, path.name
         for r in rows:
-            assert r["op"] in bench.OPS and declared[r["workload"]] == r["op"], (path.name, r["workload"], r["op"])
-            assert "shape" not in r or r["shape"]["op"] == r["op"], (path.name, r["workload"])
+            assert r["workload"] in declared and "op" not in r, (path.name, r["workload"])
+            assert "shape" not in r or r["shape"] == declared[r["workload"]], (path.name, r["workload"])

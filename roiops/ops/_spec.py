@@ -76,8 +76,8 @@ class Workload:
     op: str = ""
 
     def shape(self) -> dict[str, Any]:
-        """What results.json records of the workload."""
-        return {k: v for k, v in asdict(self).items() if k != "devices"}
+        """What results.json records of the workload (its name names its op)."""
+        return {k: v for k, v in asdict(self).items() if k not in ("devices", "op")}
 
 
 @dataclass(frozen=True)
