@@ -15,6 +15,9 @@
 #include <array>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
+#include <optional>
+#include <string>
 #include <utility>
 
 namespace roiops {
@@ -78,22 +81,78 @@ inline std::pair<int64_t, int64_t> first_invalid(const at::Tensor& rois, int64_t
   return bad;
 }
 
-// Cheap checks of a direct op call; the Python layer has already given friendlier errors.
-// rois' shape is checked before anything reads its sizes.
-inline void check_args(const at::Tensor& rois, at::ScalarType input_type, int64_t height, int64_t width,
-                       double spatial_scale, int64_t pooled_height, int64_t pooled_width) {
-  TORCH_CHECK_VALUE(rois.dim() == 2 && rois.size(1) == 5, "roiops: rois must be [K, 5], got ", rois.sizes());
-  TORCH_CHECK_VALUE(at::isFloatingType(input_type), "roiops: input must be floating point");
-  TORCH_CHECK_VALUE(height > 0 && width > 0, "roiops: input height and width must be positive");
+// ---- Argument checks ------------------------------------------------------------------
+//
+// What a direct op call must refuse, read from shapes, dtypes, devices and scalars: the
+// checks of roiops/_kernel_checks.py (which the Triton and reference kernels run), in the
+// same order and with the same exception types and messages, so that every backend refuses
+// a bad call alike (tests/test_contract.py compares them). The map tensor is `input`, or
+// `grad` in a backward. The order: the map tensor; rois; batch size and channels (a
+// backward's), the map's height and width; the pooled size, spatial_scale, sampling_ratio;
+// position-sensitive channels (ps_out_channels); grad's shape (a box gradient's: its dtype
+// and device too); a saved argmax. Then check_cpu: these kernels take CPU tensors only.
+
+// A dtype as Python writes it ("torch.float32"), and a real as Python's f"{v:g}" does.
+inline std::string dtype_name(at::ScalarType t) {
+  return "torch." + std::string(c10::getDtypeNames(t).first);
+}
+
+inline std::string format_g(double v) {
+  if (std::isnan(v)) return "nan";  // C's %g writes a negative NaN as -nan
+  char buffer[32];
+  std::snprintf(buffer, sizeof(buffer), "%g", v);
+  return buffer;
+}
+
+// The map tensor: 4-D, floating point (ValueError), of a dtype the kernels have
+// (NotImplementedError: the float8 types).
+inline void check_map_tensor(const at::Tensor& t, const char* name) {
+  const bool grad = name[0] == 'g';
+  TORCH_CHECK_VALUE(t.dim() == 4, "roiops: ", name, " must be 4-D ",
+                    grad ? "[K, C, pooled_height, pooled_width]" : "[N, C, H, W]", ", got ", t.dim(), "-D");
+  const at::ScalarType s = t.scalar_type();
+  TORCH_CHECK_VALUE(at::isFloatingType(s), "roiops: ", name, " must be floating point, got ", dtype_name(s));
+  TORCH_CHECK_NOT_IMPLEMENTED(s == at::kHalf || s == at::kBFloat16 || s == at::kFloat || s == at::kDouble, "roiops: ",
+                              name, " dtype ", dtype_name(s),
+                              " is not implemented; expected float16, bfloat16, float32 or float64");
+}
+
+// rois: [K, 5] (or [K, 6], rotated), floating point, float64 for a float64 map (other
+// floating dtypes are converted to float32: opmath_rois), on the map's device.
+inline void check_rois_arg(const at::Tensor& rois, int64_t width, const at::Tensor& map, const char* map_name) {
+  TORCH_CHECK_VALUE(rois.dim() == 2 && rois.size(1) == width, "roiops: rois must be [K, ", width, "] (rows (",
+                    width == 6 ? "batch_index, cx, cy, w, h, theta" : "batch_index, x1, y1, x2, y2", ")), got ",
+                    rois.sizes());
+  const at::ScalarType s = rois.scalar_type();
+  TORCH_CHECK_VALUE(at::isFloatingType(s), "roiops: rois must be floating point, got ", dtype_name(s));
+  TORCH_CHECK_VALUE(s == at::kDouble || map.scalar_type() != at::kDouble, "roiops: rois must be float64 for a float64 ",
+                    map_name, ", got ", dtype_name(s));
+  TORCH_CHECK_VALUE(rois.device() == map.device(), "roiops: rois is on ", rois.device(), " but ", map_name, " is on ",
+                    map.device());
+}
+
+// A backward's batch size and channels.
+inline void check_batch_channels(int64_t N, int64_t C) {
+  TORCH_CHECK_VALUE(N >= 0 && C >= 0, "roiops: batch size and channels must be non-negative, got batch_size=", N,
+                    ", channels=", C);
+}
+
+inline void check_map_size(int64_t height, int64_t width) {
+  TORCH_CHECK_VALUE(height > 0 && width > 0, "roiops: input height and width must be positive, got height=", height,
+                    ", width=", width);
   TORCH_CHECK_VALUE(height <= kMaxMapSide && width <= kMaxMapSide,
                     "roiops: input height and width must be at most 2^24, got ", height, " x ", width);
-  TORCH_CHECK_VALUE(rois.scalar_type() == (input_type == at::kDouble ? at::kDouble : at::kFloat),
-                    "roiops: rois must be float64 for float64 input, float32 otherwise; got ", rois.scalar_type());
-  TORCH_CHECK_VALUE(rois.device().is_cpu(), "roiops: CPU kernel called with non-CPU tensors");
-  TORCH_CHECK_VALUE(pooled_height > 0 && pooled_width > 0 && pooled_height <= kMaxPooled && pooled_width <= kMaxPooled,
-                    "roiops: output size must be in [1, 65536], got ", pooled_height, " x ", pooled_width);
+}
+
+// source: where the pooled size comes from when no argument gives it (roi_pool's backward).
+inline void check_pooled(int64_t ph, int64_t pw, const char* source = "") {
+  TORCH_CHECK_VALUE(ph > 0 && pw > 0 && ph <= kMaxPooled && pw <= kMaxPooled, "roiops: output size must be in [1, ",
+                    kMaxPooled, "], got pooled_height=", ph, ", pooled_width=", pw, source);
+}
+
+inline void check_scale(double spatial_scale) {
   TORCH_CHECK_VALUE(spatial_scale >= kMinScale && spatial_scale <= kMaxScale,
-                    "roiops: spatial_scale must be in [2^-64, 2^64], got ", spatial_scale);
+                    "roiops: spatial_scale must be in [2^-64, 2^64], got ", format_g(spatial_scale));
 }
 
 inline void check_sampling_ratio(int64_t sampling_ratio) {
@@ -101,9 +160,67 @@ inline void check_sampling_ratio(int64_t sampling_ratio) {
                     " (<= 0 for adaptive), got ", sampling_ratio);
 }
 
-inline void check_input(const at::Tensor& input) {
-  TORCH_CHECK_VALUE(input.dim() == 4, "roiops: input must be 4-D [N, C, H, W], got ", input.dim(), "-D");
-  TORCH_CHECK_VALUE(input.device().is_cpu(), "roiops: CPU kernel called with non-CPU tensors");
+// grad of the forward output's shape.
+inline void check_grad_shape(const at::Tensor& grad, int64_t K, int64_t C_out, int64_t ph, int64_t pw) {
+  TORCH_CHECK_VALUE(grad.dim() == 4 && grad.size(0) == K && grad.size(1) == C_out && grad.size(2) == ph &&
+                        grad.size(3) == pw,
+                    "roiops: grad must be [K, C_out, pooled_height, pooled_width] = [", K, ", ", C_out, ", ", ph, ", ",
+                    pw, "] (the forward output's shape), got ", grad.sizes());
+}
+
+// A saved argmax: grad's shape, int32, on grad's device.
+inline void check_argmax(const at::Tensor& argmax, const at::Tensor& grad) {
+  TORCH_CHECK_VALUE(argmax.sizes() == grad.sizes(), "roiops: argmax must have the shape of grad ", grad.sizes(),
+                    ", got ", argmax.sizes());
+  TORCH_CHECK_VALUE(argmax.scalar_type() == at::kInt, "roiops: argmax must be int32, got ",
+                    dtype_name(argmax.scalar_type()));
+  TORCH_CHECK_VALUE(argmax.device() == grad.device(), "roiops: argmax is on ", argmax.device(), " but grad is on ",
+                    grad.device());
+}
+
+// The checks of a forward (and of a box gradient, before its grad) up to spatial_scale.
+inline void check_forward_args(const at::Tensor& input, const at::Tensor& rois, int64_t rois_width,
+                               double spatial_scale, int64_t ph, int64_t pw) {
+  check_map_tensor(input, "input");
+  check_rois_arg(rois, rois_width, input, "input");
+  check_map_size(input.size(2), input.size(3));
+  check_pooled(ph, pw);
+  check_scale(spatial_scale);
+}
+
+// The checks of a backward with pooled-size and spatial_scale arguments, up to spatial_scale.
+inline void check_backward_args(const at::Tensor& grad, const at::Tensor& rois, int64_t rois_width, int64_t N,
+                                int64_t C, int64_t H, int64_t W, double spatial_scale, int64_t ph, int64_t pw) {
+  check_map_tensor(grad, "grad");
+  check_rois_arg(rois, rois_width, grad, "grad");
+  check_batch_channels(N, C);
+  check_map_size(H, W);
+  check_pooled(ph, pw);
+  check_scale(spatial_scale);
+}
+
+// A box gradient's grad, after its shape: the input's dtype, on its device.
+inline void check_grad_like(const at::Tensor& grad, const at::Tensor& input) {
+  const at::ScalarType g = grad.scalar_type(), s = input.scalar_type();
+  if (g != s) {
+    TORCH_CHECK_VALUE(at::isFloatingType(g), "roiops: grad must be floating point, got ", dtype_name(g));
+    TORCH_CHECK_VALUE(false, "roiops: grad must have the input's dtype ", dtype_name(s), ", got ", dtype_name(g));
+  }
+  TORCH_CHECK_VALUE(grad.device() == input.device(), "roiops: grad is on ", grad.device(), " but input is on ",
+                    input.device());
+}
+
+// These kernels' own condition, after the shared checks: the map tensor (and with it every
+// other tensor) on the CPU.
+inline void check_cpu(const at::Tensor& map) {
+  TORCH_CHECK_VALUE(map.device().is_cpu(), "roiops: CPU kernel called with non-CPU tensors");
+}
+
+// rois contiguous in the kernels' coordinate type: float64 for a float64 map, float32
+// otherwise (the checks allow any floating dtype for a map that is not float64).
+inline at::Tensor opmath_rois(const at::Tensor& rois, at::ScalarType map_type) {
+  const at::ScalarType t = map_type == at::kDouble ? at::kDouble : at::kFloat;
+  return rois.scalar_type() == t ? rois.contiguous() : rois.to(t).contiguous();
 }
 
 // Checks every row of a rois tensor of the opmath type ([K, 5], or [K, 6] rotated).
@@ -142,24 +259,22 @@ inline at::Tensor in_layout(const at::Tensor& t, bool channels_last) {
 }
 
 // A box-gradient kernel's checked arguments (grad [K, C, ph, pw] of the input's dtype,
-// the input, rois [K, 5]), grad and input in the input's layout, rois contiguous.
+// the input, rois [K, 5]; sampling_ratio when the op has one), grad and input in the
+// input's layout, rois contiguous in the opmath type.
 struct RoisBackwardArgs {
   at::Tensor grad, input, rois;
 
   RoisBackwardArgs(const at::Tensor& grad_, const at::Tensor& input_, const at::Tensor& rois_, double spatial_scale,
-                   int64_t ph, int64_t pw) {
-    check_input(input_);
-    check_args(rois_, input_.scalar_type(), input_.size(2), input_.size(3), spatial_scale, ph, pw);
-    TORCH_CHECK_VALUE(grad_.dim() == 4 && grad_.size(0) == rois_.size(0) && grad_.size(1) == input_.size(1) &&
-                          grad_.size(2) == ph && grad_.size(3) == pw,
-                      "roiops: grad must be [K, C, pooled_height, pooled_width], got ", grad_.sizes());
-    TORCH_CHECK_VALUE(grad_.scalar_type() == input_.scalar_type(), "roiops: grad must have the input's dtype, got ",
-                      grad_.scalar_type(), " and ", input_.scalar_type());
-    TORCH_CHECK_VALUE(grad_.device().is_cpu(), "roiops: CPU kernel called with non-CPU tensors");
+                   int64_t ph, int64_t pw, std::optional<int64_t> sampling_ratio = std::nullopt) {
+    check_forward_args(input_, rois_, 5, spatial_scale, ph, pw);
+    if (sampling_ratio) check_sampling_ratio(*sampling_ratio);
+    check_grad_shape(grad_, rois_.size(0), input_.size(1), ph, pw);
+    check_grad_like(grad_, input_);
+    check_cpu(input_);
     const bool channels_last = is_channels_last(input_);
     input = in_layout(input_, channels_last);
     grad = in_layout(grad_, channels_last);
-    rois = rois_.contiguous();
+    rois = opmath_rois(rois_, input_.scalar_type());
     check_rois(rois, input.size(0), spatial_scale);
   }
 };

@@ -270,41 +270,43 @@ class PsGradRows {
   at::Tensor buffer_;
 };
 
-// A forward's checked arguments: input in its layout, rois contiguous, C_out, and the
-// output to fill ([K, C_out, ph, pw] in the input's layout).
+// A forward's checked arguments (sampling_ratio: the op's, if it has one): input in its
+// layout, rois contiguous in the opmath type, C_out, and the output to fill
+// ([K, C_out, ph, pw] in the input's layout).
 struct PsForward {
   at::Tensor input, rois, out;
   int64_t C_out;
 
-  PsForward(const at::Tensor& input_, const at::Tensor& rois_, double spatial_scale, int64_t ph, int64_t pw) {
-    check_input(input_);
-    check_args(rois_, input_.scalar_type(), input_.size(2), input_.size(3), spatial_scale, ph, pw);
+  PsForward(const at::Tensor& input_, const at::Tensor& rois_, double spatial_scale, int64_t ph, int64_t pw,
+            std::optional<int64_t> sampling_ratio) {
+    check_forward_args(input_, rois_, 5, spatial_scale, ph, pw);
+    if (sampling_ratio) check_sampling_ratio(*sampling_ratio);
     C_out = ps_out_channels(input_.size(1), ph, pw);
+    check_cpu(input_);
     const bool channels_last = is_channels_last(input_);
     input = in_layout(input_, channels_last);
-    rois = rois_.contiguous();
+    rois = opmath_rois(rois_, input_.scalar_type());
     check_rois(rois, input.size(0), spatial_scale);
     out = empty_output({rois.size(0), C_out, ph, pw}, input.options().memory_format(format_of(channels_last)));
   }
 };
 
-// A backward's checked arguments: grad in the gradient's layout, rois contiguous, and the
-// opmath accumulator of the [N, C, H, W] gradient (result() gives it the grad's dtype),
-// not zeroed: channels_last kernels that add in place call clear(); NCHW planes are zeroed
-// by the task that owns them (storage() or store()).
+// A backward's checked arguments (sampling_ratio: the op's, if it has one): grad in the
+// gradient's layout, rois contiguous in the opmath type, and the opmath accumulator of the
+// [N, C, H, W] gradient (result() gives it the grad's dtype), not zeroed: channels_last
+// kernels that add in place call clear(); NCHW planes are zeroed by the task that owns
+// them (storage() or store()).
 struct PsBackward {
   at::Tensor grad, rois, acc;
 
   PsBackward(const at::Tensor& grad_, const at::Tensor& rois_, double spatial_scale, int64_t ph, int64_t pw,
-             int64_t N, int64_t C, int64_t H, int64_t W, bool channels_last) {
-    check_input(grad_);
-    check_args(rois_, grad_.scalar_type(), H, W, spatial_scale, ph, pw);
-    TORCH_CHECK_VALUE(N >= 0 && C >= 0, "roiops: batch size and channels must be non-negative");
+             int64_t N, int64_t C, int64_t H, int64_t W, bool channels_last, std::optional<int64_t> sampling_ratio) {
+    check_backward_args(grad_, rois_, 5, N, C, H, W, spatial_scale, ph, pw);
+    if (sampling_ratio) check_sampling_ratio(*sampling_ratio);
     const int64_t C_out = ps_out_channels(C, ph, pw);
-    TORCH_CHECK_VALUE(grad_.size(0) == rois_.size(0) && grad_.size(1) == C_out && grad_.size(2) == ph &&
-                          grad_.size(3) == pw,
-                      "roiops: grad must be [K, C / (ph * pw), ph, pw], got ", grad_.sizes());
-    rois = rois_.contiguous();
+    check_grad_shape(grad_, rois_.size(0), C_out, ph, pw);
+    check_cpu(grad_);
+    rois = opmath_rois(rois_, grad_.scalar_type());
     check_rois(rois, N, spatial_scale);
     grad = in_layout(grad_, channels_last);
     const at::ScalarType opmath = grad.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
@@ -692,12 +694,13 @@ void ps_backward_impl(const PsBackward& args, int64_t ph, int64_t pw, const Part
   ps_tasks(batch, N, C_out, bins, task);
 }
 
-// A position-sensitive op's forward entry point: checked arguments, then its driver in
-// the input's dtype with the op's Parts (extra: the op's own arguments).
+// A position-sensitive op's forward entry point: checked arguments (sampling_ratio: the
+// op's, if it has one), then its driver in the input's dtype with the op's Parts (extra:
+// the op's own arguments).
 template <template <typename> class Parts, typename... Extra>
 at::Tensor ps_forward(const at::Tensor& input, const at::Tensor& rois, double spatial_scale, int64_t ph, int64_t pw,
-                      Extra... extra) {
-  PsForward a(input, rois, spatial_scale, ph, pw);
+                      std::optional<int64_t> sampling_ratio, Extra... extra) {
+  PsForward a(input, rois, spatial_scale, ph, pw, sampling_ratio);
   if (a.out.numel() == 0) return a.out;
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, a.input.scalar_type(), "roiops_ps_forward", [&] {
     const Parts<scalar_t> parts(a.rois, spatial_scale, ph, pw, a.input.size(2), a.input.size(3), extra...);
@@ -709,8 +712,9 @@ at::Tensor ps_forward(const at::Tensor& input, const at::Tensor& rois, double sp
 // The same for a backward: the gradient of the [N, C, H, W] input.
 template <template <typename> class Parts, typename... Extra>
 at::Tensor ps_backward(const at::Tensor& grad, const at::Tensor& rois, double spatial_scale, int64_t ph, int64_t pw,
-                       int64_t N, int64_t C, int64_t H, int64_t W, bool channels_last, Extra... extra) {
-  PsBackward a(grad, rois, spatial_scale, ph, pw, N, C, H, W, channels_last);
+                       int64_t N, int64_t C, int64_t H, int64_t W, bool channels_last,
+                       std::optional<int64_t> sampling_ratio, Extra... extra) {
+  PsBackward a(grad, rois, spatial_scale, ph, pw, N, C, H, W, channels_last, sampling_ratio);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, a.grad.scalar_type(), "roiops_ps_backward", [&] {
     const Parts<scalar_t> parts(a.rois, spatial_scale, ph, pw, H, W, extra...);
     ps_backward_impl<scalar_t>(a, ph, pw, parts);

@@ -463,23 +463,17 @@ void rois_backward_impl(const at::Tensor& grad, const at::Tensor& input, const a
   });
 }
 
-// ---- entry points ---------------------------------------------------------------------
-
-void check_grad(const at::Tensor& grad, int64_t K, int64_t C, int64_t ph, int64_t pw) {
-  TORCH_CHECK_VALUE(grad.dim() == 4 && grad.size(0) == K && grad.size(1) == C && grad.size(2) == ph &&
-                        grad.size(3) == pw,
-                    "roiops: grad must be [K, C, pooled_height, pooled_width], got ", grad.sizes());
-}
-
 }  // namespace
+
+// ---- entry points ---------------------------------------------------------------------
 
 at::Tensor prroi_pool_forward(const at::Tensor& input_, const at::Tensor& rois_, double spatial_scale, int64_t ph,
                               int64_t pw) {
-  check_input(input_);
-  check_args(rois_, input_.scalar_type(), input_.size(2), input_.size(3), spatial_scale, ph, pw);
+  check_forward_args(input_, rois_, 5, spatial_scale, ph, pw);
+  check_cpu(input_);
   const bool channels_last = is_channels_last(input_);
   const at::Tensor input = in_layout(input_, channels_last);
-  const at::Tensor rois = rois_.contiguous();
+  const at::Tensor rois = opmath_rois(rois_, input_.scalar_type());
   check_rois(rois, input.size(0), spatial_scale);
   at::Tensor out = empty_output({rois.size(0), input.size(1), ph, pw},
                                 input.options().memory_format(format_of(channels_last)));
@@ -490,11 +484,10 @@ at::Tensor prroi_pool_forward(const at::Tensor& input_, const at::Tensor& rois_,
 
 at::Tensor prroi_pool_backward(const at::Tensor& grad_, const at::Tensor& rois_, double spatial_scale, int64_t ph,
                                int64_t pw, int64_t N, int64_t C, int64_t H, int64_t W, bool channels_last) {
-  check_input(grad_);
-  check_args(rois_, grad_.scalar_type(), H, W, spatial_scale, ph, pw);
-  check_grad(grad_, rois_.size(0), C, ph, pw);
-  TORCH_CHECK_VALUE(N >= 0 && C >= 0, "roiops: batch size and channels must be non-negative");
-  const at::Tensor rois = rois_.contiguous();
+  check_backward_args(grad_, rois_, 5, N, C, H, W, spatial_scale, ph, pw);
+  check_grad_shape(grad_, rois_.size(0), C, ph, pw);
+  check_cpu(grad_);
+  const at::Tensor rois = opmath_rois(rois_, grad_.scalar_type());
   check_rois(rois, N, spatial_scale);
   const at::Tensor grad = in_layout(grad_, channels_last);
   at::Tensor gi = empty_output({N, C, H, W}, grad.options().memory_format(format_of(channels_last)));
@@ -511,7 +504,7 @@ at::Tensor prroi_pool_rois_backward(const at::Tensor& grad_, const at::Tensor& i
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, input.scalar_type(), "roiops_prroi_pool_rois_backward", [&] {
     rois_backward_impl<scalar_t>(grad, input, rois, spatial_scale, ph, pw, grad_rois);
   });
-  return grad_rois;
+  return grad_rois.to(rois_.scalar_type());  // in rois' dtype (a no-op for rois of the opmath type)
 }
 
 namespace {

@@ -334,15 +334,14 @@ struct AlignParts {
 
 at::Tensor ps_roi_align_forward(const at::Tensor& input, const at::Tensor& rois, double spatial_scale, int64_t ph,
                                 int64_t pw, int64_t sampling_ratio) {
-  check_sampling_ratio(sampling_ratio);
-  return ps_forward<AlignParts>(input, rois, spatial_scale, ph, pw, sampling_ratio);
+  return ps_forward<AlignParts>(input, rois, spatial_scale, ph, pw, sampling_ratio, sampling_ratio);
 }
 
 at::Tensor ps_roi_align_backward(const at::Tensor& grad, const at::Tensor& rois, double spatial_scale, int64_t ph,
                                  int64_t pw, int64_t N, int64_t C, int64_t H, int64_t W, int64_t sampling_ratio,
                                  bool channels_last) {
-  check_sampling_ratio(sampling_ratio);
-  return ps_backward<AlignParts>(grad, rois, spatial_scale, ph, pw, N, C, H, W, channels_last, sampling_ratio);
+  return ps_backward<AlignParts>(grad, rois, spatial_scale, ph, pw, N, C, H, W, channels_last, sampling_ratio,
+                                 sampling_ratio);
 }
 
 namespace {

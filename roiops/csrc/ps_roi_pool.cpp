@@ -300,12 +300,12 @@ struct PoolParts {
 
 at::Tensor ps_roi_pool_forward(const at::Tensor& input, const at::Tensor& rois, double spatial_scale, int64_t ph,
                                int64_t pw) {
-  return ps_forward<PoolParts>(input, rois, spatial_scale, ph, pw);
+  return ps_forward<PoolParts>(input, rois, spatial_scale, ph, pw, std::nullopt);
 }
 
 at::Tensor ps_roi_pool_backward(const at::Tensor& grad, const at::Tensor& rois, double spatial_scale, int64_t ph,
                                 int64_t pw, int64_t N, int64_t C, int64_t H, int64_t W, bool channels_last) {
-  return ps_backward<PoolParts>(grad, rois, spatial_scale, ph, pw, N, C, H, W, channels_last);
+  return ps_backward<PoolParts>(grad, rois, spatial_scale, ph, pw, N, C, H, W, channels_last, std::nullopt);
 }
 
 namespace {

@@ -824,12 +824,12 @@ void backward_impl(const at::Tensor& grad, const at::Tensor& argmax, const at::T
 
 std::tuple<at::Tensor, at::Tensor> forward(const at::Tensor& input_, const at::Tensor& rois_, double spatial_scale,
                                            int64_t ph, int64_t pw, int64_t sampling_ratio, bool aligned, bool max_mode) {
-  check_input(input_);
-  check_args(rois_, input_.scalar_type(), input_.size(2), input_.size(3), spatial_scale, ph, pw);
+  check_forward_args(input_, rois_, 5, spatial_scale, ph, pw);
   check_sampling_ratio(sampling_ratio);
+  check_cpu(input_);
   const bool channels_last = is_channels_last(input_);
   const at::Tensor input = in_layout(input_, channels_last);
-  const at::Tensor rois = rois_.contiguous();
+  const at::Tensor rois = opmath_rois(rois_, input_.scalar_type());
   check_rois(rois, input.size(0), spatial_scale);
   const auto opts = input.options().memory_format(format_of(channels_last));
   at::Tensor out = empty_output({rois.size(0), input.size(1), ph, pw}, opts);
@@ -853,16 +853,12 @@ std::tuple<at::Tensor, at::Tensor> forward(const at::Tensor& input_, const at::T
 at::Tensor backward(const at::Tensor& grad_, const at::Tensor& argmax_, const at::Tensor& rois_, double spatial_scale,
                     int64_t ph, int64_t pw, int64_t N, int64_t C, int64_t H, int64_t W, int64_t sampling_ratio,
                     bool aligned, bool channels_last, bool max_mode) {
-  check_input(grad_);
-  check_args(rois_, grad_.scalar_type(), H, W, spatial_scale, ph, pw);
+  check_backward_args(grad_, rois_, 5, N, C, H, W, spatial_scale, ph, pw);
   check_sampling_ratio(sampling_ratio);
-  TORCH_CHECK_VALUE(grad_.dim() == 4 && grad_.size(0) == rois_.size(0) && grad_.size(1) == C &&
-                        grad_.size(2) == ph && grad_.size(3) == pw,
-                    "roiops: grad must be [K, C, pooled_height, pooled_width], got ", grad_.sizes());
-  TORCH_CHECK_VALUE(!max_mode || argmax_.sizes() == grad_.sizes(), "roiops: argmax must have the shape of grad");
-  TORCH_CHECK_VALUE(!max_mode || argmax_.scalar_type() == at::kInt, "roiops: argmax must be int32");
-  TORCH_CHECK_VALUE(N >= 0 && C >= 0, "roiops: batch size and channels must be non-negative");
-  const at::Tensor rois = rois_.contiguous();
+  check_grad_shape(grad_, rois_.size(0), C, ph, pw);
+  if (max_mode) check_argmax(argmax_, grad_);
+  check_cpu(grad_);
+  const at::Tensor rois = opmath_rois(rois_, grad_.scalar_type());
   check_rois(rois, N, spatial_scale);
   const at::Tensor grad = in_layout(grad_, channels_last);
   // grad and argmax share strides, so one offset serves both.
@@ -987,8 +983,7 @@ void rois_backward_impl(const at::Tensor& grad, const at::Tensor& input, const a
 
 at::Tensor rois_backward(const at::Tensor& grad_, const at::Tensor& input_, const at::Tensor& rois_, double spatial_scale,
                          int64_t ph, int64_t pw, int64_t sampling_ratio, bool aligned, bool max_mode) {
-  check_sampling_ratio(sampling_ratio);
-  const RoisBackwardArgs a(grad_, input_, rois_, spatial_scale, ph, pw);
+  const RoisBackwardArgs a(grad_, input_, rois_, spatial_scale, ph, pw, sampling_ratio);
   const at::Tensor &grad = a.grad, &input = a.input, &rois = a.rois;
   at::Tensor out = at::zeros({rois.size(0), 5}, rois.options());
   const int64_t K = rois.size(0);
@@ -1004,7 +999,7 @@ at::Tensor rois_backward(const at::Tensor& grad_, const at::Tensor& input_, cons
       }
     }
   });
-  return out;
+  return out.to(rois_.scalar_type());  // in rois' dtype (a no-op for rois of the opmath type)
 }
 
 }  // namespace

@@ -408,16 +408,6 @@ ROIOPS_SIMD void rect_to_planes(const T* __restrict__ tile, int64_t cb, int64_t 
     transpose_block<false, false>(tile + (y - y0) * (x1 - x0) * cb, cb, x1 - x0, cb, dst + y * sH + x0, sC);
 }
 
-inline void check_rotated(const at::Tensor& rois, at::ScalarType input_type, int64_t N, int64_t H, int64_t W,
-                          double spatial_scale, int64_t ph, int64_t pw, int64_t sampling_ratio) {
-  TORCH_CHECK_VALUE(rois.dim() == 2 && rois.size(1) == 6,
-                    "roiops: rois must be [K, 6] (batch_index, cx, cy, w, h, theta), got ", rois.sizes());
-  // The [K, 5] argument checks on the first five columns; check_rois also checks angles.
-  check_args(rois.narrow(1, 0, 5), input_type, H, W, spatial_scale, ph, pw);
-  check_sampling_ratio(sampling_ratio);
-  check_rois(rois, N, spatial_scale);
-}
-
 // Plans of one call are built in chunks of boxes, in order, until their samples reach this
 // budget (about 32 bytes each), so that plan memory is bounded for any number of boxes.
 constexpr int64_t kSampleBudget = int64_t(1) << 20;
@@ -472,12 +462,13 @@ std::array<int64_t, 4> touched(const std::vector<RotatedPlan<T>>& plans, const s
 
 at::Tensor roi_align_rotated_forward(const at::Tensor& input_, const at::Tensor& rois_, double spatial_scale,
                                      int64_t ph, int64_t pw, int64_t sampling_ratio, bool aligned) {
-  check_input(input_);
-  check_rotated(rois_, input_.scalar_type(), input_.size(0), input_.size(2), input_.size(3), spatial_scale, ph, pw,
-                sampling_ratio);
+  check_forward_args(input_, rois_, 6, spatial_scale, ph, pw);
+  check_sampling_ratio(sampling_ratio);
+  check_cpu(input_);
   const bool channels_last = is_channels_last(input_);
   const at::Tensor input = in_layout(input_, channels_last);
-  const at::Tensor rois = rois_.contiguous();
+  const at::Tensor rois = opmath_rois(rois_, input_.scalar_type());
+  check_rois(rois, input.size(0), spatial_scale);  // angles too
   const int64_t N = input.size(0), C = input.size(1), H = input.size(2), W = input.size(3);
   at::Tensor out = empty_output({rois.size(0), C, ph, pw}, input.options().memory_format(format_of(channels_last)));
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, input.scalar_type(), "roiops_roi_align_rotated_forward",
@@ -532,12 +523,12 @@ at::Tensor roi_align_rotated_forward(const at::Tensor& input_, const at::Tensor&
 at::Tensor roi_align_rotated_backward(const at::Tensor& grad_, const at::Tensor& rois_, double spatial_scale,
                                       int64_t ph, int64_t pw, int64_t N, int64_t C, int64_t H, int64_t W,
                                       int64_t sampling_ratio, bool aligned, bool channels_last) {
-  check_input(grad_);
-  TORCH_CHECK_VALUE(N >= 0 && C >= 0, "roiops: batch size and channels must be non-negative");
-  check_rotated(rois_, grad_.scalar_type(), N, H, W, spatial_scale, ph, pw, sampling_ratio);
-  TORCH_CHECK_VALUE(grad_.size(0) == rois_.size(0) && grad_.size(1) == C && grad_.size(2) == ph && grad_.size(3) == pw,
-                    "roiops: grad must be [K, C, pooled_height, pooled_width], got ", grad_.sizes());
-  const at::Tensor rois = rois_.contiguous();
+  check_backward_args(grad_, rois_, 6, N, C, H, W, spatial_scale, ph, pw);
+  check_sampling_ratio(sampling_ratio);
+  check_grad_shape(grad_, rois_.size(0), C, ph, pw);
+  check_cpu(grad_);
+  const at::Tensor rois = opmath_rois(rois_, grad_.scalar_type());
+  check_rois(rois, N, spatial_scale);  // angles too
   const at::Tensor grad = in_layout(grad_, channels_last);
   const auto opts = grad.options().memory_format(format_of(channels_last));
   at::Tensor gi = empty_output({N, C, H, W}, opts);

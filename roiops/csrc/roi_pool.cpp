@@ -330,12 +330,14 @@ void backward_impl(const at::Tensor& grad, const at::Tensor& argmax, const std::
 
 std::tuple<at::Tensor, at::Tensor> roi_pool_forward(const at::Tensor& input_, const at::Tensor& rois_,
                                                     double spatial_scale, int64_t ph, int64_t pw, bool continuous) {
-  check_input(input_);
-  check_args(rois_, input_.scalar_type(), input_.size(2), input_.size(3), spatial_scale, ph, pw);
-  TORCH_CHECK_VALUE(input_.size(2) * input_.size(3) <= INT32_MAX, "roiops: roi_pool needs H * W < 2^31");
+  check_forward_args(input_, rois_, 5, spatial_scale, ph, pw);
+  TORCH_CHECK_VALUE(input_.size(2) * input_.size(3) <= INT32_MAX,
+                    "roiops: roi_pool needs H * W < 2^31 (its argmax is the int32 h * W + w), got input height ",
+                    input_.size(2), " and width ", input_.size(3));
+  check_cpu(input_);
   const bool channels_last = is_channels_last(input_);
   const at::Tensor input = in_layout(input_, channels_last);
-  const at::Tensor rois = rois_.contiguous();
+  const at::Tensor rois = opmath_rois(rois_, input_.scalar_type());
   check_rois(rois, input.size(0), spatial_scale);
   const auto opts = input.options().memory_format(format_of(channels_last));
   at::Tensor out = empty_output({rois.size(0), input.size(1), ph, pw}, opts);
@@ -348,13 +350,16 @@ std::tuple<at::Tensor, at::Tensor> roi_pool_forward(const at::Tensor& input_, co
 
 at::Tensor roi_pool_backward(const at::Tensor& grad_, const at::Tensor& argmax_, const at::Tensor& rois_, int64_t N,
                              int64_t C, int64_t H, int64_t W, bool channels_last) {
-  check_input(grad_);
-  check_args(rois_, grad_.scalar_type(), H, W, 1.0, grad_.size(2), grad_.size(3));
-  TORCH_CHECK_VALUE(grad_.size(0) == rois_.size(0) && grad_.size(1) == C && argmax_.sizes() == grad_.sizes() &&
-                        argmax_.scalar_type() == at::kInt,
-                    "roiops: grad [K, C, ph, pw] and int32 argmax of the same shape expected");
-  TORCH_CHECK_VALUE(N >= 0 && C >= 0, "roiops: batch size and channels must be non-negative");
-  const at::Tensor rois = rois_.contiguous();
+  // The shared checks (geometry.h) of a backward without spatial_scale, its pooled size grad's.
+  check_map_tensor(grad_, "grad");
+  check_rois_arg(rois_, 5, grad_, "grad");
+  check_batch_channels(N, C);
+  check_map_size(H, W);
+  check_pooled(grad_.size(2), grad_.size(3), " (grad's last two sizes)");
+  check_grad_shape(grad_, rois_.size(0), C, grad_.size(2), grad_.size(3));
+  check_argmax(argmax_, grad_);
+  check_cpu(grad_);
+  const at::Tensor rois = opmath_rois(rois_, grad_.scalar_type());
   // Only batch indices: the coordinates were checked (with spatial_scale, which this op
   // does not receive) by the forward, and the argmax values are checked below.
   check_rois(rois, N, 1.0, /*check_coords=*/false);

@@ -15,6 +15,10 @@ Conventions shared by every kernel:
 * Results have the input's (or grad's) dtype and are channels_last when the input is
   (for backward: when ``channels_last`` is true), contiguous otherwise.
 * ``argmax`` is int32 with the shape of ``out``; -1 marks a bin with nothing to pool.
+* Arguments are checked first by the kernel contract's check (``roiops._kernel_checks``),
+  which the Triton kernels run too and the C++ kernels mirror: the same errors on every
+  backend. RoIAlign's and RoIPool's kernels also take an empty map (height or width 0),
+  and RoIPool's backward an int64 argmax.
 * A batch index that is not an integer in ``[0, N)``, or a non-finite coordinate, raises
   ``ValueError`` naming the row, before any indexing happens.
 * The forward functions are differentiable by autograd with respect to ``input``, and

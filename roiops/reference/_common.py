@@ -1,14 +1,15 @@
-"""What the reference kernels share: the opmath type, the layout of results, the checks
-and scans every op makes the same way (docs/architecture.md, "Kernel contract"), and
-RoIAlign's sampling geometry."""
+"""What the reference kernels share: the opmath type, the layout of results, the scans of
+box rows every op makes the same way (docs/architecture.md, "Kernel contract"), and
+RoIAlign's sampling geometry. The kernels' argument checks are the kernel contract's,
+roiops._kernel_checks, which each kernel runs first."""
 
 from __future__ import annotations
 
 import torch
 from torch import Tensor
 
-from .._geometry import (MAX_ARGMAX_GRID, MAX_OUTPUT_SIZE, MAX_SAMPLING_RATIO, align_axis, bilinear_slope,
-                         bilinear_taps, memory_format, sample_position, sample_position_slope)
+from .._geometry import (MAX_ARGMAX_GRID, align_axis, bilinear_slope, bilinear_taps, memory_format, sample_position,
+                         sample_position_slope)
 
 
 def opmath_type(dtype: torch.dtype) -> torch.dtype:
@@ -23,32 +24,14 @@ def layout(t: Tensor, channels_last: bool) -> Tensor:
     return t.contiguous(memory_format=memory_format(channels_last))
 
 
-def check_pooled(pooled_height: int, pooled_width: int) -> None:
-    if not (0 < int(pooled_height) <= MAX_OUTPUT_SIZE and 0 < int(pooled_width) <= MAX_OUTPUT_SIZE):
-        raise ValueError(
-            f"roiops: output size must be in [1, {MAX_OUTPUT_SIZE}], got ({pooled_height}, {pooled_width})"
-        )
-
-
-def check_sampling_ratio(sampling_ratio: int) -> None:
-    if int(sampling_ratio) > MAX_SAMPLING_RATIO:
-        raise ValueError(f"roiops: sampling_ratio must be at most {MAX_SAMPLING_RATIO} (<= 0 for adaptive), "
-                         f"got {sampling_ratio}")
-
-
-def prepare_rois(rois: Tensor, batch_size: int, opmath: torch.dtype, device,
-                 rotated: bool = False) -> tuple[Tensor, list[int]]:
-    """Validate ``rois`` (semantics.md "Inputs") and return them in opmath with the batch indices;
-    ``rotated``: rows ``(batch_index, cx, cy, w, h, theta)``, theta finite too.
+def prepare_rois(rois: Tensor, batch_size: int, opmath: torch.dtype) -> tuple[Tensor, list[int]]:
+    """Validate the rows of ``rois`` (semantics.md "Inputs"; its shape, dtype and device are
+    checked already) and return them in opmath with the batch indices; rotated rows
+    ``(batch_index, cx, cy, w, h, theta)`` need a finite theta too.
 
     Runs before any indexing, so a bad row can never cause an out-of-bounds access.
     """
-    width = 6 if rotated else 5
-    if rois.dim() != 2 or rois.size(1) != width:
-        raise ValueError(f"roiops: rois must have shape [K, {width}], got {tuple(rois.shape)}")
-    if not rois.is_floating_point():
-        raise ValueError(f"roiops: rois must be floating point, got {rois.dtype}")
-    rois = rois.detach().to(device=device, dtype=opmath)
+    rois = rois.detach().to(dtype=opmath)
     if rois.size(0) == 0:
         return rois, []
     idx = rois[:, 0]
@@ -65,17 +48,6 @@ def prepare_rois(rois: Tensor, batch_size: int, opmath: torch.dtype, device,
             )
         raise ValueError(f"roiops: rois row {row}: coordinates must be finite (row = {values})")
     return rois, [int(b) for b in idx.tolist()]
-
-
-def check_grad(grad: Tensor, k: int, channels: int, ph: int | None = None, pw: int | None = None) -> None:
-    ok = grad.dim() == 4 and grad.size(0) == k and grad.size(1) == channels
-    if ok and ph is not None:
-        ok = grad.size(2) == ph and grad.size(3) == pw
-    if not ok:
-        raise ValueError(
-            f"roiops: grad must have shape [K={k}, C={channels}, {ph or 'ph'}, {pw or 'pw'}], "
-            f"got {tuple(grad.shape)}"
-        )
 
 
 def require_finite(rois: Tensor, quantities: list[Tensor], spatial_scale: float) -> None:
@@ -252,7 +224,6 @@ def sampling_grids(rois: Tensor, grid_h: int | Tensor, grid_w: int | Tensor,
 def align_boxes(rois: Tensor, spatial_scale: float, ph: int, pw: int, sampling_ratio: int, aligned: bool, height: int,
                 width: int, max_mode: bool = False) -> list[AlignBox]:
     """Per-box geometry of semantics.md "roi_align avg" for all boxes (rois already validated, opmath)."""
-    check_sampling_ratio(sampling_ratio)
     s = torch.tensor(spatial_scale, dtype=rois.dtype, device=rois.device)
     x_start, roi_w, bin_w, grid_w, stretched_w = align_axis(rois[:, 1], rois[:, 3], s, pw, sampling_ratio, aligned)
     y_start, roi_h, bin_h, grid_h, stretched_h = align_axis(rois[:, 2], rois[:, 4], s, ph, sampling_ratio, aligned)

@@ -12,9 +12,14 @@ import torch
 from torch import Tensor
 
 from .._geometry import hat, hat_antiderivative, is_channels_last, prroi_bins
-from ._common import attach, check_grad, check_pooled, layout, opmath_type, prepare_rois, require_finite
+from .._kernel_checks import kernel_check
+from ._common import attach, layout, opmath_type, prepare_rois, require_finite
 
 __all__ = ["prroi_pool_backward", "prroi_pool_forward", "prroi_pool_rois_backward"]
+
+_check_forward = kernel_check("prroi_pool")
+_check_backward = kernel_check("prroi_pool", "backward")
+_check_rois_backward = kernel_check("prroi_pool", "rois_backward")
 
 
 def _windows(rois: Tensor, spatial_scale: float, ph: int, pw: int):
@@ -67,11 +72,11 @@ def prroi_pool_forward(input: Tensor, rois: Tensor, spatial_scale: float, pooled
                        pooled_width: int) -> Tensor:
     """``out[k, c, i, j]``: the integral of the bilinear interpolation of channel c over bin
     (i, j)'s window, divided by the window's area; 0 for a window of area 0."""
-    check_pooled(pooled_height, pooled_width)
+    _check_forward(input, rois, spatial_scale, pooled_height, pooled_width)
     ph, pw = int(pooled_height), int(pooled_width)
     n, c, height, width = input.shape
     opmath = opmath_type(input.dtype)
-    rois, batch = prepare_rois(rois, n, opmath, input.device)
+    rois, batch = prepare_rois(rois, n, opmath)
     dw, xs, xe, dh, ys, ye = _windows(rois, spatial_scale, ph, pw)
     area = dw * dh
     x = input.to(opmath)
@@ -94,11 +99,11 @@ def prroi_pool_backward(grad: Tensor, rois: Tensor, spatial_scale: float, pooled
                         channels_last: bool) -> Tensor:
     """Adjoint of :func:`prroi_pool_forward`: cell (h, w) of the box's image receives
     ``grad * Ix(w) * Iy(h) / (dw * dh)`` from each bin whose range holds it."""
-    check_pooled(pooled_height, pooled_width)
+    _check_backward(grad, rois, spatial_scale, pooled_height, pooled_width, batch_size, channels, height, width,
+                    channels_last)
     ph, pw = int(pooled_height), int(pooled_width)
     opmath = opmath_type(grad.dtype)
-    rois, batch = prepare_rois(rois, batch_size, opmath, grad.device)
-    check_grad(grad, rois.size(0), channels, ph, pw)
+    rois, batch = prepare_rois(rois, batch_size, opmath)
     dw, xs, xe, dh, ys, ye = _windows(rois, spatial_scale, ph, pw)
     area = dw * dh
     g_all = grad.to(opmath)
@@ -127,13 +132,12 @@ def prroi_pool_rois_backward(grad: Tensor, input: Tensor, rois: Tensor, spatial_
     ``d out / d xe = (integral over y of f(xe, y) - out * dh) / (dw * dh)``, chained to the
     box corners: ``xs = x1 * s + j * dw`` and ``xe = xs + dw`` with ``dw = (x2 - x1) * s / pw``.
     A window of area 0 (x2 <= x1 or y2 <= y1) gives 0."""
-    check_pooled(pooled_height, pooled_width)
+    _check_rois_backward(grad, input, rois, spatial_scale, pooled_height, pooled_width)
     ph, pw = int(pooled_height), int(pooled_width)
     n, c, height, width = input.shape
     opmath = opmath_type(input.dtype)
     out_dtype = rois.dtype
-    rois, batch = prepare_rois(rois, n, opmath, input.device)
-    check_grad(grad, rois.size(0), c, ph, pw)
+    rois, batch = prepare_rois(rois, n, opmath)
     dw, xs, xe, dh, ys, ye = _windows(rois, spatial_scale, ph, pw)
     area = dw * dh
     x = input.detach().to(opmath)

@@ -6,17 +6,13 @@ import torch
 from torch import Tensor
 
 from .._geometry import is_channels_last
-from ._common import AlignBox, align_boxes, attach, check_grad, check_pooled, layout, opmath_type, prepare_rois
+from .._kernel_checks import kernel_check
+from ._common import AlignBox, align_boxes, attach, layout, opmath_type, prepare_rois
 
 __all__ = ["ps_roi_align_backward", "ps_roi_align_forward"]
 
-
-def check_channels(channels: int, ph: int, pw: int) -> int:
-    """C_out, the output channels: C must be C_out * ph * pw."""
-    if channels % (ph * pw) != 0:
-        raise ValueError(f"roiops: input channels ({channels}) must be a multiple of pooled_height * pooled_width "
-                         f"({ph} * {pw})")
-    return channels // (ph * pw)
+_check_forward = kernel_check("ps_roi_align")
+_check_backward = kernel_check("ps_roi_align", "backward")
 
 
 def _taps(box: AlignBox, ph: int, pw: int):
@@ -38,12 +34,12 @@ def ps_roi_align_forward(input: Tensor, rois: Tensor, spatial_scale: float, pool
                          pooled_width: int, sampling_ratio: int) -> Tensor:
     """``out[k, c, i, j]``: the mean of bin (i, j)'s bilinear samples of input channel
     ``(c * ph + i) * pw + j``, the box shifted by -0.5 cell (roi_align's aligned geometry)."""
-    check_pooled(pooled_height, pooled_width)
+    _check_forward(input, rois, spatial_scale, pooled_height, pooled_width, sampling_ratio)
     ph, pw = int(pooled_height), int(pooled_width)
     n, c, height, width = input.shape
-    c_out = check_channels(c, ph, pw)
+    c_out = c // (ph * pw)
     opmath = opmath_type(input.dtype)
-    rois, batch = prepare_rois(rois, n, opmath, input.device)
+    rois, batch = prepare_rois(rois, n, opmath)
     boxes = align_boxes(rois, spatial_scale, ph, pw, int(sampling_ratio), True, height, width)
     # [N, C_out, ph, pw, H, W]: the channel that bin (i, j) of output channel c reads.
     x = input.to(opmath).view(n, c_out, ph, pw, height, width)
@@ -70,12 +66,12 @@ def ps_roi_align_backward(grad: Tensor, rois: Tensor, spatial_scale: float, pool
                           sampling_ratio: int, channels_last: bool) -> Tensor:
     """Adjoint of :func:`ps_roi_align_forward`: each sample of bin (i, j) sends
     ``grad * w / count`` to its neighbours in channel ``(c * ph + i) * pw + j``."""
-    check_pooled(pooled_height, pooled_width)
+    _check_backward(grad, rois, spatial_scale, pooled_height, pooled_width, batch_size, channels, height, width,
+                    sampling_ratio, channels_last)
     ph, pw = int(pooled_height), int(pooled_width)
-    c_out = check_channels(channels, ph, pw)
+    c_out = channels // (ph * pw)
     opmath = opmath_type(grad.dtype)
-    rois, batch = prepare_rois(rois, batch_size, opmath, grad.device)
-    check_grad(grad, rois.size(0), c_out, ph, pw)
+    rois, batch = prepare_rois(rois, batch_size, opmath)
     boxes = align_boxes(rois, spatial_scale, ph, pw, int(sampling_ratio), True, height, width)
     g_all = grad.to(opmath)
     i, j = _bins(ph, pw, grad.device)

@@ -6,10 +6,13 @@ import torch
 from torch import Tensor
 
 from .._geometry import is_channels_last, pool_bin_edges, round_half_away
-from ._common import attach, check_grad, check_pooled, layout, opmath_type, prepare_rois, require_finite
-from .ps_roi_align import check_channels
+from .._kernel_checks import kernel_check
+from ._common import attach, layout, opmath_type, prepare_rois, require_finite
 
 __all__ = ["ps_roi_pool_backward", "ps_roi_pool_forward"]
+
+_check_forward = kernel_check("ps_roi_pool")
+_check_backward = kernel_check("ps_roi_pool", "backward")
 
 
 def _ps_pool_bins(rois: Tensor, spatial_scale: float, ph: int, pw: int, height: int, width: int):
@@ -32,12 +35,12 @@ def ps_roi_pool_forward(input: Tensor, rois: Tensor, spatial_scale: float, poole
                         pooled_width: int) -> Tensor:
     """``out[k, c, i, j]``: the mean of input channel ``(c * ph + i) * pw + j`` over the
     cells of bin (i, j); 0 for an empty bin."""
-    check_pooled(pooled_height, pooled_width)
+    _check_forward(input, rois, spatial_scale, pooled_height, pooled_width)
     ph, pw = int(pooled_height), int(pooled_width)
     n, c, height, width = input.shape
-    c_out = check_channels(c, ph, pw)
+    c_out = c // (ph * pw)
     opmath = opmath_type(input.dtype)
-    rois, batch = prepare_rois(rois, n, opmath, input.device)
+    rois, batch = prepare_rois(rois, n, opmath)
     h0, h1, w0, w1 = _ps_pool_bins(rois, spatial_scale, ph, pw, height, width)
     x = input.to(opmath).view(n, c_out, ph, pw, height, width)
 
@@ -57,12 +60,12 @@ def ps_roi_pool_backward(grad: Tensor, rois: Tensor, spatial_scale: float, poole
                          channels_last: bool) -> Tensor:
     """Adjoint of :func:`ps_roi_pool_forward`: each cell of bin (i, j) receives ``grad /
     area`` in channel ``(c * ph + i) * pw + j``."""
-    check_pooled(pooled_height, pooled_width)
+    _check_backward(grad, rois, spatial_scale, pooled_height, pooled_width, batch_size, channels, height, width,
+                    channels_last)
     ph, pw = int(pooled_height), int(pooled_width)
-    c_out = check_channels(channels, ph, pw)
+    c_out = channels // (ph * pw)
     opmath = opmath_type(grad.dtype)
-    rois, batch = prepare_rois(rois, batch_size, opmath, grad.device)
-    check_grad(grad, rois.size(0), c_out, ph, pw)
+    rois, batch = prepare_rois(rois, batch_size, opmath)
     h0, h1, w0, w1 = _ps_pool_bins(rois, spatial_scale, ph, pw, height, width)
     g = grad.to(opmath)
 

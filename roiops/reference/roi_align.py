@@ -7,11 +7,19 @@ import torch
 from torch import Tensor
 
 from .._geometry import bilinear_slope, bilinear_taps, is_channels_last, sample_position, sample_position_slope
-from ._common import (AlignBox, align_boxes, attach, check_grad, check_pooled, first_max, layout, opmath_type,
-                      prepare_rois)
+from .._kernel_checks import kernel_check
+from ._common import AlignBox, align_boxes, attach, first_max, layout, opmath_type, prepare_rois
 
 __all__ = ["roi_align_backward", "roi_align_forward", "roi_align_max_backward", "roi_align_max_forward",
            "roi_align_max_rois_backward", "roi_align_rois_backward"]
+
+# The kernel contract's checks; these kernels also take an empty map (height or width 0).
+_check_avg = kernel_check("roi_align", empty_map=True)
+_check_avg_backward = kernel_check("roi_align", "backward", empty_map=True)
+_check_max = kernel_check("roi_align_max", empty_map=True)
+_check_max_backward = kernel_check("roi_align_max", "backward", empty_map=True)
+_check_rois_backward = {False: kernel_check("roi_align", "rois_backward"),
+                        True: kernel_check("roi_align_max", "rois_backward")}
 
 
 def _corner_values(plane: Tensor, box: AlignBox) -> list[Tensor]:
@@ -45,11 +53,11 @@ def _sample_values(plane: Tensor, box: AlignBox) -> Tensor:
 def roi_align_forward(input: Tensor, rois: Tensor, spatial_scale: float, pooled_height: int,
                       pooled_width: int, sampling_ratio: int, aligned: bool) -> Tensor:
     """RoIAlign average: ``out[k, c, i, j]`` = mean of the bin's bilinear samples."""
-    check_pooled(pooled_height, pooled_width)
+    _check_avg(input, rois, spatial_scale, pooled_height, pooled_width, sampling_ratio, aligned)
     ph, pw = int(pooled_height), int(pooled_width)
     n, c, height, width = input.shape
     opmath = opmath_type(input.dtype)
-    rois, batch = prepare_rois(rois, n, opmath, input.device)
+    rois, batch = prepare_rois(rois, n, opmath)
     boxes = align_boxes(rois, spatial_scale, ph, pw, int(sampling_ratio), bool(aligned), height, width)
     x = input.to(opmath)
 
@@ -70,11 +78,11 @@ def roi_align_backward(grad: Tensor, rois: Tensor, spatial_scale: float, pooled_
                        pooled_width: int, batch_size: int, channels: int, height: int, width: int,
                        sampling_ratio: int, aligned: bool, channels_last: bool) -> Tensor:
     """Adjoint of :func:`roi_align_forward`: each sample scatters ``grad * w / count``."""
-    check_pooled(pooled_height, pooled_width)
+    _check_avg_backward(grad, rois, spatial_scale, pooled_height, pooled_width, batch_size, channels, height, width,
+                        sampling_ratio, aligned, channels_last)
     ph, pw = int(pooled_height), int(pooled_width)
     opmath = opmath_type(grad.dtype)
-    rois, batch = prepare_rois(rois, batch_size, opmath, grad.device)
-    check_grad(grad, rois.size(0), channels, ph, pw)
+    rois, batch = prepare_rois(rois, batch_size, opmath)
     boxes = align_boxes(rois, spatial_scale, ph, pw, int(sampling_ratio), bool(aligned), height, width)
     g_all = grad.to(opmath)
 
@@ -131,11 +139,11 @@ def roi_align_max_forward(input: Tensor, rois: Tensor, spatial_scale: float, poo
     ``argmax`` is ``iy * grid_w + ix`` of the first largest sample, -1 for a bin with no
     sample points (whose value is 0).
     """
-    check_pooled(pooled_height, pooled_width)
+    _check_max(input, rois, spatial_scale, pooled_height, pooled_width, sampling_ratio, aligned)
     ph, pw = int(pooled_height), int(pooled_width)
     n, c, height, width = input.shape
     opmath = opmath_type(input.dtype)
-    rois, batch = prepare_rois(rois, n, opmath, input.device)
+    rois, batch = prepare_rois(rois, n, opmath)
     boxes = align_boxes(rois, spatial_scale, ph, pw, int(sampling_ratio), bool(aligned), height, width,
                          max_mode=True)
     x = input.to(opmath)
@@ -161,13 +169,11 @@ def roi_align_max_backward(grad: Tensor, argmax: Tensor, rois: Tensor, spatial_s
                            channels_last: bool) -> Tensor:
     """Adjoint of :func:`roi_align_max_forward`: the winning sample sends ``grad * w`` to
     each of its four bilinear neighbours (no division by the sample count)."""
-    check_pooled(pooled_height, pooled_width)
+    _check_max_backward(grad, argmax, rois, spatial_scale, pooled_height, pooled_width, batch_size, channels, height,
+                        width, sampling_ratio, aligned, channels_last)
     ph, pw = int(pooled_height), int(pooled_width)
     opmath = opmath_type(grad.dtype)
-    rois, batch = prepare_rois(rois, batch_size, opmath, grad.device)
-    check_grad(grad, rois.size(0), channels, ph, pw)
-    if argmax.shape != grad.shape:
-        raise ValueError(f"roiops: argmax shape {tuple(argmax.shape)} != grad shape {tuple(grad.shape)}")
+    rois, batch = prepare_rois(rois, batch_size, opmath)
     boxes = align_boxes(rois, spatial_scale, ph, pw, int(sampling_ratio), bool(aligned), height, width,
                          max_mode=True)
     g_all = grad.to(opmath)
@@ -223,13 +229,13 @@ def _box_gradient(box: AlignBox, scale: float, ph: int, pw: int, gy_start: Tenso
 
 def _prepare_rois_backward(grad, input, rois, spatial_scale, pooled_height, pooled_width, sampling_ratio, aligned,
                            max_mode):
-    check_pooled(pooled_height, pooled_width)
+    _check_rois_backward[max_mode](grad, input, rois, spatial_scale, pooled_height, pooled_width, sampling_ratio,
+                                   aligned)
     ph, pw = int(pooled_height), int(pooled_width)
     n, c, height, width = input.shape
     opmath = opmath_type(input.dtype)
     dtype = rois.dtype
-    rois, batch = prepare_rois(rois, n, opmath, input.device)
-    check_grad(grad, rois.size(0), c, ph, pw)
+    rois, batch = prepare_rois(rois, n, opmath)
     boxes = align_boxes(rois, spatial_scale, ph, pw, int(sampling_ratio), bool(aligned), height, width,
                          max_mode=max_mode)
     return ph, pw, dtype, batch, boxes, input.detach().to(opmath), grad.to(opmath)

@@ -6,8 +6,8 @@ import torch
 from torch import Tensor
 
 from .._geometry import align_size, bilinear_taps, is_channels_last, sample_position
-from ._common import (attach, check_grad, check_pooled, check_sampling_ratio, layout, opmath_type, prepare_rois,
-                      require_finite, sampling_grids)
+from .._kernel_checks import kernel_check
+from ._common import attach, layout, opmath_type, prepare_rois, require_finite, sampling_grids
 
 __all__ = ["roi_align_rotated_backward", "roi_align_rotated_forward"]
 
@@ -86,7 +86,6 @@ def _axis(start: Tensor, bin_size: Tensor, pooled: int, grid: int, lo: float, hi
 def _rotated_boxes(rois: Tensor, spatial_scale: float, ph: int, pw: int, sampling_ratio: int, aligned: bool,
                    height: int, width: int) -> list[_RotatedBox]:
     """Per-box geometry of semantics.md "roi_align_rotated" (rois validated, opmath)."""
-    check_sampling_ratio(sampling_ratio)
     opmath = rois.dtype
     s = torch.tensor(spatial_scale, dtype=opmath, device=rois.device)
     # Scale first, then shift by the offset.
@@ -104,19 +103,19 @@ def _rotated_boxes(rois: Tensor, spatial_scale: float, ph: int, pw: int, samplin
             for k, (gh, gw) in enumerate(sampling_grids(rois, grid_h, grid_w))]
 
 
-def _check(pooled_height: int, pooled_width: int) -> tuple[int, int]:
-    check_pooled(pooled_height, pooled_width)
-    return int(pooled_height), int(pooled_width)
+_check_forward = kernel_check("roi_align_rotated")
+_check_backward = kernel_check("roi_align_rotated", "backward")
 
 
 def roi_align_rotated_forward(input: Tensor, rois: Tensor, spatial_scale: float, pooled_height: int,
                               pooled_width: int, sampling_ratio: int, aligned: bool) -> Tensor:
     """``out[k, c, i, j]`` = sum over bin (i, j)'s samples of ``w1*v1 + w2*v2 + w3*v3 + w4*v4``,
     divided by the bin's sample count."""
-    ph, pw = _check(pooled_height, pooled_width)
+    _check_forward(input, rois, spatial_scale, pooled_height, pooled_width, sampling_ratio, aligned)
+    ph, pw = int(pooled_height), int(pooled_width)
     n, c, height, width = input.shape
     opmath = opmath_type(input.dtype)
-    rois, batch = prepare_rois(rois, n, opmath, input.device, rotated=True)
+    rois, batch = prepare_rois(rois, n, opmath)
     boxes = _rotated_boxes(rois, spatial_scale, ph, pw, int(sampling_ratio), bool(aligned), height, width)
     x = input.to(opmath)
     outs = []
@@ -140,10 +139,11 @@ def roi_align_rotated_backward(grad: Tensor, rois: Tensor, spatial_scale: float,
                                sampling_ratio: int, aligned: bool, channels_last: bool) -> Tensor:
     """Adjoint of :func:`roi_align_rotated_forward`: each sample adds ``grad * w / count`` to
     each of its four neighbours."""
-    ph, pw = _check(pooled_height, pooled_width)
+    _check_backward(grad, rois, spatial_scale, pooled_height, pooled_width, batch_size, channels, height, width,
+                    sampling_ratio, aligned, channels_last)
+    ph, pw = int(pooled_height), int(pooled_width)
     opmath = opmath_type(grad.dtype)
-    rois, batch = prepare_rois(rois, batch_size, opmath, grad.device, rotated=True)
-    check_grad(grad, rois.size(0), channels, ph, pw)
+    rois, batch = prepare_rois(rois, batch_size, opmath)
     boxes = _rotated_boxes(rois, spatial_scale, ph, pw, int(sampling_ratio), bool(aligned), height, width)
     g_all = grad.to(opmath)
     grad_input = torch.zeros((batch_size, channels, height, width), dtype=opmath, device=grad.device)

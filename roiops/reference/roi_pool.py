@@ -6,9 +6,15 @@ import torch
 from torch import Tensor
 
 from .._geometry import is_channels_last, pool_bin_edges, round_half_away
-from ._common import attach, check_grad, check_pooled, first_max, layout, opmath_type, prepare_rois, require_finite
+from .._kernel_checks import kernel_check
+from ._common import attach, first_max, layout, opmath_type, prepare_rois, require_finite
 
 __all__ = ["roi_pool_backward", "roi_pool_forward"]
+
+# The kernel contract's checks; these kernels also take an empty map (height or width 0),
+# and the backward an int64 argmax.
+_check_forward = kernel_check("roi_pool", plane_argmax=True, empty_map=True)
+_check_backward = kernel_check("roi_pool", "backward", empty_map=True, int64_argmax=True)
 
 # --------------------------------------------------------------------------------------
 # roi_pool (semantics.md "roi_pool")
@@ -52,11 +58,11 @@ def roi_pool_forward(input: Tensor, rois: Tensor, spatial_scale: float, pooled_h
     ``continuous=False`` is Caffe/torchvision, ``True`` is mmdetection (semantics.md "roi_pool").
     An empty bin gives 0 and argmax -1.
     """
-    check_pooled(pooled_height, pooled_width)
+    _check_forward(input, rois, spatial_scale, pooled_height, pooled_width, continuous)
     ph, pw = int(pooled_height), int(pooled_width)
     n, c, height, width = input.shape
     opmath = opmath_type(input.dtype)
-    rois, batch = prepare_rois(rois, n, opmath, input.device)
+    rois, batch = prepare_rois(rois, n, opmath)
     h_start, h_end, w_start, w_end = _pool_bins(rois, spatial_scale, ph, pw, bool(continuous), height, width)
     x = input.to(opmath)
     device = x.device
@@ -107,11 +113,9 @@ def roi_pool_forward(input: Tensor, rois: Tensor, spatial_scale: float, pooled_h
 def roi_pool_backward(grad: Tensor, argmax: Tensor, rois: Tensor, batch_size: int, channels: int,
                       height: int, width: int, channels_last: bool) -> Tensor:
     """Adjoint of :func:`roi_pool_forward`: each bin's grad goes to its argmax element."""
+    _check_backward(grad, argmax, rois, batch_size, channels, height, width, channels_last)
     opmath = opmath_type(grad.dtype)
-    rois, batch = prepare_rois(rois, batch_size, opmath, grad.device)
-    check_grad(grad, rois.size(0), channels)
-    if argmax.shape != grad.shape:
-        raise ValueError(f"roiops: argmax shape {tuple(argmax.shape)} != grad shape {tuple(grad.shape)}")
+    rois, batch = prepare_rois(rois, batch_size, opmath)
     g_all = grad.to(opmath)
     am_all = argmax.long()
 

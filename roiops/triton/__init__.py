@@ -9,9 +9,10 @@ synchronisation, no grid or compile-time constant taken from the data. A box row
 batch index outside [0, N), a non-integer batch index, or a non-finite coordinate (or one
 beyond 2^24 feature-map cells) cannot be reported without a sync, so it is masked: zeros
 and argmax -1 in forward, nothing scattered in backward. What shapes, dtypes and devices
-show is refused as the C++ kernels refuse it (a direct ``torch.ops.roiops`` call skips the
-public API's validation): a rois tensor not [K, 5], a grad or argmax whose shape does not
-match, integer data, tensors on different devices (``_common.check_*``).
+show is refused as every backend refuses it, with the same errors (a direct
+``torch.ops.roiops`` call skips the public API's validation): a rois tensor not [K, 5], a
+grad or argmax whose shape does not match, integer data, tensors on different devices
+(the kernel contract's check, ``roiops._kernel_checks``).
 
 Backward has a fast path (atomic adds) and a deterministic one (bit-identical from run to
 run; see the docstrings of _align_gather.py and roi_pool.py for its cost), chosen per call

@@ -44,9 +44,9 @@ import triton
 import triton.language as tl
 
 from .._geometry import dense
+from .._kernel_checks import kernel_check
 from ._common import (LAUNCH_OPTS, box_forward, box_grid, cdiv, check_device, f64_bits, from_atomic, gather_grid,
                       grad_input, kernel, next_pow2, opmath, tile_budget, tile_mask, use_deterministic)
-from ._common import check_prroi_backward, check_prroi_forward, check_prroi_rois_backward
 from ._jit import (add_marked, box_tile, div_rn, hat, hat_integral, load_roi, mark_box, may_touch, pixel_tile, scale_of,
                    store_tile, touched_cells, with_flag)
 from ._jit import along_c as _c  # per-channel vector -> tile axis
@@ -320,10 +320,15 @@ def _prroi_rois_bwd_kernel(
 
 # ----------------------------------------------------------------------------- launchers
 
+_check_forward = kernel_check("prroi_pool")
+_check_backward = kernel_check("prroi_pool", "backward")
+_check_rois_backward = kernel_check("prroi_pool", "rois_backward")
+
+
 def prroi_pool_forward(input: torch.Tensor, rois: torch.Tensor, spatial_scale: float, pooled_height: int,
                        pooled_width: int) -> torch.Tensor:
     """Precise RoIPool forward: [K, C, ph, pw] in the input's dtype and memory format."""
-    check_prroi_forward(input, rois, spatial_scale, pooled_height, pooled_width)
+    _check_forward(input, rois, spatial_scale, pooled_height, pooled_width)
     check_device(input, _prroi_fwd_kernel)
     f = box_forward(input, rois, pooled_height, pooled_width, tile_budget(input.dtype))
     if f.out.numel():
@@ -340,8 +345,8 @@ def prroi_pool_backward(grad: torch.Tensor, rois: torch.Tensor, spatial_scale: f
     deterministic: None follows roiops.config.deterministic_backward, then torch's deterministic flag;
     see the module docstring for the two paths.
     """
-    check_prroi_backward(grad, rois, spatial_scale, pooled_height, pooled_width, batch_size, channels, height, width,
-                         channels_last)
+    _check_backward(grad, rois, spatial_scale, pooled_height, pooled_width, batch_size, channels, height, width,
+                    channels_last)
     check_device(grad, _prroi_bwd_atomic_kernel)
     N, C, H, W = int(batch_size), int(channels), int(height), int(width)
     K = rois.shape[0]
@@ -375,7 +380,7 @@ def prroi_pool_rois_backward(grad: torch.Tensor, input: torch.Tensor, rois: torc
     """Gradient of prroi_pool_forward w.r.t. the box coordinates: [K, 5] in rois' dtype,
     zero in the batch-index column and in rows that are not valid boxes (deterministic:
     see the module docstring)."""
-    check_prroi_rois_backward(grad, input, rois, spatial_scale, pooled_height, pooled_width)
+    _check_rois_backward(grad, input, rois, spatial_scale, pooled_height, pooled_width)
     check_device(input, _prroi_rois_bwd_kernel)
     N, C, H, W = input.shape
     K = rois.shape[0]

@@ -27,7 +27,8 @@ from __future__ import annotations
 import torch
 import triton.language as tl
 
-from ._common import check_device, check_ps_backward, check_ps_forward, kernel
+from .._kernel_checks import kernel_check
+from ._common import check_device, kernel
 from ._jit import (align_geometry, axis_taps, box_tile, div_rn, load_roi, map_spans, sample_pos, sample_span,
                    sample_taps, scatter_samples, with_flag)
 from ._jit import along_c as _c  # per-channel vector -> tile axis
@@ -133,10 +134,14 @@ def _ps_align_bwd_kernel(
     store_gathered(gi_ptr, acc, n, p, r, s, c, cm, ph, pw, H, W, siN, siC, siH, siW, CF)
 
 
+_check_forward = kernel_check("ps_roi_align")
+_check_backward = kernel_check("ps_roi_align", "backward")
+
+
 def ps_roi_align_forward(input: torch.Tensor, rois: torch.Tensor, spatial_scale: float, pooled_height: int,
                          pooled_width: int, sampling_ratio: int) -> torch.Tensor:
     """Position-sensitive RoIAlign forward: [K, C / (ph * pw), ph, pw] in the input's dtype and memory format."""
-    check_ps_forward(input, rois, spatial_scale, pooled_height, pooled_width, sampling_ratio)
+    _check_forward(input, rois, spatial_scale, pooled_height, pooled_width, sampling_ratio)
     check_device(input, _ps_align_fwd_kernel)
     return launch_forward(_ps_align_fwd_kernel, input, rois, spatial_scale, int(pooled_height), int(pooled_width),
                           int(sampling_ratio))
@@ -151,8 +156,8 @@ def ps_roi_align_backward(grad: torch.Tensor, rois: torch.Tensor, spatial_scale:
     deterministic: None follows roiops.config.deterministic_backward, then torch's
     deterministic flag; see the module docstring for the two paths.
     """
-    check_ps_backward(grad, rois, spatial_scale, pooled_height, pooled_width, batch_size, channels, height, width,
-                      channels_last, sampling_ratio)
+    _check_backward(grad, rois, spatial_scale, pooled_height, pooled_width, batch_size, channels, height, width,
+                    sampling_ratio, channels_last)
     check_device(grad, _ps_align_bwd_kernel)
     return launch_backward(_ps_align_bwd_kernel, _ps_align_bwd_atomic_kernel, grad, rois, spatial_scale,
                            int(pooled_height), int(pooled_width), int(batch_size), int(channels), int(height),

@@ -19,7 +19,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import check_device, check_ps_backward, check_ps_forward, kernel
+from .._kernel_checks import kernel_check
+from ._common import check_device, kernel
 from ._jit import bin_edges, box_tile, c_round, div_rn, load_roi, with_flag
 from ._jit import along_c as _c  # per-channel vector -> tile axis
 from ._jit import along_p as _p  # per-bin / per-pixel vector -> tile axis
@@ -132,10 +133,14 @@ def _ps_pool_bwd_kernel(
     store_gathered(gi_ptr, acc, n, p, r, s, c, cm, ph, pw, H, W, siN, siC, siH, siW, CF)
 
 
+_check_forward = kernel_check("ps_roi_pool")
+_check_backward = kernel_check("ps_roi_pool", "backward")
+
+
 def ps_roi_pool_forward(input: torch.Tensor, rois: torch.Tensor, spatial_scale: float, pooled_height: int,
                         pooled_width: int) -> torch.Tensor:
     """Position-sensitive RoIPool forward: [K, C / (ph * pw), ph, pw] in the input's dtype and memory format."""
-    check_ps_forward(input, rois, spatial_scale, pooled_height, pooled_width)
+    _check_forward(input, rois, spatial_scale, pooled_height, pooled_width)
     check_device(input, _ps_pool_fwd_kernel)
     return launch_forward(_ps_pool_fwd_kernel, input, rois, spatial_scale, int(pooled_height), int(pooled_width))
 
@@ -148,8 +153,8 @@ def ps_roi_pool_backward(grad: torch.Tensor, rois: torch.Tensor, spatial_scale: 
     deterministic: None follows roiops.config.deterministic_backward, then torch's
     deterministic flag; see the module docstring for the two paths.
     """
-    check_ps_backward(grad, rois, spatial_scale, pooled_height, pooled_width, batch_size, channels, height, width,
-                      channels_last)
+    _check_backward(grad, rois, spatial_scale, pooled_height, pooled_width, batch_size, channels, height, width,
+                    channels_last)
     check_device(grad, _ps_pool_bwd_kernel)
     return launch_backward(_ps_pool_bwd_kernel, _ps_pool_bwd_atomic_kernel, grad, rois, spatial_scale,
                            int(pooled_height), int(pooled_width), int(batch_size), int(channels), int(height),

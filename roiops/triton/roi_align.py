@@ -39,10 +39,11 @@ import torch
 import triton.language as tl
 
 from .._geometry import dense
+from .._kernel_checks import kernel_check
 from ._align import bwd_atomic_tile, fwd_tile
 from ._align_gather import gather_backward
-from ._common import (GPU_TILE, box_forward, box_grid, check_align_backward, check_align_forward, check_device,
-                      f64_bits, from_atomic, grad_input, kernel, opmath, tile_budget, use_deterministic)
+from ._common import (GPU_TILE, box_forward, box_grid, check_device, f64_bits, from_atomic, grad_input, kernel, opmath,
+                      tile_budget, use_deterministic)
 from ._jit import box_program, scale_of
 
 __all__ = ["roi_align_backward", "roi_align_forward", "roi_align_max_backward", "roi_align_max_forward"]
@@ -78,8 +79,14 @@ def _align_bwd_atomic_kernel(
 
 # ----------------------------------------------------------------------------- launchers
 
+_check_avg, _check_max = kernel_check("roi_align"), kernel_check("roi_align_max")
+_check_avg_backward = kernel_check("roi_align", "backward")
+_check_max_backward = kernel_check("roi_align_max", "backward")
+
+
 def _forward(input, rois, spatial_scale, pooled_height, pooled_width, sampling_ratio, aligned, max_mode):
-    check_align_forward(input, rois, spatial_scale, pooled_height, pooled_width, sampling_ratio, aligned)
+    (_check_max if max_mode else _check_avg)(input, rois, spatial_scale, pooled_height, pooled_width, sampling_ratio,
+                                             aligned)
     check_device(input, _align_fwd_kernel)
     f = box_forward(input, rois, pooled_height, pooled_width, tile_budget(input.dtype), flat=True, argmax=max_mode)
     if f.out.numel():
@@ -91,8 +98,12 @@ def _forward(input, rois, spatial_scale, pooled_height, pooled_width, sampling_r
 
 def _backward(grad, argmax, rois, spatial_scale, pooled_height, pooled_width, batch_size, channels, height, width,
               sampling_ratio, aligned, channels_last, max_mode, deterministic):
-    check_align_backward(grad, argmax, rois, spatial_scale, pooled_height, pooled_width, batch_size, channels, height,
-                         width, sampling_ratio, aligned, channels_last, max_mode)
+    if max_mode:
+        _check_max_backward(grad, argmax, rois, spatial_scale, pooled_height, pooled_width, batch_size, channels,
+                            height, width, sampling_ratio, aligned, channels_last)
+    else:
+        _check_avg_backward(grad, rois, spatial_scale, pooled_height, pooled_width, batch_size, channels, height,
+                            width, sampling_ratio, aligned, channels_last)
     check_device(grad, _align_bwd_atomic_kernel)
     N, C, H, W = int(batch_size), int(channels), int(height), int(width)
     K = rois.shape[0]

@@ -20,7 +20,8 @@ import triton.language as tl
 
 from .._geometry import dense
 from ._align import align_tile, argmax_taps, pool_bins
-from ._common import box_grid, check_align_rois_backward, check_device, f64_bits, kernel, opmath, tile_budget
+from .._kernel_checks import kernel_check
+from ._common import box_grid, check_device, f64_bits, kernel, opmath, tile_budget
 from ._jit import (axis_slides, bilinear_slopes, box_program, corner_slopes, div_rn, load_roi, map_spans, sample_taps,
                    scale_of, with_flag)
 from ._jit import along_c as _c  # per-channel vector -> tile axis
@@ -117,8 +118,12 @@ def _align_rois_bwd_kernel(
     tl.store(out + 3, sy2)
 
 
+_check_avg, _check_max = kernel_check("roi_align", "rois_backward"), kernel_check("roi_align_max", "rois_backward")
+
+
 def _rois_backward(grad, input, rois, spatial_scale, pooled_height, pooled_width, sampling_ratio, aligned, max_mode):
-    check_align_rois_backward(grad, input, rois, spatial_scale, pooled_height, pooled_width, sampling_ratio, aligned)
+    (_check_max if max_mode else _check_avg)(grad, input, rois, spatial_scale, pooled_height, pooled_width,
+                                             sampling_ratio, aligned)
     check_device(input, _align_rois_bwd_kernel)
     N, C, H, W = input.shape
     K = rois.shape[0]

@@ -26,9 +26,9 @@ import triton
 import triton.language as tl
 
 from .._geometry import dense
-from ._common import (INTERP_TILE, LAUNCH_OPTS, box_forward, box_grid, cdiv, check_device, check_rotated_backward,
-                      check_rotated_forward, f64_bits, from_atomic, grad_input, kernel, opmath, tile_budget,
-                      use_deterministic)
+from .._kernel_checks import kernel_check
+from ._common import (INTERP_TILE, LAUNCH_OPTS, box_forward, box_grid, cdiv, check_device, f64_bits, from_atomic,
+                      grad_input, kernel, opmath, tile_budget, use_deterministic)
 from ._jit import (MAX_COORD, axis_taps, bin_grid, bin_tile, box_program, div_rn, sample_pos, sample_span, scale_of,
                    with_flag)
 from ._jit import along_c as _c
@@ -277,6 +277,10 @@ def _rotated_bwd_ordered_kernel(
                                                siW)
 
 
+_check_forward = kernel_check("roi_align_rotated")
+_check_backward = kernel_check("roi_align_rotated", "backward")
+
+
 def _cos_sin(rois: torch.Tensor) -> torch.Tensor:
     """[K, 2] cos and sin of the angles, computed in float64 and rounded to the rois' type
     (non-finite angles give NaN, which the kernels mask as a bad row)."""
@@ -291,7 +295,7 @@ def _cos_sin(rois: torch.Tensor) -> torch.Tensor:
 def roi_align_rotated_forward(input: torch.Tensor, rois: torch.Tensor, spatial_scale: float, pooled_height: int,
                               pooled_width: int, sampling_ratio: int, aligned: bool) -> torch.Tensor:
     """Rotated RoIAlign forward: [K, C, ph, pw] in the input's dtype and memory format."""
-    check_rotated_forward(input, rois, spatial_scale, pooled_height, pooled_width, sampling_ratio, aligned)
+    _check_forward(input, rois, spatial_scale, pooled_height, pooled_width, sampling_ratio, aligned)
     check_device(input, _rotated_fwd_kernel)
     f = box_forward(input, rois, pooled_height, pooled_width, tile_budget(input.dtype), flat=True)
     if f.out.numel():
@@ -309,8 +313,8 @@ def roi_align_rotated_backward(grad: torch.Tensor, rois: torch.Tensor, spatial_s
 
     deterministic: None follows roiops.config.deterministic_backward, then torch's deterministic flag.
     """
-    check_rotated_backward(grad, rois, spatial_scale, pooled_height, pooled_width, batch_size, channels, height,
-                           width, sampling_ratio, aligned, channels_last)
+    _check_backward(grad, rois, spatial_scale, pooled_height, pooled_width, batch_size, channels, height, width,
+                    sampling_ratio, aligned, channels_last)
     check_device(grad, _rotated_bwd_atomic_kernel)
     N, C, H, W = int(batch_size), int(channels), int(height), int(width)
     K = rois.shape[0]

@@ -31,9 +31,9 @@ import triton
 import triton.language as tl
 
 from .._geometry import dense
+from .._kernel_checks import kernel_check
 from ._common import (LAUNCH_OPTS, box_forward, box_grid, cdiv, check_device, f64_bits, from_atomic, gather_grid,
                       grad_input, kernel, next_pow2, opmath, tile_mask, use_deterministic)
-from ._common import check_pool_backward, check_pool_forward
 from ._jit import along_c as _c  # per-channel vector -> tile axis
 from ._jit import along_p as _p  # per-bin / per-pixel vector -> tile axis
 from ._jit import (add_marked, beats, bin_tile, box_program, box_tile, load_roi, mark_box, pixel_tile, pool_axis,
@@ -214,11 +214,15 @@ def _pool_bwd_gather_kernel(
 
 # ----------------------------------------------------------------------------- launchers
 
+_check_forward = kernel_check("roi_pool", plane_argmax=True)
+_check_backward = kernel_check("roi_pool", "backward")
+
+
 def roi_pool_forward(input: torch.Tensor, rois: torch.Tensor, spatial_scale: float, pooled_height: int,
                      pooled_width: int, continuous: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """RoIPool forward: (out, argmax int32 = h * W + w in the image plane, -1 for an empty
     bin), in the input's dtype and memory format."""
-    check_pool_forward(input, rois, spatial_scale, pooled_height, pooled_width, continuous)
+    _check_forward(input, rois, spatial_scale, pooled_height, pooled_width, continuous)
     check_device(input, _pool_fwd_kernel)
     f = box_forward(input, rois, pooled_height, pooled_width, argmax=True)
     if f.out.numel():
@@ -235,7 +239,7 @@ def roi_pool_backward(grad: torch.Tensor, argmax: torch.Tensor, rois: torch.Tens
     deterministic: None follows roiops.config.deterministic_backward, then torch's deterministic flag;
     see the module docstring for what the deterministic path costs.
     """
-    check_pool_backward(grad, argmax, rois, batch_size, channels, height, width, channels_last)
+    _check_backward(grad, argmax, rois, batch_size, channels, height, width, channels_last)
     check_device(grad, _pool_bwd_atomic_kernel)
     N, C, H, W = int(batch_size), int(channels), int(height), int(width)
     K, _, ph, pw = grad.shape

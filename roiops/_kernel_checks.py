@@ -1,0 +1,261 @@
+"""The argument check of the kernel contract (docs/architecture.md): one check per kernel
+function, built from its op's declaration, which the Triton launchers and the reference
+kernels run first. The C++ kernels (csrc/geometry.h, "Argument checks") refuse the same
+arguments in the same order with the same exception types and messages, so that a direct
+``torch.ops.roiops`` call, which skips the public API's validation, fails alike on every
+backend.
+
+A separate module from ``_validation``, which normalises what users pass to the public
+functions (box lists, numpy scalars, output_size pairs) and reads box values: this one
+checks the registered ops' own arguments by their schema names, reads only shapes, dtypes,
+devices and Python scalars (no host sync on a GPU), and needs the op declarations, which
+import ``_validation``.
+
+What a check knows of its op comes from ``roiops.ops.SPECS`` when it is built: the
+function's parameters and their schema types (``Kernels.args``, ``backward``, ``saved``,
+``tensors``), the box format (``OpSpec.boxes``: rows of 5 or 6) and whether the op is
+position-sensitive. The checks, in this order (the map tensor is ``input``, or ``grad``
+in a backward):
+
+1. argument types, by schema type (Python only: the op schema, or pybind11 for the C++
+   functions, refuses them before any kernel): TypeError;
+2. the map tensor: 4-D; floating point (ValueError); one of the kernels' dtypes
+   (NotImplementedError);
+3. rois: ``[K, 5]`` (``[K, 6]`` rotated); floating point, float64 for a float64 map
+   (other floating dtypes are converted to the opmath type); on the map's device;
+   extra tensor inputs on the map's device;
+4. a backward's ``batch_size`` and ``channels`` >= 0; the map's height and width in
+   [1, 2^24];
+5. the pooled size in [1, 65536] (roi_pool's backward: grad's last two sizes);
+   ``spatial_scale`` in [2^-64, 2^64]; ``sampling_ratio`` <= 1024;
+6. position-sensitive ops: channels a multiple of ``pooled_height * pooled_width``;
+7. ``grad`` of the forward output's shape ``[K, C_out, pooled_height, pooled_width]``
+   (a box gradient's: floating point, the input's dtype, on its device);
+8. a saved ``argmax``: grad's shape, int32, on grad's device.
+
+Box rows and argmax *values* are not looked at: the C++ and reference kernels check them
+on the data (a ValueError naming the row), the Triton kernels mask them (no host sync).
+"""
+
+from __future__ import annotations
+
+import numbers
+import operator
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from ._geometry import MAX_MAP_SIDE, MAX_OUTPUT_SIZE, MAX_SAMPLING_RATIO, MAX_SCALE, MIN_SCALE
+
+ROLES = ("forward", "backward", "rois_backward")
+
+_KERNEL_DTYPES = frozenset((torch.float16, torch.bfloat16, torch.float32, torch.float64))
+_INT32_MAX = 2**31 - 1
+# Backward arguments that describe the input rather than repeat a forward argument
+# (ops/_declare.py gives them to the backward op).
+_FROM_INPUT = {"batch_size": "int", "channels": "int", "height": "int", "width": "int", "channels_last": "bool"}
+_PYTHON_TYPES = {"Tensor": Tensor, "int": int, "float": float, "bool": bool}
+_ROWS = {5: "batch_index, x1, y1, x2, y2", 6: "batch_index, cx, cy, w, h, theta"}
+
+
+def parameters(name: str, role: str) -> list[tuple[str, str]]:
+    """``(name, schema type)`` of kernel function ``<name>_<role>``'s parameters, in the
+    kernel contract's order (ops/_declare.py builds the op schemas in the same one)."""
+    spec, k = _declaration(name)
+    types = dict((n, t) for t, n in k.args) | _FROM_INPUT
+    tensors = [(n, "Tensor?") for n, _ in k.tensors]
+    args = [(n, t) for t, n in k.args]
+    if role == "forward":
+        return [("input", "Tensor"), ("rois", "Tensor"), *tensors, *args]
+    if role == "backward":
+        return [("grad", "Tensor"), *((s, "Tensor") for s in k.saved), ("rois", "Tensor"), *tensors,
+                *((n, types[n]) for n in k.backward)]
+    if role == "rois_backward" and k.rois_grad:
+        return [("grad", "Tensor"), ("input", "Tensor"), ("rois", "Tensor"), *tensors, *args]
+    raise ValueError(f"roiops: op {name} has no kernel role {role!r}")
+
+
+def _declaration(name: str) -> tuple[Any, Any]:
+    """The OpSpec and Kernels that declare registered op ``roiops::<name>``."""
+    from .ops import SPECS  # the op modules import roiops._validation, not this module
+
+    for spec in SPECS:
+        for k in spec.kernels:
+            if k.name == name:
+                return spec, k
+    raise KeyError(f"roiops: no op declares kernels {name!r}")
+
+
+def kernel_check(name: str, role: str = "forward", *, plane_argmax: bool = False, empty_map: bool = False,
+                 int64_argmax: bool = False) -> Callable[..., None]:
+    """The check of kernel function ``<name>_<role>`` (role ``"forward"``, ``"backward"`` or
+    ``"rois_backward"``): ``check(*args)`` with the function's arguments in its order
+    raises for what the kernel must refuse (the module docstring), else returns None.
+    Built once, when a kernel module is imported: a call reads no declaration.
+
+    ``plane_argmax``: the forward's argmax is the int32 index ``h * W + w`` of a map cell
+    (roi_pool), so ``H * W`` must be below 2^31. ``empty_map`` and ``int64_argmax``: what
+    the reference kernels of RoIAlign and RoIPool also take (tests/test_reference.py),
+    a map of height or width 0 and an int64 argmax; no other kernel does."""
+    spec, k = _declaration(name)
+    params = parameters(name, role)
+    names = [n for n, _ in params]
+    pos = {n: i for i, n in enumerate(names)}
+    main_name = "grad" if role == "backward" else "input"
+    main, at_rois = pos[main_name], pos["rois"]
+    width = 6 if spec.boxes == "rotated" else 5
+    rois_shape = f"roiops: rois must be [K, {width}] (rows ({_ROWS[width]}))"
+    layout = "[K, C, pooled_height, pooled_width]" if main_name == "grad" else "[N, C, H, W]"
+    # Argument types: the call's types, in one comparison, where every argument has its
+    # schema type exactly (a plain Tensor, a Python int, float, bool); otherwise each is
+    # checked (subclasses, numpy scalars, an int for a float, None for a Tensor?).
+    expected = tuple(_PYTHON_TYPES[t.rstrip("?")] for _, t in params)
+    kinds = tuple((i, n, t) for i, (n, t) in enumerate(params))
+    at_pooled = (pos["pooled_height"], pos["pooled_width"]) if "pooled_height" in pos else None
+    at_scale, at_ratio = pos.get("spatial_scale"), pos.get("sampling_ratio")
+    at_argmax = pos.get("argmax")
+    at_grad = pos["grad"] if role == "rois_backward" else None
+    sizes = operator.itemgetter(*(pos[n] for n in ("batch_size", "channels", "height", "width"))) \
+        if role == "backward" else None
+    extra = tuple((pos[n], n) for n, _ in k.tensors)
+    out_channels = k.out_channels
+    position_sensitive = spec.position_sensitive
+    min_side = 0 if empty_map else 1
+    argmax_dtypes = (torch.int32, torch.int64) if int64_argmax else (torch.int32,)
+
+    def check(*args: Any) -> None:
+        if tuple(map(type, args)) != expected:
+            _check_types(kinds, args)
+        x, rois = args[main], args[at_rois]
+        # 2. the map tensor
+        if x.dim() != 4:
+            raise ValueError(f"roiops: {main_name} must be 4-D {layout}, got {x.dim()}-D")
+        dtype = x.dtype
+        if dtype not in _KERNEL_DTYPES:
+            _unsupported(main_name, dtype)
+        # 3. rois and the other tensors' devices
+        if rois.dim() != 2 or rois.shape[1] != width:
+            raise ValueError(f"{rois_shape}, got {list(rois.shape)}")
+        rois_dtype = rois.dtype
+        if rois_dtype != dtype and (rois_dtype != torch.float32 or dtype == torch.float64):
+            _rois_dtype(rois, main_name, dtype)
+        device = x.device
+        if rois.device != device:
+            raise ValueError(f"roiops: rois is on {rois.device} but {main_name} is on {device}")
+        for i, n in extra:
+            t = args[i]
+            if t is not None and t.device != device:
+                raise ValueError(f"roiops: {n} is on {t.device} but {main_name} is on {device}")
+        # 4. sizes
+        if sizes is None:
+            _, C, H, W = x.shape
+        else:
+            N, C, H, W = sizes(args)
+            if N < 0 or C < 0:
+                raise ValueError(f"roiops: batch size and channels must be non-negative, got batch_size={N}, "
+                                 f"channels={C}")
+        if not (min_side <= H <= MAX_MAP_SIDE and min_side <= W <= MAX_MAP_SIDE):
+            _map_size(H, W)
+        # 5. scalars
+        if at_pooled is None:  # roi_pool's backward: the pooled size is grad's
+            ph, pw, source = x.shape[2], x.shape[3], " (grad's last two sizes)"
+        else:
+            ph, pw, source = args[at_pooled[0]], args[at_pooled[1]], ""
+        if not (0 < ph <= MAX_OUTPUT_SIZE and 0 < pw <= MAX_OUTPUT_SIZE):
+            raise ValueError(f"roiops: output size must be in [1, {MAX_OUTPUT_SIZE}], got pooled_height={ph}, "
+                             f"pooled_width={pw}{source}")
+        if at_scale is not None and not MIN_SCALE <= args[at_scale] <= MAX_SCALE:
+            raise ValueError(f"roiops: spatial_scale must be in [2^-64, 2^64], got {float(args[at_scale]):g}")
+        if at_ratio is not None and args[at_ratio] > MAX_SAMPLING_RATIO:
+            raise ValueError(f"roiops: sampling_ratio must be at most {MAX_SAMPLING_RATIO} (<= 0 for adaptive), "
+                             f"got {args[at_ratio]}")
+        # 6. channels
+        if position_sensitive and C % (ph * pw):
+            raise ValueError(f"roiops: input channels ({C}) must be a multiple of pooled_height * pooled_width "
+                             f"({ph} * {pw})")
+        if plane_argmax and H * W > _INT32_MAX:
+            raise ValueError(f"roiops: roi_pool needs H * W < 2^31 (its argmax is the int32 h * W + w), got input "
+                             f"height {H} and width {W}")
+        if role == "forward":
+            return
+        # 7. grad
+        grad = x if at_grad is None else args[at_grad]
+        c_out = C if out_channels is None else out_channels(C, ph, pw)
+        if grad.shape != (rois.shape[0], c_out, ph, pw):
+            raise ValueError(f"roiops: grad must be [K, C_out, pooled_height, pooled_width] = "
+                             f"{[rois.shape[0], c_out, ph, pw]} (the forward output's shape), got {list(grad.shape)}")
+        if at_grad is not None:
+            if grad.dtype != dtype:
+                _grad_dtype(grad.dtype, dtype)
+            if grad.device != device:
+                raise ValueError(f"roiops: grad is on {grad.device} but input is on {device}")
+        # 8. argmax
+        if at_argmax is not None:
+            argmax = args[at_argmax]
+            if argmax.shape != grad.shape:
+                raise ValueError(f"roiops: argmax must have the shape of grad {list(grad.shape)}, got "
+                                 f"{list(argmax.shape)}")
+            if argmax.dtype not in argmax_dtypes:
+                raise ValueError(f"roiops: argmax must be int32, got {argmax.dtype}")
+            if argmax.device != device:
+                raise ValueError(f"roiops: argmax is on {argmax.device} but grad is on {device}")
+
+    check.__qualname__ = check.__name__ = f"check_{name}_{role}"
+    return check
+
+
+# ---- the messages of the checks' less common failures (kept out of check's body)
+
+
+def _check_types(kinds: tuple[tuple[int, str, str], ...], args: tuple[Any, ...]) -> None:
+    """TypeError for the first argument that is not of its schema type: a Tensor (None too
+    for a ``Tensor?``), an integer, a real number (for a float), a bool; bool is no number
+    here, and a Tensor is none either (reading it would sync a GPU)."""
+    if len(args) != len(kinds):
+        raise TypeError(f"roiops: the kernel takes {len(kinds)} arguments "
+                        f"({', '.join(n for _, n, _ in kinds)}), got {len(args)}")
+    for i, name, kind in kinds:
+        v = args[i]
+        if kind == "Tensor?" and v is None:
+            continue
+        if kind in ("Tensor", "Tensor?"):
+            ok, what = isinstance(v, Tensor), "a Tensor"
+        elif kind == "int":
+            ok, what = isinstance(v, numbers.Integral) and not isinstance(v, bool), "an int"
+        elif kind == "float":
+            ok, what = isinstance(v, numbers.Real) and not isinstance(v, bool), "a number"
+        else:
+            ok, what = isinstance(v, bool), "a bool"
+        if not ok:
+            raise TypeError(f"roiops: {name} must be {what}, got {type(v).__name__}")
+
+
+def _unsupported(name: str, dtype: torch.dtype) -> None:
+    if not dtype.is_floating_point:
+        raise ValueError(f"roiops: {name} must be floating point, got {dtype}")
+    # float8 types: floating point, but no kernel.
+    raise NotImplementedError(f"roiops: {name} dtype {dtype} is not implemented; expected float16, bfloat16, "
+                              "float32 or float64")
+
+
+def _rois_dtype(rois: Tensor, main_name: str, dtype: torch.dtype) -> None:
+    if not rois.is_floating_point():
+        raise ValueError(f"roiops: rois must be floating point, got {rois.dtype}")
+    if dtype == torch.float64:
+        raise ValueError(f"roiops: rois must be float64 for a float64 {main_name}, got {rois.dtype}")
+    # Any other floating dtype is converted to float32 by the kernels.
+
+
+def _map_size(height: int, width: int) -> None:
+    if height <= 0 or width <= 0:
+        raise ValueError(f"roiops: input height and width must be positive, got height={height}, width={width}")
+    raise ValueError(f"roiops: input height and width must be at most 2^24, got {height} x {width}")
+
+
+def _grad_dtype(got: torch.dtype, want: torch.dtype) -> None:
+    if not got.is_floating_point:
+        raise ValueError(f"roiops: grad must be floating point, got {got}")
+    raise ValueError(f"roiops: grad must have the input's dtype {want}, got {got}")
+
