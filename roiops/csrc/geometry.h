@@ -258,6 +258,39 @@ inline at::Tensor in_layout(const at::Tensor& t, bool channels_last) {
   return c.strides() == c10::IntArrayRef(dense) ? c : c.as_strided(c.sizes(), dense);
 }
 
+// A forward's tensors once the op's argument checks have passed: the input in its layout,
+// rois contiguous in the opmath type with their rows checked, and the options of an output
+// in the input's dtype and layout.
+struct ForwardArgs {
+  at::Tensor input, rois;
+  at::TensorOptions out_options;
+
+  ForwardArgs(const at::Tensor& input_, const at::Tensor& rois_, double spatial_scale) {
+    check_cpu(input_);
+    const bool channels_last = is_channels_last(input_);
+    input = in_layout(input_, channels_last);
+    rois = opmath_rois(rois_, input_.scalar_type());
+    check_rois(rois, input.size(0), spatial_scale);
+    out_options = input.options().memory_format(format_of(channels_last));
+  }
+};
+
+// A backward's, likewise: grad in the gradient's layout, rois (check_coords as
+// check_rois's), and the options of the [N, C, H, W] gradient in grad's dtype.
+struct BackwardArgs {
+  at::Tensor grad, rois;
+  at::TensorOptions grad_options;
+
+  BackwardArgs(const at::Tensor& grad_, const at::Tensor& rois_, int64_t N, double spatial_scale, bool channels_last,
+               bool check_coords = true) {
+    check_cpu(grad_);
+    rois = opmath_rois(rois_, grad_.scalar_type());
+    check_rois(rois, N, spatial_scale, check_coords);
+    grad = in_layout(grad_, channels_last);
+    grad_options = grad.options().memory_format(format_of(channels_last));
+  }
+};
+
 // A box-gradient kernel's checked arguments (grad [K, C, ph, pw] of the input's dtype,
 // the input, rois [K, 5]; sampling_ratio when the op has one), grad and input in the
 // input's layout, rois contiguous in the opmath type.
@@ -270,12 +303,10 @@ struct RoisBackwardArgs {
     if (sampling_ratio) check_sampling_ratio(*sampling_ratio);
     check_grad_shape(grad_, rois_.size(0), input_.size(1), ph, pw);
     check_grad_like(grad_, input_);
-    check_cpu(input_);
-    const bool channels_last = is_channels_last(input_);
-    input = in_layout(input_, channels_last);
-    grad = in_layout(grad_, channels_last);
-    rois = opmath_rois(rois_, input_.scalar_type());
-    check_rois(rois, input.size(0), spatial_scale);
+    const ForwardArgs f(input_, rois_, spatial_scale);
+    input = f.input;
+    rois = f.rois;
+    grad = in_layout(grad_, is_channels_last(input_));
   }
 };
 

@@ -282,12 +282,10 @@ struct PsForward {
     check_forward_args(input_, rois_, 5, spatial_scale, ph, pw);
     if (sampling_ratio) check_sampling_ratio(*sampling_ratio);
     C_out = ps_out_channels(input_.size(1), ph, pw);
-    check_cpu(input_);
-    const bool channels_last = is_channels_last(input_);
-    input = in_layout(input_, channels_last);
-    rois = opmath_rois(rois_, input_.scalar_type());
-    check_rois(rois, input.size(0), spatial_scale);
-    out = empty_output({rois.size(0), C_out, ph, pw}, input.options().memory_format(format_of(channels_last)));
+    const ForwardArgs a(input_, rois_, spatial_scale);
+    input = a.input;
+    rois = a.rois;
+    out = empty_output({rois.size(0), C_out, ph, pw}, a.out_options);
   }
 };
 
@@ -305,12 +303,11 @@ struct PsBackward {
     if (sampling_ratio) check_sampling_ratio(*sampling_ratio);
     const int64_t C_out = ps_out_channels(C, ph, pw);
     check_grad_shape(grad_, rois_.size(0), C_out, ph, pw);
-    check_cpu(grad_);
-    rois = opmath_rois(rois_, grad_.scalar_type());
-    check_rois(rois, N, spatial_scale);
-    grad = in_layout(grad_, channels_last);
+    const BackwardArgs a(grad_, rois_, N, spatial_scale, channels_last);
+    grad = a.grad;
+    rois = a.rois;
     const at::ScalarType opmath = grad.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
-    acc = empty_output({N, C, H, W}, grad.options().dtype(opmath).memory_format(format_of(channels_last)));
+    acc = empty_output({N, C, H, W}, a.grad_options.dtype(opmath));
   }
 
   // Zeroes a channels_last accumulator for kernels that add into it in place.

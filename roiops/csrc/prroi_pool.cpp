@@ -470,13 +470,9 @@ void rois_backward_impl(const at::Tensor& grad, const at::Tensor& input, const a
 at::Tensor prroi_pool_forward(const at::Tensor& input_, const at::Tensor& rois_, double spatial_scale, int64_t ph,
                               int64_t pw) {
   check_forward_args(input_, rois_, 5, spatial_scale, ph, pw);
-  check_cpu(input_);
-  const bool channels_last = is_channels_last(input_);
-  const at::Tensor input = in_layout(input_, channels_last);
-  const at::Tensor rois = opmath_rois(rois_, input_.scalar_type());
-  check_rois(rois, input.size(0), spatial_scale);
-  at::Tensor out = empty_output({rois.size(0), input.size(1), ph, pw},
-                                input.options().memory_format(format_of(channels_last)));
+  const ForwardArgs a(input_, rois_, spatial_scale);
+  const at::Tensor &input = a.input, &rois = a.rois;
+  at::Tensor out = empty_output({rois.size(0), input.size(1), ph, pw}, a.out_options);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, input.scalar_type(), "roiops_prroi_pool_forward",
                                   [&] { forward_impl<scalar_t>(input, rois, spatial_scale, ph, pw, out); });
   return out;
@@ -486,11 +482,9 @@ at::Tensor prroi_pool_backward(const at::Tensor& grad_, const at::Tensor& rois_,
                                int64_t pw, int64_t N, int64_t C, int64_t H, int64_t W, bool channels_last) {
   check_backward_args(grad_, rois_, 5, N, C, H, W, spatial_scale, ph, pw);
   check_grad_shape(grad_, rois_.size(0), C, ph, pw);
-  check_cpu(grad_);
-  const at::Tensor rois = opmath_rois(rois_, grad_.scalar_type());
-  check_rois(rois, N, spatial_scale);
-  const at::Tensor grad = in_layout(grad_, channels_last);
-  at::Tensor gi = empty_output({N, C, H, W}, grad.options().memory_format(format_of(channels_last)));
+  const BackwardArgs a(grad_, rois_, N, spatial_scale, channels_last);
+  const at::Tensor &grad = a.grad, &rois = a.rois;
+  at::Tensor gi = empty_output({N, C, H, W}, a.grad_options);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, grad.scalar_type(), "roiops_prroi_pool_backward",
                                   [&] { backward_impl<scalar_t>(grad, rois, spatial_scale, ph, pw, gi); });
   return gi;

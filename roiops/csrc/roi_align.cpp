@@ -826,14 +826,11 @@ std::tuple<at::Tensor, at::Tensor> forward(const at::Tensor& input_, const at::T
                                            int64_t ph, int64_t pw, int64_t sampling_ratio, bool aligned, bool max_mode) {
   check_forward_args(input_, rois_, 5, spatial_scale, ph, pw);
   check_sampling_ratio(sampling_ratio);
-  check_cpu(input_);
-  const bool channels_last = is_channels_last(input_);
-  const at::Tensor input = in_layout(input_, channels_last);
-  const at::Tensor rois = opmath_rois(rois_, input_.scalar_type());
-  check_rois(rois, input.size(0), spatial_scale);
-  const auto opts = input.options().memory_format(format_of(channels_last));
-  at::Tensor out = empty_output({rois.size(0), input.size(1), ph, pw}, opts);
-  at::Tensor argmax = max_mode ? empty_output({rois.size(0), input.size(1), ph, pw}, opts.dtype(at::kInt)) : at::Tensor();
+  const ForwardArgs a(input_, rois_, spatial_scale);
+  const at::Tensor &input = a.input, &rois = a.rois;
+  at::Tensor out = empty_output({rois.size(0), input.size(1), ph, pw}, a.out_options);
+  at::Tensor argmax =
+      max_mode ? empty_output({rois.size(0), input.size(1), ph, pw}, a.out_options.dtype(at::kInt)) : at::Tensor();
   const int64_t K = rois.size(0);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, input.scalar_type(), "roiops_roi_align_forward", [&] {
     for (int64_t k0 = 0; k0 < K; k0 += kBoxChunk) {
@@ -857,13 +854,11 @@ at::Tensor backward(const at::Tensor& grad_, const at::Tensor& argmax_, const at
   check_sampling_ratio(sampling_ratio);
   check_grad_shape(grad_, rois_.size(0), C, ph, pw);
   if (max_mode) check_argmax(argmax_, grad_);
-  check_cpu(grad_);
-  const at::Tensor rois = opmath_rois(rois_, grad_.scalar_type());
-  check_rois(rois, N, spatial_scale);
-  const at::Tensor grad = in_layout(grad_, channels_last);
+  const BackwardArgs a(grad_, rois_, N, spatial_scale, channels_last);
+  const at::Tensor &grad = a.grad, &rois = a.rois;
   // grad and argmax share strides, so one offset serves both.
   const at::Tensor argmax = max_mode ? in_layout(argmax_, channels_last) : at::Tensor();
-  at::Tensor gi = empty_output({N, C, H, W}, grad.options().memory_format(format_of(channels_last)));
+  at::Tensor gi = empty_output({N, C, H, W}, a.grad_options);
   const int64_t K = rois.size(0);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, grad.scalar_type(), "roiops_roi_align_backward", [&] {
     // Each chunk carries on the sums of the chunks before it (the first one zeroes gi),

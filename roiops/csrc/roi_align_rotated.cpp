@@ -464,13 +464,11 @@ at::Tensor roi_align_rotated_forward(const at::Tensor& input_, const at::Tensor&
                                      int64_t ph, int64_t pw, int64_t sampling_ratio, bool aligned) {
   check_forward_args(input_, rois_, 6, spatial_scale, ph, pw);
   check_sampling_ratio(sampling_ratio);
-  check_cpu(input_);
-  const bool channels_last = is_channels_last(input_);
-  const at::Tensor input = in_layout(input_, channels_last);
-  const at::Tensor rois = opmath_rois(rois_, input_.scalar_type());
-  check_rois(rois, input.size(0), spatial_scale);  // angles too
+  const ForwardArgs a(input_, rois_, spatial_scale);  // angles checked too
+  const at::Tensor &input = a.input, &rois = a.rois;
   const int64_t N = input.size(0), C = input.size(1), H = input.size(2), W = input.size(3);
-  at::Tensor out = empty_output({rois.size(0), C, ph, pw}, input.options().memory_format(format_of(channels_last)));
+  const bool channels_last = is_channels_last(input);
+  at::Tensor out = empty_output({rois.size(0), C, ph, pw}, a.out_options);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, input.scalar_type(), "roiops_roi_align_rotated_forward",
                                   [&] {
     using T = at::opmath_type<scalar_t>;
@@ -526,11 +524,9 @@ at::Tensor roi_align_rotated_backward(const at::Tensor& grad_, const at::Tensor&
   check_backward_args(grad_, rois_, 6, N, C, H, W, spatial_scale, ph, pw);
   check_sampling_ratio(sampling_ratio);
   check_grad_shape(grad_, rois_.size(0), C, ph, pw);
-  check_cpu(grad_);
-  const at::Tensor rois = opmath_rois(rois_, grad_.scalar_type());
-  check_rois(rois, N, spatial_scale);  // angles too
-  const at::Tensor grad = in_layout(grad_, channels_last);
-  const auto opts = grad.options().memory_format(format_of(channels_last));
+  const BackwardArgs a(grad_, rois_, N, spatial_scale, channels_last);  // angles checked too
+  const at::Tensor &grad = a.grad, &rois = a.rois;
+  const at::TensorOptions& opts = a.grad_options;
   at::Tensor gi = empty_output({N, C, H, W}, opts);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, grad.scalar_type(), "roiops_roi_align_rotated_backward",
                                   [&] {

@@ -334,14 +334,10 @@ std::tuple<at::Tensor, at::Tensor> roi_pool_forward(const at::Tensor& input_, co
   TORCH_CHECK_VALUE(input_.size(2) * input_.size(3) <= INT32_MAX,
                     "roiops: roi_pool needs H * W < 2^31 (its argmax is the int32 h * W + w), got input height ",
                     input_.size(2), " and width ", input_.size(3));
-  check_cpu(input_);
-  const bool channels_last = is_channels_last(input_);
-  const at::Tensor input = in_layout(input_, channels_last);
-  const at::Tensor rois = opmath_rois(rois_, input_.scalar_type());
-  check_rois(rois, input.size(0), spatial_scale);
-  const auto opts = input.options().memory_format(format_of(channels_last));
-  at::Tensor out = empty_output({rois.size(0), input.size(1), ph, pw}, opts);
-  at::Tensor argmax = empty_output({rois.size(0), input.size(1), ph, pw}, opts.dtype(at::kInt));
+  const ForwardArgs a(input_, rois_, spatial_scale);
+  const at::Tensor &input = a.input, &rois = a.rois;
+  at::Tensor out = empty_output({rois.size(0), input.size(1), ph, pw}, a.out_options);
+  at::Tensor argmax = empty_output({rois.size(0), input.size(1), ph, pw}, a.out_options.dtype(at::kInt));
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, input.scalar_type(), "roiops_roi_pool_forward", [&] {
     forward_impl<scalar_t>(input, rois, spatial_scale, ph, pw, continuous, out, argmax);
   });
@@ -358,12 +354,10 @@ at::Tensor roi_pool_backward(const at::Tensor& grad_, const at::Tensor& argmax_,
   check_pooled(grad_.size(2), grad_.size(3), " (grad's last two sizes)");
   check_grad_shape(grad_, rois_.size(0), C, grad_.size(2), grad_.size(3));
   check_argmax(argmax_, grad_);
-  check_cpu(grad_);
-  const at::Tensor rois = opmath_rois(rois_, grad_.scalar_type());
   // Only batch indices: the coordinates were checked (with spatial_scale, which this op
   // does not receive) by the forward, and the argmax values are checked below.
-  check_rois(rois, N, 1.0, /*check_coords=*/false);
-  const at::Tensor grad = in_layout(grad_, channels_last);
+  const BackwardArgs a(grad_, rois_, N, 1.0, channels_last, /*check_coords=*/false);
+  const at::Tensor &grad = a.grad, &rois = a.rois;
   const at::Tensor argmax = in_layout(argmax_, channels_last);
   // Per box and bin row: the map rows its argmax values point to, each value checked to
   // lie in [-1, H * W) so that no access leaves the map.
@@ -386,7 +380,7 @@ at::Tensor roi_pool_backward(const at::Tensor& grad_, const at::Tensor& argmax_,
     const scalar_t* rr = rois.const_data_ptr<scalar_t>();
     for (int64_t k = 0; k < K; ++k) batch[k] = static_cast<int64_t>(rr[5 * k]);
   });
-  at::Tensor gi = empty_output({N, C, H, W}, grad.options().memory_format(format_of(channels_last)));
+  at::Tensor gi = empty_output({N, C, H, W}, a.grad_options);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, grad.scalar_type(), "roiops_roi_pool_backward",
                                   [&] { backward_impl<scalar_t>(grad, argmax, batch, rows, gi); });
   return gi;
