@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import importlib
 import itertools
-import math
 
 import pytest
 import torch
@@ -16,7 +15,7 @@ import torchvision
 
 import roiops
 import roiops.compat.torchvision as compat_tv
-from boxes import nasty_boxes, random_boxes
+import cases
 from cases import F32, F64, device_for, num_threads, tol
 
 BACKENDS = ("reference", "cpu", "triton")
@@ -65,9 +64,7 @@ def kernels(backend):
 
 
 def feature(dtype=F64, channels_last=False, seed=0, shape=(N, C, H, W), device="cpu"):
-    x = torch.randn(shape, generator=torch.Generator().manual_seed(seed), dtype=F64).to(dtype)
-    x = x.contiguous(memory_format=torch.channels_last) if channels_last else x
-    return x.to(device)
+    return cases.feature(dtype, channels_last, seed, shape=shape).to(device)
 
 
 # The Triton kernels' gradcheck and comparison with the reference, under the interpreter
@@ -98,8 +95,7 @@ def rois_grad(backend, mode, x, rois, grad, size, sr, aligned, scale=SCALE):
 
 
 def boxes_for(dtype):
-    g = torch.Generator().manual_seed(5)
-    return torch.cat([random_boxes(N, 8, W / SCALE, H / SCALE, g, dtype), nasty_boxes(N, W / SCALE, H / SCALE, dtype),
+    return torch.cat([cases.boxes_for(dtype=dtype, seed=5, count=8, n=N, width=W / SCALE, height=H / SCALE),
                       SMOOTH.to(dtype)])
 
 
