@@ -12,6 +12,7 @@ import itertools
 import pytest
 import torch
 import torchvision
+from torch._dynamo.testing import CompileCounterWithBackend
 
 import roiops
 import roiops.compat.torchvision as compat_tv
@@ -250,6 +251,33 @@ def test_box_grad_must_be_a_bool():
         roiops.roi_align(feature(), SMOOTH, 2, SCALE, 2, box_grad="yes")
     with pytest.raises(ValueError, match="box_grad must be a bool"):
         roiops.RoIAlign(2, SCALE, 2, box_grad=1)
+
+
+def test_compiles_in_both_modes_and_matches_eager(fresh_dynamo):
+    """box_grad=True in both modes: the boxes' gradient (roiops::_roi_align_rois_backward and
+    its max twin, through their fake kernels) in one graph, forward and backward."""
+
+    def fn(x, coords):
+        boxes = torch.cat([torch.zeros_like(coords[:, :1]), coords], dim=1)
+        return (roiops.roi_align(x, boxes, 2, 0.5, 2, True, box_grad=True)
+                + roiops.roi_align(x, boxes, 2, 0.5, 2, False, mode="max", box_grad=True))
+
+    counter = CompileCounterWithBackend("aot_eager")
+    compiled = torch.compile(fn, backend=counter, fullgraph=True)
+    x = feature(F32, shape=(1, 3, 8, 8))
+    coords = SMOOTH[:, 1:].float()
+    results = []
+    for f in (compiled, fn):
+        xi, c = x.clone().requires_grad_(), coords.clone().requires_grad_()
+        out = f(xi, c)
+        (out * torch.linspace(-1, 1, out.numel()).view_as(out)).sum().backward()
+        results.append((out.detach(), xi.grad, c.grad))
+    (out, grad_x, grad_c), (ref_out, ref_grad_x, ref_grad_c) = results
+    torch.testing.assert_close(out, ref_out, rtol=0, atol=0)
+    torch.testing.assert_close(grad_x, ref_grad_x)
+    assert ref_grad_c.abs().sum() > 0
+    torch.testing.assert_close(grad_c, ref_grad_c)
+    assert counter.frame_count == 1
 
 
 def test_double_backward_is_refused():

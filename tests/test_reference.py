@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from boxes import nasty_coordinates
-from cases import tol
+from cases import F64, tol
 from roiops import reference as ref
 from roiops._geometry import align_axis, round_half_away
 
@@ -22,8 +22,6 @@ except ImportError:  # pragma: no cover - torchvision is a test dependency
     torchvision = None
 
 needs_torchvision = pytest.mark.skipif(torchvision is None, reason="torchvision not installed")
-
-F64 = torch.float64
 
 
 def t(values, dtype=F64):

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import roiops
-from cases import F32, F64, device_for, tol
+from cases import BF16, F16, F32, F64, close, device_for, tol
 from cases import boxes_for as _boxes_for
 from cases import feature as _feature
 from cases import run as _run
@@ -142,17 +142,19 @@ def test_huge_boxes_cost_what_they_cover():
 # ----------------------------------------------------------------------------- kernel sets
 
 
-@pytest.mark.parametrize("c", [1, 8, 32, 70])
+@pytest.mark.parametrize("c, dtype", [(1, F64), (8, F64), (19, F64), (32, F64), (70, F64), (19, F32), (19, F16),
+                                      (19, BF16)])
 @pytest.mark.parametrize("channels_last", [False, True])
-def test_cpu_channel_counts(c, channels_last):
+def test_cpu_channel_counts(c, dtype, channels_last):
     # The CPU kernels sum 8, 16 or 32 channels in registers, more in a buffer sample by
-    # sample, and the rest one by one: counts that reach each path. One channels_last
-    # channel: its gradient is contiguous in both layouts.
-    x, b = feature(F64, channels_last, c=c), boxes(F64)
+    # sample, and the rest one by one: counts that reach each path (19: a vector of lanes
+    # and a tail, in each dtype). One channels_last channel: its gradient is contiguous in
+    # both layouts.
+    x, b = feature(dtype, channels_last, c=c), boxes(F64)
     out, grad = run(x, b, (2, 3), 0, True, "cpu")
     ref_out, ref_grad = run(x, b, (2, 3), 0, True, "reference")
-    torch.testing.assert_close(out, ref_out, **tol(F64))
-    torch.testing.assert_close(grad, ref_grad, **tol(F64))
+    close(out, ref_out, dtype)
+    close(grad, ref_grad, dtype)
 
 
 # ----------------------------------------------------------------------------- API
