@@ -30,7 +30,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 import roiops
-from cases import Case, config_set, contract_args, device_for, forward_kernels, num_threads, odd_unit_strides, tol
+from cases import Case, config_set, contract_args, device_for, num_threads, odd_unit_strides, takes_max, tol
 from roiops.ops import SPECS
 
 SETTINGS = dict(derandomize=True, database=None, deadline=None, print_blob=True,
@@ -150,12 +150,6 @@ def cases(draw):
 
 def run(x, boxes, op, args):
     return op(x, boxes, args["output_size"], args["spatial_scale"])
-
-
-def takes_max(op: Case) -> bool:
-    """Whether each output value is one sample's, picked by the maximum (the kernels keep an
-    argmax): the kernel sets then agree bit for bit."""
-    return bool(forward_kernels(op).saved)
 
 
 def reference_tol(op, rois, args, dtype) -> dict[str, float]:

@@ -73,14 +73,17 @@ def _dtype_id(dtype):
     return str(dtype)[6:]
 
 
-# Every dtype and layout on the C++ kernels; Triton's interpreter is slow: two of the eight
-# per case, in turn (every pair runs for each op with several option sets, and test_triton
-# and the ops' own files run each op's Triton kernels in every dtype and layout).
-REFERENCE_CASES = [pytest.param(c, d, cl, "cpu", id=f"{c.id}-{_dtype_id(d)}-{'cl' if cl else 'nchw'}-cpu")
-                   for c in CASES for d in DTYPES for cl in (False, True)]
-REFERENCE_CASES += [pytest.param(c, DTYPES[(i + 2 * cl) % 4], cl, "triton",
-                                 id=f"{c.id}-{_dtype_id(DTYPES[(i + 2 * cl) % 4])}-{'cl' if cl else 'nchw'}-triton")
-                    for i, c in enumerate(CASES) for cl in (False, True)]
+def _reference_case(case, dtype, channels_last, backend):
+    return pytest.param(case, dtype, channels_last, backend,
+                        id=f"{case.id}-{_dtype_id(dtype)}-{'cl' if channels_last else 'nchw'}-{backend}")
+
+
+# Every dtype and layout on the C++ kernels. Triton's interpreter is slow: one pair per
+# case, in turn (each of the eight pairs runs, both layouts for each op with several option
+# sets; test_triton and the ops' own files run each op's Triton kernels in every dtype
+# and layout).
+REFERENCE_CASES = [_reference_case(c, d, cl, "cpu") for c in CASES for d in DTYPES for cl in (False, True)]
+REFERENCE_CASES += [_reference_case(c, DTYPES[i // 2 % 4], bool(i % 2), "triton") for i, c in enumerate(CASES)]
 
 
 @pytest.mark.parametrize("case, dtype, channels_last, backend", REFERENCE_CASES)
@@ -278,6 +281,7 @@ def test_eager_calls_run_the_kernels_as_the_registered_ops_do(case):
 
 
 @pytest.mark.filterwarnings("ignore::torch.jit.TracerWarning")  # the checks' shape tests, traced as constants
+@pytest.mark.filterwarnings("ignore:`torch.jit.trace` is deprecated:FutureWarning")
 @pytest.mark.parametrize("case", spec_params())
 def test_traced_and_profiled_calls_see_the_registered_op(case):
     x, b = feature(channels=case.channels(C, 3)), case.boxes()
@@ -524,8 +528,12 @@ def _strided(case):
     return [swapped, wide[..., ::2], channels[:, ::2]]
 
 
-@pytest.mark.parametrize("backend", ["cpu", "triton"])
-@pytest.mark.parametrize("case", params(CASES))
+# Triton's interpreter: each op with its first option set.
+STRIDED = [pytest.param(c, "cpu", id=f"{c.id}-cpu") for c in CASES]
+STRIDED += [pytest.param(c.values[0], "triton", id=f"{c.id}-triton") for c in spec_params()]
+
+
+@pytest.mark.parametrize("case, backend", STRIDED)
 def test_strided_input_is_its_contiguous_copy(case, backend):
     boxes = case.boxes()
     for x in _strided(case)[:1 if backend == "triton" else None]:  # the interpreter: one
