@@ -1,17 +1,26 @@
-"""Tables the tests share: tolerances, the public operators, and the registered ops with
-their kernel-contract functions and argument variants."""
+"""What the tests share: dtypes and tolerances; the operators' cases, from roiops.ops.SPECS
+(no list of operators is kept here); the feature maps, boxes and runs the tests build
+their calls from; and the registered ops with their kernel-contract functions and
+argument variants."""
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+import functools
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
+import pytest
 import torch
 
 import roiops
+from boxes import nasty_boxes, nasty_rotated_boxes, random_boxes, rotated_boxes
+from roiops.ops import SPECS
+from roiops.ops._spec import Kernels, OpSpec
 
 F16, BF16, F32, F64 = torch.float16, torch.bfloat16, torch.float32, torch.float64
+DTYPES = (F16, BF16, F32, F64)
 
 # rtol = atol, per dtype, by what is compared.
 TOL = {
@@ -86,17 +95,163 @@ def odd_unit_strides(x: torch.Tensor, dims: list[int] | None = None) -> torch.Te
     return x.clone().as_strided(x.shape, strides)
 
 
-# The public operators, called alike: (input, boxes, output_size, spatial_scale,
-# sampling_ratio, aligned). RoIPool and PrRoIPool take no sampling_ratio nor aligned.
-API = {
-    "avg": lambda x, b, size, scale, sr, al: roiops.roi_align(x, b, size, scale, sr, al),
-    "max": lambda x, b, size, scale, sr, al: roiops.roi_align(x, b, size, scale, sr, al, mode="max"),
-    "caffe": lambda x, b, size, scale, sr, al: roiops.roi_pool(x, b, size, scale),
-    "mmdet": lambda x, b, size, scale, sr, al: roiops.roi_pool(x, b, size, scale, convention="mmdet"),
-    "prroi": lambda x, b, size, scale, sr, al: roiops.prroi_pool(x, b, size, scale),
-}
-ALIGN = ("avg", "max")
-POOL = ("caffe", "mmdet")
+# ----------------------------------------------------------------------------- operators
+
+
+@dataclass(frozen=True, eq=False)
+class Case:
+    """One public operator with one set of its options (``OpSpec.options``, or its
+    ``box_grad`` options), as the generic tests run it."""
+
+    id: str
+    spec: OpSpec
+    options: dict[str, Any] = field(default_factory=dict)
+
+    def __call__(self, input: Any, boxes: Any, output_size: Any, spatial_scale: float) -> torch.Tensor:
+        return self.spec.function(input, boxes, output_size, spatial_scale, **self.options)
+
+    def module(self, output_size: Any, spatial_scale: float) -> torch.nn.Module:
+        return self.spec.module(output_size, spatial_scale, **self.options)
+
+    @property
+    def box_grad(self) -> bool:
+        """Whether the boxes receive a gradient: the options include the spec's box_grad ones."""
+        return self.spec.box_grad is not None and self.spec.box_grad.items() <= self.options.items()
+
+    def channels(self, c: int, output_size: Any) -> int:
+        """The input channels that give ``c`` output channels (``C_out * ph * pw`` for a
+        position-sensitive op)."""
+        ph, pw = (output_size, output_size) if isinstance(output_size, int) else output_size
+        return c * ph * pw if self.spec.position_sensitive else c
+
+    def boxes(self, **kw: Any) -> torch.Tensor:
+        """:func:`boxes_for` in the op's box format."""
+        return boxes_for(self.spec.boxes, **kw)
+
+
+def _cases() -> list[Case]:
+    found = []
+    for spec in SPECS:
+        found += [Case(f"{spec.name}-{i}", spec, options) for i, options in enumerate(spec.options)]
+        if spec.box_grad is not None and spec.box_grad not in spec.options:
+            found.append(Case(f"{spec.name}-box_grad", spec, spec.box_grad))
+    return found
+
+
+#: Every operator with every option set of its spec, and its box-gradient options where
+#: none of those has them.
+CASES = _cases()
+#: The cases whose boxes receive a gradient.
+BOX_GRAD_CASES = [c for c in CASES if c.box_grad]
+
+
+def params(cases: Sequence[Case]) -> list[Any]:
+    """``cases`` as pytest parameters with their ids."""
+    return [pytest.param(c, id=c.id) for c in cases]
+
+
+def spec_params() -> list[Any]:
+    """Every spec, as a pytest parameter with its name as id: its first option set."""
+    return [pytest.param(c, id=c.spec.name) for c in CASES if c.options is c.spec.options[0]]
+
+
+@functools.cache
+def _forward_kernels(name: str, options: tuple[tuple[str, Any], ...]) -> Kernels:
+    spec = next(s for s in SPECS if s.name == name)
+    case = Case(name, spec, dict(options))
+    x = feature(channels=case.channels(1, 2))
+    recorder = RecordOps()
+    with recorder:
+        case(x, case.boxes(count=1), 2, SCALE)
+    called = [k for k in spec.kernels if f"roiops.{k.name}.default" in recorder.ops]
+    assert len(called) == 1, (case.id, recorder.ops)
+    return called[0]
+
+
+def forward_kernels(case: Case) -> Kernels:
+    """The op pair a case's call reaches (seen under a dispatch mode)."""
+    return _forward_kernels(case.spec.name, tuple(sorted(case.options.items())))
+
+
+def takes_max(case: Case) -> bool:
+    """Whether each output value is one sample's, picked by the maximum (the kernels keep
+    an argmax): backends then agree bit for bit, whatever the order of their sums."""
+    return bool(forward_kernels(case).saved)
+
+
+# ----------------------------------------------------------------------------- maps and boxes
+
+# The generic tests' map and boxes: small, for Triton's interpreter.
+N, C, H, W = 2, 3, 7, 9
+SCALE = 0.5  # boxes are in pixels of an 18 x 14 image
+
+
+def feature(dtype: torch.dtype = F32, channels_last: bool = False, seed: int = 0, channels: int = C,
+            shape: tuple[int, int, int, int] | None = None) -> torch.Tensor:
+    """A random map ``[N, channels, H, W]`` (or ``shape``), drawn in float64 and rounded to
+    ``dtype``, in NCHW or channels_last."""
+    shape = shape or (N, channels, H, W)
+    x = torch.randn(shape, generator=torch.Generator().manual_seed(seed), dtype=F64).to(dtype)
+    return x.contiguous(memory_format=torch.channels_last) if channels_last else x
+
+
+def boxes_for(form: str = "axis-aligned", dtype: torch.dtype = F32, seed: int = 0, count: int = 6, n: int = N,
+              width: float = W / SCALE, height: float = H / SCALE, nasty: bool = True) -> torch.Tensor:
+    """``count`` random boxes and (with ``nasty``) the nasty ones of tests/boxes.py, in
+    pixels of a ``width x height`` image, in ``form``: ``"axis-aligned"`` rows ``(b, x1, y1,
+    x2, y2)`` or ``"rotated"`` rows ``(b, cx, cy, w, h, angle in degrees)``."""
+    g = torch.Generator().manual_seed(seed)
+    if form == "rotated":
+        rows = [rotated_boxes(n, count, width, height, g, F64)] + ([nasty_rotated_boxes(n, width, height, F64)]
+                                                                    if nasty else [])
+    else:
+        rows = [random_boxes(n, count, width, height, g, F64)] + ([nasty_boxes(n, width, height, F64)] if nasty else [])
+    return torch.cat(rows).to(dtype)
+
+
+def in_form(form: str, boxes: torch.Tensor) -> torch.Tensor:
+    """Axis-aligned rows as the rows of ``form``: for ``"rotated"``, the box's centre and
+    sides, turned by an angle that differs from row to row (differentiably: autograd and
+    tracing see the conversion)."""
+    if form != "rotated":
+        return boxes
+    i, x1, y1, x2, y2 = boxes.unbind(1)
+    angle = torch.arange(len(boxes), dtype=boxes.dtype, device=boxes.device) * 37.0 - 60.0
+    return torch.stack([i, (x1 + x2) / 2, (y1 + y2) / 2, x2 - x1, y2 - y1, angle], 1)
+
+
+def per_image(boxes: torch.Tensor, n: int = N) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """The boxes as a list of each image's rows (without the batch index), and the tensor
+    of rows in the order the list gives."""
+    return ([boxes[boxes[:, 0] == i, 1:] for i in range(n)],
+            torch.cat([boxes[boxes[:, 0] == i] for i in range(n)]))
+
+
+def backend_used(backend: str | None) -> contextlib.AbstractContextManager[None]:
+    return roiops.use_backend(backend) if backend else contextlib.nullcontext()
+
+
+def run(fn: Callable[[torch.Tensor, Any], torch.Tensor], x: torch.Tensor, boxes: Any, backend: str | None = None,
+        seed: int = 1, grad_dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor, Any]:
+    """``fn(x, boxes)``'s output, the gradient of ``x`` and that of ``boxes`` (None where
+    they get none) for a fixed random upstream gradient (its values rounded to
+    ``grad_dtype``, by default the output's dtype), on ``backend``'s kernels where they run
+    (:func:`device_for`): x and a tensor of boxes go there, the results come back."""
+    dev = device_for(backend)
+    xg = x.detach().to(dev, copy=True).requires_grad_()
+    bg = boxes.detach().to(dev, copy=True).requires_grad_() if isinstance(boxes, torch.Tensor) else boxes
+    with backend_used(backend):
+        out = fn(xg, bg)
+        g = torch.randn(out.shape, generator=torch.Generator().manual_seed(seed), dtype=F64)
+        out.backward(g.to(grad_dtype or out.dtype).to(dev, out.dtype))
+    grad_boxes = bg.grad.cpu() if isinstance(bg, torch.Tensor) and bg.grad is not None else None
+    return out.detach().cpu(), xg.grad.cpu(), grad_boxes
+
+
+def close(actual: torch.Tensor, expected: torch.Tensor, dtype: torch.dtype, **kw: Any) -> None:
+    """``actual`` against ``expected`` (compared in float64) to ``dtype``'s tolerance."""
+    torch.testing.assert_close(actual.double(), expected.double(), **tol(dtype), **kw)
+
 
 # Registered ops a kernel set may leave out: roiops/ops/multi_scale.py runs its single-level
 # functions once per level instead. Every other registered op is in the kernel contract.
@@ -132,41 +287,20 @@ def contract_args(op: str, **values: Any) -> dict[str, Any]:
     return {a.name: values[a.name] for a in schema(op).arguments}
 
 
-# Argument variants each contract op runs with in the generic tests (test_ops.py's
-# opcheck), over the defaults of the test's call.
+def _registered_by(select: Callable[[OpSpec, Kernels], bool]) -> tuple[str, ...]:
+    return tuple(op for spec in SPECS for k in spec.kernels if select(spec, k) for op in k.ops().values())
+
+
+# Argument variants each contract op runs with in the generic tests (test_generic.py's
+# opcheck), over the defaults of the test's call: each Kernels' variants, by role.
 VARIANTS: dict[str, list[dict[str, Any]]] = {
-    "roi_align": [dict(sampling_ratio=2, aligned=True)],
-    "roi_align_max": [dict(sampling_ratio=-1, aligned=False)],
-    "roi_pool": [dict(continuous=False), dict(continuous=True)],
-    "_roi_align_backward": [dict(sampling_ratio=2, aligned=True, channels_last=False)],
-    "_roi_align_max_backward": [dict(sampling_ratio=2, aligned=True, channels_last=True)],
-    "_roi_pool_backward": [dict(channels_last=False)],
-    "_roi_align_rois_backward": [dict(sampling_ratio=2, aligned=False), dict(sampling_ratio=0, aligned=True)],
-    "_roi_align_max_rois_backward": [dict(sampling_ratio=2, aligned=True)],
-}
-# Position-sensitive ops read pooled_height * pooled_width (2 * 3) input channels per output channel.
-VARIANTS |= {
-    "ps_roi_align": [dict(sampling_ratio=-1, channels=12, out_channels=2)],
-    "ps_roi_pool": [dict(channels=12, out_channels=2)],
-    "_ps_roi_align_backward": [dict(sampling_ratio=2, channels=12, out_channels=2, channels_last=True)],
-    "_ps_roi_pool_backward": [dict(channels=12, out_channels=2, channels_last=False)],
-}
-
-# Rotated RoIAlign: registered ops whose rois are [K, 6] (batch_index, cx, cy, w, h, theta
-# in radians); the generic tests give them rotated boxes.
-ROTATED_OPS = ("roi_align_rotated", "_roi_align_rotated_backward")
-VARIANTS |= {
-    "roi_align_rotated": [dict(sampling_ratio=2, aligned=True), dict(sampling_ratio=0, aligned=False)],
-    "_roi_align_rotated_backward": [dict(sampling_ratio=2, aligned=True, channels_last=False),
-                                    dict(sampling_ratio=-1, aligned=False, channels_last=True)],
-}
-
-# Precise RoIPool: its box gradient op too; "rois_grad": the forward's rois require grad.
-VARIANTS |= {
-    "prroi_pool": [dict(), dict(rois_grad=True)],
-    "_prroi_pool_backward": [dict(channels_last=True)],
-    "_prroi_pool_rois_backward": [dict()],
-}
+    op: list(k.variants[role]) for spec in SPECS for k in spec.kernels for role, op in k.ops().items()
+    if role in k.variants}
+# Registered ops whose rois are [K, 6] (batch_index, cx, cy, w, h, theta in radians): the
+# generic tests give them rotated boxes.
+ROTATED_OPS = _registered_by(lambda spec, k: spec.boxes == "rotated")
+# Registered ops that read pooled_height * pooled_width input channels per output channel.
+POSITION_SENSITIVE_OPS = _registered_by(lambda spec, k: spec.position_sensitive)
 
 
 class RecordOps(torch.utils._python_dispatch.TorchDispatchMode):

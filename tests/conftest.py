@@ -21,3 +21,13 @@ def pytest_collection_modifyitems(config, items):
             callspec = getattr(item, "callspec", None)
             if callspec is not None and any(isinstance(v, str) and v == "triton" for v in callspec.params.values()):
                 item.add_marker(skip)
+
+
+@pytest.fixture
+def fresh_dynamo():
+    """torch.compile's caches emptied before and after the test: its compile counts are its own."""
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()

@@ -8,15 +8,15 @@ from __future__ import annotations
 
 import importlib
 import itertools
-import math
 
 import pytest
 import torch
 import torchvision
+from torch._dynamo.testing import CompileCounterWithBackend
 
 import roiops
 import roiops.compat.torchvision as compat_tv
-from boxes import nasty_boxes, random_boxes
+import cases
 from cases import F32, F64, device_for, num_threads, tol
 
 BACKENDS = ("reference", "cpu", "triton")
@@ -65,9 +65,7 @@ def kernels(backend):
 
 
 def feature(dtype=F64, channels_last=False, seed=0, shape=(N, C, H, W), device="cpu"):
-    x = torch.randn(shape, generator=torch.Generator().manual_seed(seed), dtype=F64).to(dtype)
-    x = x.contiguous(memory_format=torch.channels_last) if channels_last else x
-    return x.to(device)
+    return cases.feature(dtype, channels_last, seed, shape=shape).to(device)
 
 
 # The Triton kernels' gradcheck and comparison with the reference, under the interpreter
@@ -98,8 +96,7 @@ def rois_grad(backend, mode, x, rois, grad, size, sr, aligned, scale=SCALE):
 
 
 def boxes_for(dtype):
-    g = torch.Generator().manual_seed(5)
-    return torch.cat([random_boxes(N, 8, W / SCALE, H / SCALE, g, dtype), nasty_boxes(N, W / SCALE, H / SCALE, dtype),
+    return torch.cat([cases.boxes_for(dtype=dtype, seed=5, count=8, n=N, width=W / SCALE, height=H / SCALE),
                       SMOOTH.to(dtype)])
 
 
@@ -254,6 +251,33 @@ def test_box_grad_must_be_a_bool():
         roiops.roi_align(feature(), SMOOTH, 2, SCALE, 2, box_grad="yes")
     with pytest.raises(ValueError, match="box_grad must be a bool"):
         roiops.RoIAlign(2, SCALE, 2, box_grad=1)
+
+
+def test_compiles_in_both_modes_and_matches_eager(fresh_dynamo):
+    """box_grad=True in both modes: the boxes' gradient (roiops::_roi_align_rois_backward and
+    its max twin, through their fake kernels) in one graph, forward and backward."""
+
+    def fn(x, coords):
+        boxes = torch.cat([torch.zeros_like(coords[:, :1]), coords], dim=1)
+        return (roiops.roi_align(x, boxes, 2, 0.5, 2, True, box_grad=True)
+                + roiops.roi_align(x, boxes, 2, 0.5, 2, False, mode="max", box_grad=True))
+
+    counter = CompileCounterWithBackend("aot_eager")
+    compiled = torch.compile(fn, backend=counter, fullgraph=True)
+    x = feature(F32, shape=(1, 3, 8, 8))
+    coords = SMOOTH[:, 1:].float()
+    results = []
+    for f in (compiled, fn):
+        xi, c = x.clone().requires_grad_(), coords.clone().requires_grad_()
+        out = f(xi, c)
+        (out * torch.linspace(-1, 1, out.numel()).view_as(out)).sum().backward()
+        results.append((out.detach(), xi.grad, c.grad))
+    (out, grad_x, grad_c), (ref_out, ref_grad_x, ref_grad_c) = results
+    torch.testing.assert_close(out, ref_out, rtol=0, atol=0)
+    torch.testing.assert_close(grad_x, ref_grad_x)
+    assert ref_grad_c.abs().sum() > 0
+    torch.testing.assert_close(grad_c, ref_grad_c)
+    assert counter.frame_count == 1
 
 
 def test_double_backward_is_refused():

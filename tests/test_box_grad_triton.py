@@ -15,10 +15,9 @@ if triton_too_old():
 import roiops.reference as REF
 import roiops.triton as rt
 from boxes import nasty_boxes, random_boxes
-from cases import device_for, tol
+from cases import BF16, F16, F32, F64, device_for, tol
 
 DEVICE = device_for("triton")
-F16, BF16, F32, F64 = torch.float16, torch.bfloat16, torch.float32, torch.float64
 N, C, H, W = 2, 3, 7, 9
 SCALE = 0.5  # the image is 18 x 14 pixels
 IMG_W, IMG_H = W / SCALE, H / SCALE

@@ -1,5 +1,7 @@
-"""torch.compile: every roiops op compiles into one graph, forward and backward, with a
-dynamic number of boxes, and matches eager.
+"""torch.compile with inductor: every roiops op (each spec with each of its option sets)
+compiles into one graph, forward and backward, with a dynamic number of boxes, and
+matches eager; their Modules with lists of boxes do not recompile. (Each op alone under
+AOT autograd, its box gradient included, and torch.export: test_generic.py.)
 
 Models stay tiny: inductor compiles C++ on the CPU, which is slow on shared CI machines.
 The box counts (6, 11) differ from every other dimension: with dynamic=True, dynamo's
@@ -14,7 +16,10 @@ import torch
 import torch._dynamo
 from torch._dynamo.testing import CompileCounterWithBackend
 
-import roiops
+from cases import CASES, in_form
+
+# 4 channels: 2 x 2 bins of one output channel for the position-sensitive ops.
+CHANNELS, OUT = 4, (2, 2)
 
 
 def _boxes(k: int, n_images: int = 2, size: float = 16.0) -> torch.Tensor:
@@ -27,20 +32,13 @@ def _boxes(k: int, n_images: int = 2, size: float = 16.0) -> torch.Tensor:
 
 
 def _all_ops(x: torch.Tensor, boxes: torch.Tensor) -> torch.Tensor:
-    return torch.cat([
-        roiops.roi_align(x, boxes, 2, 0.5, 2, True),                       # avg, fixed grid
-        roiops.roi_align(x, boxes, (2, 2), 0.5, 0, True),                  # avg, adaptive
-        roiops.roi_align(x, boxes, 2, 0.5, -1, False, mode="max"),
-        roiops.roi_pool(x, boxes, 2, 0.5),
-        roiops.roi_pool(x, boxes, 2, 0.5, convention="mmdet"),
-    ], dim=1)
+    """Every case on the same map and boxes (turned into the op's box form in the graph)."""
+    return torch.cat([case(x, in_form(case.spec.boxes, boxes), OUT, 0.5) for case in CASES], dim=1)
 
 
-@pytest.fixture(autouse=True)
-def _fresh_dynamo():
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
+def _channels() -> int:
+    """The output channels of _all_ops: one per position-sensitive op, the map's per other op."""
+    return sum(1 if case.spec.position_sensitive else CHANNELS for case in CASES)
 
 
 def _run(fn, x: torch.Tensor, boxes: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -50,16 +48,16 @@ def _run(fn, x: torch.Tensor, boxes: torch.Tensor) -> tuple[torch.Tensor, torch.
     return out.detach(), x.grad
 
 
-def test_inductor_fullgraph_dynamic_boxes_forward_backward():
+def test_inductor_fullgraph_dynamic_boxes_forward_backward(fresh_dynamo):
     counter = CompileCounterWithBackend("inductor")
     compiled = torch.compile(_all_ops, backend=counter, fullgraph=True, dynamic=True)
-    x = torch.randn(2, 3, 8, 8)
+    x = torch.randn(2, CHANNELS, 8, 8)
     compiles = []
     for k in (6, 11):
         boxes = _boxes(k)
         out, grad = _run(compiled, x, boxes)
         ref_out, ref_grad = _run(_all_ops, x, boxes)
-        assert out.shape == (k, 15, 2, 2)
+        assert out.shape == (k, _channels(), *OUT)
         torch.testing.assert_close(out, ref_out, rtol=0, atol=0)
         torch.testing.assert_close(grad, ref_grad)
         compiles.append(counter.frame_count)
@@ -70,23 +68,24 @@ def test_inductor_fullgraph_dynamic_boxes_forward_backward():
 
 
 class _Head(torch.nn.Module):
-    """A conv, the module forms of the ops and a list-of-boxes input."""
+    """A conv, the Module of every case and a list-of-boxes input."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.conv = torch.nn.Conv2d(3, 4, 3, padding=1)
-        self.align = roiops.RoIAlign(2, spatial_scale=0.5, sampling_ratio=0, aligned=True)
-        self.align_max = roiops.RoIAlign((2, 2), 0.5, sampling_ratio=2, mode="max")
-        self.pool = roiops.RoIPool(2, 0.5)
-        self.pool_mmdet = roiops.RoIPool(2, 0.5, convention="mmdet")
+        self.conv = torch.nn.Conv2d(3, CHANNELS, 3, padding=1)
+        self.pools = torch.nn.ModuleList([case.module(OUT, 0.5) for case in CASES])
 
     def forward(self, x: torch.Tensor, boxes: list[torch.Tensor]) -> torch.Tensor:
         f = self.conv(x)
-        return (self.align(f, boxes) + self.align_max(f, boxes) + self.pool(f, boxes)
-                + self.pool_mmdet(f, boxes)).sum(dim=(2, 3))
+        outs = []
+        for case, pool in zip(CASES, self.pools):
+            # Each image's rows in the op's box form, without the batch index.
+            rows = [in_form(case.spec.boxes, torch.cat([torch.zeros_like(b[:, :1]), b], 1))[:, 1:] for b in boxes]
+            outs.append(pool(f, rows).sum(dim=(1, 2, 3)))
+        return torch.stack(outs, 1)
 
 
-def test_mark_dynamic_list_of_boxes_and_modules_no_recompile():
+def test_mark_dynamic_list_of_boxes_and_modules_no_recompile(fresh_dynamo):
     torch.manual_seed(0)
     head = _Head()
     counter = CompileCounterWithBackend("aot_eager")  # dynamo + AOT autograd, no codegen
@@ -109,37 +108,11 @@ def test_mark_dynamic_list_of_boxes_and_modules_no_recompile():
     assert counter.frame_count == 1
 
 
-def test_box_value_checks_are_skipped_while_compiling_but_kernels_still_refuse():
+def test_box_value_checks_are_skipped_while_compiling_but_kernels_still_refuse(fresh_dynamo):
     # Validation of box *values* needs a host sync, which a graph cannot contain; the
     # CPU kernels raise on an out-of-range batch index all the same.
     compiled = torch.compile(_all_ops, backend="aot_eager", fullgraph=True)
     bad = _boxes(6)
     bad[2, 0] = 7
     with pytest.raises(Exception, match="batch index"):
-        compiled(torch.randn(2, 3, 8, 8), bad)
-
-
-def test_box_grad_compiles_and_matches_eager():
-    """box_grad=True: the boxes' gradient (roiops::_roi_align_rois_backward and its max
-    twin, through their fake kernels) in one graph, forward and backward."""
-
-    def fn(x, coords):
-        boxes = torch.cat([torch.zeros_like(coords[:, :1]), coords], dim=1)
-        return (roiops.roi_align(x, boxes, 2, 0.5, 2, True, box_grad=True)
-                + roiops.roi_align(x, boxes, 2, 0.5, 2, False, mode="max", box_grad=True))
-
-    counter = CompileCounterWithBackend("aot_eager")
-    compiled = torch.compile(fn, backend=counter, fullgraph=True)
-    x = torch.randn(1, 3, 8, 8)
-    coords = _boxes(6)[:, 1:]
-    results = []
-    for f in (compiled, fn):
-        c = coords.clone().requires_grad_()
-        out, grad_x = _run(lambda t, _: f(t, c), x, None)
-        results.append((out, grad_x, c.grad))
-    (out, grad_x, grad_c), (ref_out, ref_grad_x, ref_grad_c) = results
-    torch.testing.assert_close(out, ref_out, rtol=0, atol=0)
-    torch.testing.assert_close(grad_x, ref_grad_x)
-    assert ref_grad_c.abs().sum() > 0
-    torch.testing.assert_close(grad_c, ref_grad_c)
-    assert counter.frame_count == 1
+        compiled(torch.randn(2, CHANNELS, 8, 8), bad)

@@ -1,39 +1,31 @@
 """Precise RoI Pooling: every kernel set against a brute-force numerical integral of the
-interpolated map, hand-computed windows, gradcheck and central finite differences for
-the input and the box gradients, boxes fitted by gradient descent, validation."""
+interpolated map, hand-computed windows, central finite differences of the box gradient,
+boxes fitted by gradient descent; the C++ and Triton kernels' own checks and paths. What
+every op must do (dtypes, layouts, gradcheck, compile, Module, validation) is in
+test_generic.py."""
 
 from __future__ import annotations
-
-import contextlib
 
 import pytest
 import torch
 
 import roiops
-from boxes import nasty_boxes, random_boxes
-from cases import backward_paths, device_for, num_threads, tol
+from cases import BF16, C, F16, F32, F64, H, N, SCALE, W, backend_used, device_for, tol
+from cases import boxes_for as _boxes_for
+from cases import feature as _feature
+from cases import run as _run
 from roiops import reference as ref
 
-N, C, H, W = 2, 3, 7, 9
-SCALE = 0.5  # boxes in pixels of an 18 x 14 image
 BACKENDS = ["reference", "cpu", "triton"]
-F16, BF16, F32, F64 = torch.float16, torch.bfloat16, torch.float32, torch.float64
 
 
 def feature(dtype=F64, channels_last=False, seed=0, c=C):
-    x = torch.randn(N, c, H, W, generator=torch.Generator().manual_seed(seed), dtype=F64).to(dtype)
-    return x.contiguous(memory_format=torch.channels_last) if channels_last else x
+    return _feature(dtype, channels_last, seed, channels=c)
 
 
 def boxes_for(dtype=F64, seed=0, count=6):
-    g = torch.Generator().manual_seed(seed)
     tiny = torch.tensor([[1, 3.1, 2.2, 3.13, 2.21]], dtype=dtype)  # 0.015 x 0.005 cells at (1.55, 1.1)
-    return torch.cat([random_boxes(N, count, W / SCALE, H / SCALE, g, dtype), nasty_boxes(N, W / SCALE, H / SCALE, dtype),
-                      tiny])
-
-
-def use(backend):
-    return roiops.use_backend(backend) if backend else contextlib.nullcontext()
+    return torch.cat([_boxes_for(dtype=dtype, seed=seed, count=count), tiny])
 
 
 def pool(backend, x, b, size, scale):
@@ -42,19 +34,13 @@ def pool(backend, x, b, size, scale):
     and their gradients stay on the CPU."""
     dev = device_for(backend)
     b = [t.to(dev) for t in b] if isinstance(b, list) else b.to(dev)
-    with use(backend):
+    with backend_used(backend):
         return roiops.prroi_pool(x.to(dev), b, size, scale).cpu()
 
 
-def run(x, b, size=(2, 3), backend=None, seed=1, grad_dtype=None):
-    """Output, input gradient and box gradient for a fixed random upstream gradient (its
-    values rounded to ``grad_dtype``, by default the output's dtype)."""
-    x = x.detach().clone().requires_grad_()
-    b = b.detach().clone().requires_grad_()
-    out = pool(backend, x, b, size, SCALE)
-    g = torch.randn(out.shape, generator=torch.Generator().manual_seed(seed), dtype=F64)
-    out.backward(g.to(grad_dtype or out.dtype).to(out.dtype))
-    return out.detach(), x.grad, b.grad
+def run(x, b, size=(2, 3), backend=None, seed=1):
+    """Output, input gradient and box gradient for a fixed random upstream gradient."""
+    return _run(lambda t, c: roiops.prroi_pool(t, c, size, SCALE), x, b, backend, seed)
 
 
 def integral_oracle(x, rois, size, scale, n=4000):
@@ -167,27 +153,8 @@ def test_non_finite_gradient_reaches_only_its_bins_cells(backend):
 # ----------------------------------------------------------------------------- gradients
 
 
-def _coords(b):
-    """The box coordinates as the differentiable leaf and a function giving the rows."""
-    idx = b[:, :1].detach()
-    return b[:, 1:].detach().clone().requires_grad_(), lambda c: torch.cat([idx, c], 1)
-
-
 def _no_empty(b):
     return b[(b[:, 3] > b[:, 1] + 0.5) & (b[:, 4] > b[:, 2] + 0.5)]
-
-
-@pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("channels_last", [False, True])
-def test_gradcheck_input_and_boxes(backend, channels_last, monkeypatch):
-    x = feature(c=2)[:, :, :5, :6].contiguous(memory_format=torch.channels_last if channels_last else
-                                              torch.contiguous_format).requires_grad_()
-    coords, rows = _coords(_no_empty(boxes_for(count=3))[:7])  # the random ones and nasty ones off the map
-    for deterministic, nondet_tol in backward_paths(backend):
-        monkeypatch.setattr(roiops.config, "deterministic_backward", deterministic)
-        # Under Triton's interpreter the full Jacobian takes minutes: random projections of it.
-        assert torch.autograd.gradcheck(lambda t, c: pool(backend, t, rows(c), (2, 3), SCALE), (x, coords),
-                                        atol=1e-8, nondet_tol=nondet_tol, fast_mode=backend == "triton")
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -221,48 +188,6 @@ def test_input_gradient_is_autograd_of_the_reference_forward(backend):
     torch.testing.assert_close(grad, xr.grad, **tol(F64))
 
 
-def test_list_boxes_get_their_gradient():
-    x = feature()
-    b = boxes_for()
-    per_image = [b[b[:, 0] == i, 1:].clone().requires_grad_() for i in range(N)]
-    ordered = torch.cat([b[b[:, 0] == i] for i in range(N)]).requires_grad_()
-    with use("reference"):
-        roiops.prroi_pool(x, per_image, 2, SCALE).sum().backward()
-        roiops.prroi_pool(x, ordered, 2, SCALE).sum().backward()
-    assert torch.equal(torch.cat([p.grad for p in per_image]), ordered.grad[:, 1:])
-    assert torch.equal(ordered.grad[:, 0], torch.zeros(len(b), dtype=F64))
-
-
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_compiled_forward_and_box_gradient(backend, monkeypatch):
-    """torch.compile (fullgraph, AOT autograd, dynamic box count) through the op and both of
-    its gradients: the eager results, bit for bit (the GPU's atomic backward would differ
-    in last bits from run to run: the deterministic one)."""
-    monkeypatch.setattr(roiops.config, "deterministic_backward", True)
-    torch._dynamo.reset()
-    fn = torch.compile(lambda t, c: roiops.prroi_pool(t, c, (2, 3), SCALE), fullgraph=True, backend="aot_eager",
-                       dynamic=True)
-    x, b = feature(), _no_empty(boxes_for())
-    dev = device_for(backend)
-    for k in (5, 8):
-        got = run(x, b[:k], (2, 3), backend)
-        with use(backend):
-            xc, bc = x.to(dev, copy=True).requires_grad_(), b[:k].to(dev, copy=True).requires_grad_()
-            out = fn(xc, bc)
-            out.backward(torch.randn(out.shape, generator=torch.Generator().manual_seed(1), dtype=F64).to(dev))
-        for a, want in zip((out.detach(), xc.grad, bc.grad), got):
-            torch.testing.assert_close(a.cpu(), want, rtol=0, atol=0)
-    torch._dynamo.reset()
-
-
-def test_no_double_backward():
-    x, b = feature().requires_grad_(), boxes_for().requires_grad_()
-    with use("reference"):
-        (gb,) = torch.autograd.grad(roiops.prroi_pool(x, b, 2, SCALE).sum(), b, create_graph=True)
-        with pytest.raises(RuntimeError, match="prroi_pool has no double backward"):
-            gb.sum().backward()
-
-
 def fit_box(backend, steps=100):
     """Fits a box by gradient descent to a target crop of a smooth map (the example in
     docs/api.md): returns the fitted box and the target box."""
@@ -288,64 +213,6 @@ def test_gradient_descent_moves_a_box_onto_its_target(backend):
     assert (box - target).abs().max() < 0.05  # from 2 pixels off
 
 
-# ----------------------------------------------------------------------------- dtypes and layouts
-
-
-@pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("dtype", [F32, F16, BF16])
-@pytest.mark.parametrize("channels_last", [False, True])
-def test_dtypes_and_layouts(backend, dtype, channels_last):
-    """Output and input gradient in the input's dtype and layout, computed in float32:
-    against the float64 reference on the same (rounded) values, to the dtype's rounding.
-    Windows of at least 1/40 cell: a cell's weight is a difference of the hat's
-    antiderivative at the window's ends, good to about 2^-24 / (the window's side)."""
-    x = feature(dtype, channels_last, c=5)
-    b = boxes_for(F32)[:-1]
-    out, grad, grad_b = run(x, b, (3, 4), backend)
-    ref_out, ref_grad, ref_b = run(x.double(), b.double(), (3, 4), "reference", grad_dtype=dtype)
-    fmt = torch.channels_last if channels_last else torch.contiguous_format
-    assert out.dtype == grad.dtype == dtype and grad_b.dtype == F32
-    assert out.is_contiguous(memory_format=fmt) and grad.is_contiguous(memory_format=fmt)
-    torch.testing.assert_close(out.double(), ref_out, **tol(dtype))
-    torch.testing.assert_close(grad.double(), ref_grad, **tol(dtype))
-    # The box gradient: differences of window sums, divided by the window's area.
-    torch.testing.assert_close(grad_b.double(), ref_b, rtol=1e-4, atol=1e-4)
-
-
-# ----------------------------------------------------------------------------- API
-
-
-def test_module_and_empty_boxes():
-    pool = roiops.PrRoIPool(7, spatial_scale=0.5)
-    assert repr(pool) == "PrRoIPool(output_size=(7, 7), spatial_scale=0.5)"
-    assert repr(roiops.PrRoIPool((2, 3))) == "PrRoIPool(output_size=(2, 3), spatial_scale=1.0)"
-    x = feature().requires_grad_()
-    b = torch.zeros(0, 5, dtype=F64, requires_grad=True)
-    with use("reference"):
-        out = pool(x, b)
-        assert out.shape == (0, C, 7, 7)
-        out.sum().backward()
-    assert torch.equal(x.grad, torch.zeros_like(x)) and b.grad.shape == (0, 5)
-
-
-def test_validation_names_the_argument():
-    x, box = feature(), torch.tensor([[0, 1.0, 1, 3, 3]], dtype=F64)
-    with pytest.raises(ValueError, match="batch index 5.0 is not an integer"):
-        roiops.prroi_pool(x, torch.tensor([[5, 1.0, 1, 3, 3]]), 2)
-    with pytest.raises(ValueError, match="coordinates must be finite"):
-        roiops.prroi_pool(x, torch.tensor([[0, 1.0, float("nan"), 3, 3]]), 2)
-    with pytest.raises(ValueError, match="output_size"):
-        roiops.prroi_pool(x, box, 0)
-    with pytest.raises(ValueError, match="spatial_scale"):
-        roiops.PrRoIPool(2, 0.0)
-    with pytest.raises(ValueError, match=r"boxes must have shape \[K, 5\]"):
-        roiops.prroi_pool(x, box[:, 1:], 2)
-    with pytest.raises(ValueError, match=r"boxes is a list of 1 tensors"):
-        roiops.prroi_pool(x, [box[:, 1:]], 2)
-    with pytest.raises(TypeError, match="input must be a Tensor"):
-        roiops.prroi_pool(x.numpy(), box, 2)
-
-
 @pytest.mark.parametrize("bad", [[2.0, 0, 0, 4, 4], [0.5, 0, 0, 4, 4], [0.0, float("inf"), 0, 4, 4]])
 def test_reference_kernels_reject_bad_rows(bad):
     x, rois = feature(), torch.tensor([bad], dtype=F64)
@@ -362,9 +229,9 @@ def test_reference_kernels_reject_bad_rows(bad):
 
 # ----------------------------------------------------------------------------- C++ kernels
 # The C++ CPU kernels (roiops/csrc/prroi_pool.cpp) beyond the backend-parametrised tests
-# above: the box gradient against the reference at the dtype's own tolerance, results that
-# do not depend on the thread count, strided input, and the kernels' own argument checks
-# (a direct op call reaches them unvalidated).
+# above and test_generic.py: the box gradient of 7 x 7 bins against the reference at the
+# dtype's own tolerance, and the kernels' own argument checks (a direct op call reaches
+# them unvalidated).
 
 
 def cpu_and_reference(x, b, size):
@@ -374,7 +241,7 @@ def cpu_and_reference(x, b, size):
 
 @pytest.mark.parametrize("dtype", [F64, F32])
 @pytest.mark.parametrize("channels_last", [False, True])
-@pytest.mark.parametrize("size", [(2, 3), 7])
+@pytest.mark.parametrize("size", [7])  # (2, 3): test_generic.py
 def test_cpp_box_gradient_matches_reference(dtype, channels_last, size):
     x = feature(dtype, channels_last, c=5)
     # Not the tiny box: the reference's window weights are differences of the hat's
@@ -389,23 +256,6 @@ def test_cpp_box_gradient_matches_reference(dtype, channels_last, size):
     scale = float(ref_b.abs().max()) + 1
     torch.testing.assert_close(grad_b, ref_b, rtol=tol(dtype)["rtol"], atol=tol(dtype)["atol"] * scale)
     assert torch.all(grad_b[:, 0] == 0)
-
-
-@pytest.mark.parametrize("channels_last", [False, True])
-def test_cpp_results_do_not_depend_on_threads(channels_last):
-    x, b = feature(F32, channels_last, c=40), boxes_for(F32, count=20)
-    with num_threads(1):
-        one = run(x, b, 4, "cpu")
-    with num_threads(3):
-        many = run(x, b, 4, "cpu")
-    for a, m in zip(one, many):
-        assert torch.equal(a, m)
-
-
-def test_cpp_strided_input():
-    x, b = feature(c=2 * C)[:, ::2], boxes_for()
-    assert torch.equal(roiops._C.prroi_pool_forward(x, b, SCALE, 3, 3),
-                       roiops._C.prroi_pool_forward(x.contiguous(), b, SCALE, 3, 3))
 
 
 @pytest.mark.parametrize("column,value,match", [(0, 2.0, "batch index"), (0, 0.5, "batch index"),
@@ -489,7 +339,8 @@ def test_triton_kernels_match_the_reference(dtype, channels_last, size):
         torch.testing.assert_close(gi.cpu(), ref_gi, **tol(dtype))
     gr = rt.prroi_pool_rois_backward(_on_device(g, channels_last), xd, rd, SCALE, ph, pw)
     assert gr.shape == (len(rois), 5) and gr.dtype == rois.dtype and not gr[:, 0].any()
-    # In float32 the box gradient is good to about 2^-24 / (a window's side): see test_dtypes_and_layouts.
+    # In float32 the box gradient is good to about 2^-24 / (a window's side): the
+    # reference's window weights are differences of the hat's antiderivative.
     box_tol = tol(F64) if dtype == F64 else dict(rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(gr.cpu(), ref.prroi_pool_rois_backward(g, x, rois, SCALE, ph, pw), **box_tol)
 

@@ -1,19 +1,21 @@
 """Position-sensitive RoIAlign and RoIPool (R-FCN): the CPU kernels against the float64
-reference, torchvision bit for bit where the semantics agree, hand-computed bins,
-gradcheck, validation, torch.compile and torch.export."""
+reference over sampling ratios and output sizes, torchvision bit for bit where the
+semantics agree (the kernels' tiles and bands included), hand-computed bins, the Triton
+kernels against the CPU ones. What every op must do (dtypes, layouts, gradcheck, compile,
+export, Module, validation, threads) is in test_generic.py."""
 
 from __future__ import annotations
-
-import contextlib
 
 import pytest
 import torch
 import torchvision
-from torch._dynamo.testing import CompileCounterWithBackend
 
 import roiops
-from boxes import nasty_boxes, random_boxes
-from cases import device_for, num_threads, odd_unit_strides, tol
+from boxes import random_boxes
+from cases import boxes_for as _boxes_for
+from cases import close, device_for, num_threads
+from cases import feature as _feature
+from cases import run as _run
 
 N, H, W = 2, 11, 13
 SCALE = 0.5  # boxes are in image pixels of a 26 x 22 image
@@ -33,29 +35,18 @@ def pairs(size):
 
 def feature(size, c_out=3, dtype=torch.float32, channels_last=False, seed=0):
     ph, pw = pairs(size)
-    x = torch.randn(N, c_out * ph * pw, H, W, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
-    x = x.to(dtype)
-    return x.contiguous(memory_format=torch.channels_last) if channels_last else x
+    return _feature(dtype, channels_last, seed, shape=(N, c_out * ph * pw, H, W))
 
 
 def boxes_for(dtype=torch.float32, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    return torch.cat([random_boxes(N, 8, W / SCALE, H / SCALE, g, dtype), nasty_boxes(N, W / SCALE, H / SCALE, dtype)])
+    return _boxes_for(dtype=dtype, seed=seed, count=8, n=N, width=W / SCALE, height=H / SCALE)
 
 
 def run(fn, x, boxes, size, sr=2, backend=None, seed=1):
-    """Output and input gradient for a fixed random upstream gradient."""
-    x = x.detach().clone().requires_grad_()
-    with roiops.use_backend(backend) if backend else contextlib.nullcontext():
-        out = fn(x, boxes, size, SCALE, sr)
-        g = torch.randn(out.shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
-        g = g.to(out.device, out.dtype)
-        out.backward(g)
-    return out.detach(), x.grad
-
-
-def close(a, b, dtype):
-    torch.testing.assert_close(a.double(), b.double(), **tol(dtype))
+    """Output and input gradient for a fixed random upstream gradient, on ``backend``'s
+    kernels where they run (cases.device_for)."""
+    out, grad, _ = _run(lambda t, b: fn(t, b, size, SCALE, sr), x, boxes, backend, seed)
+    return out, grad
 
 
 # (op, sampling_ratio): RoIPool takes none.
@@ -76,18 +67,6 @@ def test_matches_reference(op, sr, size, dtype, channels_last):
     assert out.is_contiguous(memory_format=fmt) and grad.is_contiguous(memory_format=fmt)
     assert out.dtype == grad.dtype == dtype
     assert out.shape == (len(boxes), 3, *pairs(size))
-
-
-@pytest.mark.parametrize("op", list(OPS))
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("channels_last", [False, True])
-def test_half_types_native(op, dtype, channels_last):
-    x, boxes = feature((3, 2), dtype=dtype, channels_last=channels_last), boxes_for()
-    out, grad = run(OPS[op], x, boxes, (3, 2), 0)
-    ref_out, ref_grad = run(OPS[op], x, boxes, (3, 2), 0, backend="reference")
-    assert out.dtype == grad.dtype == dtype
-    close(out, ref_out, dtype)
-    close(grad, ref_grad, dtype)
 
 
 def _tv_align_boxes(dtype):
@@ -211,29 +190,6 @@ def test_hand_computed_pool_on_the_last_row_and_column():
     assert tv[0, 0, 0, 1] == 0  # its bin (0, 1) lies on the last column, which it clips away
 
 
-@pytest.mark.parametrize("op", list(OPS))
-def test_gradcheck(op):
-    g = torch.Generator().manual_seed(4)
-    x = torch.randn(N, 2 * 6, 6, 7, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
-    boxes = torch.cat([random_boxes(N, 3, 14, 12, g, torch.float64), nasty_boxes(N, 14, 12, torch.float64)[:6]])
-    fn = lambda t: OPS[op](t, boxes, (2, 3), SCALE, 2)  # noqa: E731
-    assert torch.autograd.gradcheck(fn, (x.clone().requires_grad_(),), atol=1e-8)
-    xcl = x.contiguous(memory_format=torch.channels_last)
-    assert torch.autograd.gradcheck(fn, (xcl.requires_grad_(),), atol=1e-8)
-
-
-@pytest.mark.parametrize("op", list(OPS))
-@pytest.mark.parametrize("channels_last", [False, True])
-def test_backward_deterministic_across_threads(op, channels_last):
-    x, boxes = feature((7, 7), c_out=21, channels_last=channels_last), boxes_for()
-    results = []
-    for n in (1, 2, 3):
-        with num_threads(n):
-            results.append(run(OPS[op], x, boxes, 7, 0))
-    for out, grad in results[1:]:
-        assert torch.equal(out, results[0][0]) and torch.equal(grad, results[0][1])
-
-
 @pytest.mark.parametrize("op, sr", [("align", 2), ("align", -1), ("pool", 2)])
 def test_channels_last_forward_bands_agree_for_any_thread_count(op, sr):
     """A channels_last forward sums boxes by bands of rows, more of them with more threads;
@@ -265,26 +221,8 @@ def test_upside_down_boxes_with_channels_last_bands(threads):
     assert torch.equal(out, ref) and torch.equal(grad, ref_grad)
 
 
-@pytest.mark.parametrize("op", list(OPS))
-@pytest.mark.parametrize("shape, dim", [((1, 98, 9, 1), 3), ((1, 98, 1, 9), 2), ((1, 98, 9, 11), 0)])
-def test_size_one_dimensions_with_any_stride(op, shape, dim):
-    """A contiguous map may carry any stride on a dimension of size 1 (a transposed
-    [N, C, 1, H] map is a contiguous [N, C, H, 1] with stride(3) = H). The kernels must not
-    take such a stride for a layout: the same values with the usual strides give the same
-    bits, forward and backward."""
-    g = torch.Generator().manual_seed(7)
-    x = torch.randn(shape, generator=g)
-    odd = odd_unit_strides(x, [dim])
-    assert odd.is_contiguous() and odd.stride() != x.stride()
-    boxes = random_boxes(1, 300, 2 * shape[3] / SCALE, 2 * shape[2] / SCALE, g)  # many reach past the map
-    out, grad = run(OPS[op], odd, boxes, 7, 2)
-    ref, ref_grad = run(OPS[op], x, boxes, 7, 2)
-    assert torch.equal(out, ref) and torch.equal(grad, ref_grad)
-
-
-@pytest.mark.parametrize("fn", [roiops.ps_roi_align, roiops.ps_roi_pool, roiops.compat.torchvision.ps_roi_align,
-                                roiops.compat.torchvision.ps_roi_pool])
-def test_channels_must_be_a_multiple_of_the_bins(fn):
+@pytest.mark.parametrize("fn", [roiops.compat.torchvision.ps_roi_align, roiops.compat.torchvision.ps_roi_pool])
+def test_channels_must_be_a_multiple_of_the_bins_in_the_drop_ins(fn):
     with pytest.raises(ValueError, match=r"input has 10 channels, not a multiple of output_size's h \* w = 2 \* 2"):
         fn(torch.randn(1, 10, 5, 5), torch.tensor([[0, 1.0, 1, 3, 3]]), 2)
 
@@ -296,64 +234,6 @@ def test_kernels_refuse_a_channel_count_that_is_not_a_multiple(op):
     for backend in ("cpu", "reference"):
         with roiops.use_backend(backend), pytest.raises(ValueError, match="multiple of pooled_height"):
             getattr(torch.ops.roiops, op)(*args)
-
-
-def test_validation_names_the_argument():
-    x, box = feature(2), torch.tensor([[0, 1.0, 1, 3, 3]])
-    with pytest.raises(ValueError, match="sampling_ratio"):
-        roiops.ps_roi_align(x, box, 2, 1.0, 1.5)
-    with pytest.raises(ValueError, match="batch index"):
-        roiops.ps_roi_pool(x, torch.tensor([[5, 1.0, 1, 3, 3]]), 2)
-    with pytest.raises(ValueError, match="spatial_scale"):
-        roiops.PSRoIPool(2, 0.0)
-
-
-def test_modules_and_empty_boxes():
-    x = feature((7, 7), c_out=2).requires_grad_()
-    align, pool = roiops.PSRoIAlign(7, 0.5, 2), roiops.PSRoIPool((7, 7), 0.5)
-    assert repr(align) == "PSRoIAlign(output_size=(7, 7), spatial_scale=0.5, sampling_ratio=2)"
-    assert repr(pool) == "PSRoIPool(output_size=(7, 7), spatial_scale=0.5)"
-    boxes = boxes_for()
-    lists = [boxes[boxes[:, 0] == i, 1:] for i in range(N)]
-    order = torch.cat([torch.nonzero(boxes[:, 0] == i)[:, 0] for i in range(N)])
-    for m, fn in ((align, OPS["align"]), (pool, OPS["pool"])):
-        assert torch.equal(m(x, lists), fn(x, boxes[order], 7, 0.5, 2))
-        empty = m(x, torch.zeros(0, 5))
-        assert empty.shape == (0, 2, 7, 7)
-        empty.sum().backward()
-        assert torch.equal(x.grad, torch.zeros_like(x))
-
-
-def _both(x, boxes):
-    return torch.cat([roiops.ps_roi_align(x, boxes, 2, 0.5, 2), roiops.ps_roi_align(x, boxes, 2, 0.5, 0),
-                      roiops.ps_roi_pool(x, boxes, 2, 0.5)], dim=1)
-
-
-def test_inductor_fullgraph_dynamic_boxes_forward_backward():
-    torch._dynamo.reset()
-    counter = CompileCounterWithBackend("inductor")
-    compiled = torch.compile(_both, backend=counter, fullgraph=True, dynamic=True)
-    x = torch.randn(2, 12, 8, 8)
-    for k in (6, 11):
-        boxes = boxes_for()[:k]
-        out, grad = run(lambda t, b, *_: compiled(t, b), x, boxes, 2)
-        ref_out, ref_grad = run(lambda t, b, *_: _both(t, b), x, boxes, 2)
-        assert out.shape == (k, 9, 2, 2)
-        torch.testing.assert_close(out, ref_out, rtol=0, atol=0)
-        torch.testing.assert_close(grad, ref_grad)
-    torch._dynamo.reset()
-
-
-def test_export_dynamic_boxes():
-    class Model(torch.nn.Module):
-        def forward(self, x, boxes):
-            return _both(x, boxes)
-
-    x, boxes = torch.randn(2, 12, 8, 8), boxes_for()[:6]
-    k = torch.export.Dim("k", min=1, max=1000)
-    ep = torch.export.export(Model(), (x, boxes), dynamic_shapes=({}, {0: k}))
-    more = boxes_for(seed=3)[:9]
-    torch.testing.assert_close(ep.module()(x, more), _both(x, more), rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("op", list(OPS))

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from boxes import nasty_coordinates
-from cases import tol
+from cases import F64, tol
 from roiops import reference as ref
 from roiops._geometry import align_axis, round_half_away
 
@@ -22,8 +22,6 @@ except ImportError:  # pragma: no cover - torchvision is a test dependency
     torchvision = None
 
 needs_torchvision = pytest.mark.skipif(torchvision is None, reason="torchvision not installed")
-
-F64 = torch.float64
 
 
 def t(values, dtype=F64):
@@ -416,20 +414,9 @@ def test_backward_matches_autograd(aligned, sampling_ratio):
             torch.testing.assert_close(got, expected, **tol(F64))
 
 
-def test_gradcheck():
-    gen = torch.Generator().manual_seed(4)
-    # Distinct values, so no two max candidates come within gradcheck's eps of each other.
-    x = (torch.randperm(2 * 5 * 6, generator=gen).to(F64) / 7).reshape(1, 2, 5, 6).requires_grad_()
-    rois = t([[0, 0.7, 0.4, 4.1, 3.6], [0, -1.5, 1.0, 3.0, 6.5], [0, 2.0, 2.0, 9.0, 3.0]])
-    for aligned in (False, True):
-        assert torch.autograd.gradcheck(lambda a: ref.roi_align_forward(a, rois, 1.0, 2, 3, 0, aligned), (x,))
-        assert torch.autograd.gradcheck(lambda a: ref.roi_align_max_forward(a, rois, 1.0, 2, 2, 2, aligned)[0], (x,))
-    for continuous in (False, True):
-        assert torch.autograd.gradcheck(lambda a: ref.roi_pool_forward(a, rois, 1.0, 2, 2, continuous)[0], (x,))
-
-
 # ======================================================================================
-# Contract: validation, K = 0, dtypes, layouts
+# Contract: validation, dtypes, layouts (gradcheck and K = 0 of every op on the reference:
+# test_generic.py)
 # ======================================================================================
 
 FORWARDS = {
@@ -503,22 +490,6 @@ def test_bad_argmax_raises():
     with pytest.raises(ValueError, match="argmax"):
         ref.roi_align_max_backward(g, torch.full((1, 1, 1, 1), 4, dtype=torch.int32), rois, 1.0, 1, 1, 1, 1,
                                    3, 4, 2, False, False)
-
-
-@pytest.mark.parametrize("name", list(FORWARDS))
-def test_no_boxes(name):
-    x = torch.randn(2, 3, 4, 5, dtype=F64, requires_grad=True)
-    rois = torch.zeros(0, 5, dtype=F64)
-    result = FORWARDS[name](x, rois)
-    out = result[0] if isinstance(result, tuple) else result
-    assert out.shape == (0, 3, 2, 2) and out.dtype == F64
-    if isinstance(result, tuple):
-        assert result[1].shape == (0, 3, 2, 2) and result[1].dtype == torch.int32
-    (grad,) = torch.autograd.grad(out, x, torch.zeros_like(out))
-    assert torch.equal(grad, torch.zeros_like(x))
-    key = "pool" if name.startswith("pool") else name
-    grad_input = _backwards(x.detach(), rois)[key]()
-    assert grad_input.shape == x.shape and not grad_input.any()
 
 
 def test_empty_map_does_not_index():

@@ -1,45 +1,40 @@
-"""Rotated RoIAlign: every kernel set against the float64 reference, the reference against
-roi_align (angles 0, 90, 180), gradcheck, opcheck-style compile, validation and the
-drop-ins. The peers' published vectors run in test_conformance.py."""
+"""Rotated RoIAlign: its geometry against roi_align (angles 0, 90, 180) on every kernel set,
+hand-computed samples, angle units and directions, the C++ kernels' channel paths and
+checks, the Triton kernels' ordered backward, the drop-ins. What every op must do
+(dtypes, layouts, gradcheck, compile, export, Module, validation, threads) is in
+test_generic.py; the peers' published vectors run in test_conformance.py."""
 
 from __future__ import annotations
 
-import contextlib
 import math
 
 import pytest
 import torch
 
 import roiops
-from boxes import nasty_rotated_boxes, rotated_boxes
-from cases import backward_paths, device_for, num_threads, tol
+from cases import BF16, F16, F32, F64, close, device_for, tol
+from cases import boxes_for as _boxes_for
+from cases import feature as _feature
+from cases import run as _run
 
 N, C, H, W = 2, 3, 9, 11
 SCALE = 0.5  # boxes in pixels of a 22 x 18 image
 BACKENDS = ["reference", "cpu", "triton"]
-F16, BF16, F32, F64 = torch.float16, torch.bfloat16, torch.float32, torch.float64
 
 
 def feature(dtype=F64, channels_last=False, seed=0, c=C):
-    x = torch.randn(N, c, H, W, generator=torch.Generator().manual_seed(seed), dtype=F64).to(dtype)
-    return x.contiguous(memory_format=torch.channels_last) if channels_last else x
+    return _feature(dtype, channels_last, seed, shape=(N, c, H, W))
 
 
 def boxes(dtype=F64, seed=0, count=6):
-    g = torch.Generator().manual_seed(seed)
-    return torch.cat([rotated_boxes(N, count, W / SCALE, H / SCALE, g, dtype),
-                      nasty_rotated_boxes(N, W / SCALE, H / SCALE, dtype)])
+    return _boxes_for("rotated", dtype, seed, count, N, W / SCALE, H / SCALE)
 
 
-def run(x, b, size=(2, 3), sr=2, aligned=True, backend=None, seed=1, **kw):
-    """Output and input gradient (on the CPU) for a fixed random upstream gradient."""
-    dev = device_for(backend)
-    x = x.detach().to(dev, copy=True).requires_grad_()
-    with roiops.use_backend(backend) if backend else contextlib.nullcontext():
-        out = roiops.roi_align_rotated(x, b.to(dev), size, SCALE, sr, aligned, **kw)
-        g = torch.randn(out.shape, generator=torch.Generator().manual_seed(seed), dtype=F64).to(dev, out.dtype)
-        out.backward(g)
-    return out.detach().cpu(), x.grad.cpu()
+def run(x, b, size=(2, 3), sr=2, aligned=True, backend=None, seed=1):
+    """Output and input gradient for a fixed random upstream gradient, on ``backend``'s
+    kernels where they run (cases.device_for)."""
+    out, grad, _ = _run(lambda t, c: roiops.roi_align_rotated(t, c, size, SCALE, sr, aligned), x, b, backend, seed)
+    return out, grad
 
 
 def axis_aligned(b):
@@ -126,26 +121,12 @@ def test_units_and_direction():
     assert torch.equal(b, before)
 
 
-def test_list_of_boxes_equals_tensor():
-    x, b = feature(), boxes()
-    per_image = [b[b[:, 0] == i, 1:] for i in range(N)]
-    ordered = torch.cat([b[b[:, 0] == i] for i in range(N)])
-    assert torch.equal(roiops.roi_align_rotated(x, per_image, 3, SCALE), roiops.roi_align_rotated(x, ordered, 3, SCALE))
-
-
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_empty_and_degenerate(backend):
-    dev = device_for(backend)
-    x = feature().to(dev).requires_grad_()
-    with roiops.use_backend(backend):
-        out = roiops.roi_align_rotated(x, torch.zeros(0, 6, dtype=F64, device=dev), (3, 4), SCALE)
-        assert out.shape == (0, C, 3, 4)
-        out.sum().backward()
-        assert torch.equal(x.grad, torch.zeros_like(x))
-        # Zero and negative sizes with adaptive sampling: no samples, zeros and no gradient.
-        b = torch.tensor([[0, 8.0, 6.0, 0.0, 0.0, 30.0], [1, 8.0, 6.0, -4.0, 6.0, 0.0]], dtype=F64, device=dev)
-        out = roiops.roi_align_rotated(x, b, 3, SCALE, 0)
-        assert torch.equal(out, torch.zeros_like(out))
+def test_degenerate_boxes_give_zero(backend):
+    """Zero and negative sizes with adaptive sampling: no samples, zeros and no gradient."""
+    b = torch.tensor([[0, 8.0, 6.0, 0.0, 0.0, 30.0], [1, 8.0, 6.0, -4.0, 6.0, 0.0]], dtype=F64)
+    out, grad = run(feature(), b, 3, 0, True, backend)
+    assert torch.equal(out, torch.zeros_like(out)) and torch.equal(grad, torch.zeros_like(grad))
 
 
 def test_huge_boxes_cost_what_they_cover():
@@ -161,134 +142,35 @@ def test_huge_boxes_cost_what_they_cover():
 # ----------------------------------------------------------------------------- kernel sets
 
 
-@pytest.mark.parametrize("backend", ["cpu", "triton"])
-@pytest.mark.parametrize("dtype", [F64, F32, F16, BF16])
+@pytest.mark.parametrize("c, dtype", [(1, F64), (8, F64), (19, F64), (32, F64), (70, F64), (19, F32), (19, F16),
+                                      (19, BF16)])
 @pytest.mark.parametrize("channels_last", [False, True])
-@pytest.mark.parametrize("sr, aligned, size", [(2, True, (2, 3)), (0, False, (3, 2)), (-1, True, 1)])
-def test_matches_reference(backend, dtype, channels_last, sr, aligned, size):
-    if backend == "triton" and dtype in (F16, BF16) and sr != 2:
-        pytest.skip("interpreter time: half types once per layout")
-    x, b = feature(dtype, channels_last, c=C if backend == "triton" else 19), boxes(F64)
-    out, grad = run(x, b, size, sr, aligned, backend)
-    ref_out, ref_grad = run(x, b, size, sr, aligned, "reference")
-    fmt = torch.channels_last if channels_last else torch.contiguous_format
-    assert out.dtype == grad.dtype == dtype
-    assert out.is_contiguous(memory_format=fmt) and grad.is_contiguous(memory_format=fmt)
-    torch.testing.assert_close(out, ref_out, **tol(dtype))
-    torch.testing.assert_close(grad, ref_grad, **tol(dtype))
-
-
-@pytest.mark.parametrize("c", [1, 8, 32, 70])
-@pytest.mark.parametrize("channels_last", [False, True])
-def test_cpu_channel_counts(c, channels_last):
+def test_cpu_channel_counts(c, dtype, channels_last):
     # The CPU kernels sum 8, 16 or 32 channels in registers, more in a buffer sample by
-    # sample, and the rest one by one: counts that reach each path. One channels_last
-    # channel: its gradient is contiguous in both layouts.
-    x, b = feature(F64, channels_last, c=c), boxes(F64)
+    # sample, and the rest one by one: counts that reach each path (19: a vector of lanes
+    # and a tail, in each dtype). One channels_last channel: its gradient is contiguous in
+    # both layouts.
+    x, b = feature(dtype, channels_last, c=c), boxes(F64)
     out, grad = run(x, b, (2, 3), 0, True, "cpu")
     ref_out, ref_grad = run(x, b, (2, 3), 0, True, "reference")
-    torch.testing.assert_close(out, ref_out, **tol(F64))
-    torch.testing.assert_close(grad, ref_grad, **tol(F64))
-
-
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_gradcheck(backend, monkeypatch):
-    dev = device_for(backend)
-    x = torch.randn(N, 1, 6, 7, dtype=F64, generator=torch.Generator().manual_seed(3)).to(dev)
-    b = boxes(F64, seed=4, count=3)[:8]
-    b[:, 1:5] *= 0.6  # the boxes were drawn for a 22 x 18 image; this map is 14 x 12 pixels
-    b = b.to(dev)
-
-    def fn(t):
-        with roiops.use_backend(backend):
-            return roiops.roi_align_rotated(t, b, (2, 3), SCALE, 2)
-
-    # Under Triton's interpreter the full Jacobians take minutes: random projections of them.
-    fast = backend == "triton"
-    xcl = x.expand(N, 2, 6, 7).contiguous(memory_format=torch.channels_last)
-    for deterministic, nondet_tol in backward_paths(backend):
-        monkeypatch.setattr(roiops.config, "deterministic_backward", deterministic)
-        for t in (x, xcl):
-            assert torch.autograd.gradcheck(fn, (t.clone().requires_grad_(),), atol=1e-8, nondet_tol=nondet_tol,
-                                            fast_mode=fast)
-
-
-def test_cpu_backward_deterministic_across_threads():
-    x, b = feature(F32, channels_last=True, c=40), boxes(F32, count=40)
-    grads = []
-    for threads in (1, 2, 2):
-        with num_threads(threads):
-            grads.append(run(x, b, 3, 0, True)[1])
-            grads.append(run(x.contiguous(), b, 3, 2, True)[1].contiguous(memory_format=torch.channels_last))
-    assert all(torch.equal(grads[i], grads[i + 2]) for i in range(4))
-
-
-def test_compile_fullgraph():
-    x, b = feature(F32), boxes(F32)
-    fn = torch.compile(lambda x, b: roiops.roi_align_rotated(x, b, 3, SCALE, 2), fullgraph=True, backend="eager")
-    xc = x.clone().requires_grad_()
-    out = fn(xc, b)
-    out.sum().backward()
-    xe = x.clone().requires_grad_()
-    ref = roiops.roi_align_rotated(xe, b, 3, SCALE, 2)
-    ref.sum().backward()
-    assert torch.equal(out, ref) and torch.equal(xc.grad, xe.grad)
-
-
-def test_export():
-    class Head(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.pool = roiops.RoIAlignRotated(3, SCALE, 2)
-
-        def forward(self, x, b):
-            return self.pool(x, b)
-
-    x, b = feature(F32), boxes(F32)
-    k = torch.export.Dim("k", min=2)
-    program = torch.export.export(Head(), (x, b), dynamic_shapes={"x": None, "b": {0: k}})
-    assert "roiops.roi_align_rotated" in str(program.graph)
-    assert torch.equal(program.module()(x, b[:5]), Head()(x, b[:5]))
+    close(out, ref_out, dtype)
+    close(grad, ref_grad, dtype)
 
 
 # ----------------------------------------------------------------------------- API
 
 
-def test_module():
-    m = roiops.RoIAlignRotated((7, 5), 1 / 16, 2, aligned=False, clockwise=True, angle="radians")
-    assert repr(m) == ("RoIAlignRotated(output_size=(7, 5), spatial_scale=0.0625, sampling_ratio=2, aligned=False, "
-                       "clockwise=True, angle='radians')")
-    x, b = feature(), boxes()
-    assert torch.equal(m(x, b), roiops.roi_align_rotated(x, b, (7, 5), 1 / 16, 2, False, True, "radians"))
-    with pytest.raises(ValueError, match="angle"):
-        roiops.RoIAlignRotated(7, 1.0, angle="grad")
-
-
+# The rotated rows' own messages (what every op refuses: test_generic.py).
 @pytest.mark.parametrize("bad, match", [
     (torch.zeros(2, 5), r"boxes must have shape \[K, 6\] \(rows \(batch_index, cx, cy, w, h, angle\)\)"),
     ([torch.zeros(1, 4), torch.zeros(1, 5)], r"boxes\[0\] must have shape \[K, 5\] \(rows \(cx, cy, w, h, angle\)\)"),
-    ([torch.zeros(1, 5)], "list of 1 tensors but the input has batch size 2"),
-    (torch.tensor([[2.0, 1, 1, 2, 2, 0]]), r"row 0 .*batch index 2.0 is not an integer in \[0, 2\)"),
-    (torch.tensor([[0.5, 1, 1, 2, 2, 0]]), "batch index 0.5"),
-    (torch.tensor([[0.0, 1, float("nan"), 2, 2, 0]]), "row 0 .*finite"),
     (torch.tensor([[0.0, 1, 1, 2, 2, 0], [0, 1, 1, 2, 2, float("inf")]]), "row 1 .*angle must be finite"),
     (torch.tensor([[0.0, 1, 1, 2**26, 2, 0]]), "2\\^24"),
-    (torch.zeros(1, 6, dtype=torch.int64), "floating point"),
     ("boxes", "Tensor\\[K, 6\\] or a list of Tensor\\[L, 5\\]"),
 ])
 def test_bad_boxes(bad, match):
     with pytest.raises((ValueError, TypeError), match=match):
         roiops.roi_align_rotated(feature(), bad, 2)
-
-
-def test_bad_options():
-    x, b = feature(), boxes()
-    with pytest.raises(ValueError, match="angle must be one of 'degrees', 'radians'"):
-        roiops.roi_align_rotated(x, b, 2, angle="turns")
-    with pytest.raises(ValueError, match="clockwise must be a bool"):
-        roiops.roi_align_rotated(x, b, 2, clockwise=1)
-    with pytest.raises(ValueError, match="output_size"):
-        roiops.roi_align_rotated(x, b, 0)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

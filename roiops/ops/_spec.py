@@ -123,7 +123,10 @@ class OpSpec:
     (each a full set of keyword options besides ``output_size`` and ``spatial_scale``);
     ``box_grad``: options under which the boxes receive a gradient (None: never).
     ``position_sensitive``: the input has ``C_out * ph * pw`` channels. ``bench``: its
-    benchmark entries."""
+    benchmark entries. ``reference_bin_error``: the reference's results lose up to
+    ``eps / (a bin's side in cells)`` of relative precision (it integrates over a bin as a
+    difference of antiderivatives), so the tests that compare with it widen their
+    tolerance by that for tiny bins."""
 
     function: Callable[..., Tensor]
     module: type
@@ -133,6 +136,7 @@ class OpSpec:
     box_grad: dict[str, Any] | None = None
     position_sensitive: bool = False
     bench: tuple[Bench, ...] = ()
+    reference_bin_error: bool = False
 
     @property
     def name(self) -> str:

@@ -77,7 +77,7 @@ class PrRoIPool(RoIModule):
 
 # IoU-Net's box refinement on the stride-8 map of an 800x1344 image.
 SPEC = OpSpec(
-    prroi_pool, PrRoIPool, (_KERNELS,), box_grad={},
+    prroi_pool, PrRoIPool, (_KERNELS,), box_grad={}, reference_bin_error=True,
     bench=(Bench("prroi_pool", "PrRoIPool", lambda w, x, b: prroi_pool(x, b, w.size, w.scale),
                  Peer("roiops", lambda r, w, x, b: r.roi_align(x, b, w.size, w.scale, 2, False), same_result=False,
                       note="its own roi_align (sampling_ratio=2, no offset, as PrRoIPool) on the same boxes"),
