@@ -122,16 +122,8 @@ def _non_finite(case, channels_last):
     return x.contiguous(memory_format=layout(channels_last))
 
 
-# The reference's position-sensitive and rotated RoIAlign weigh a sample outside the map
-# by 0 before multiplying it with its (clamped) taps, so a non-finite tap makes it NaN;
-# the definition, and the other kernel sets, give such a sample 0.
-REFERENCE_NAN_OUTSIDE = pytest.mark.xfail(strict=True, reason="the reference's outside samples: 0 * inf")
-NON_FINITE = [pytest.param(c, id=c.id, marks=[REFERENCE_NAN_OUTSIDE] if c.spec.name in (
-    "ps_roi_align", "roi_align_rotated") else []) for c in CASES]
-
-
 @pytest.mark.parametrize("channels_last", [False, True], ids=["nchw", "cl"])
-@pytest.mark.parametrize("case", NON_FINITE)
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
 def test_non_finite_values_match_reference(case, channels_last):
     x, boxes = _non_finite(case, channels_last), case.boxes()
     out, grad, grad_boxes = run(call(case), x, boxes, "cpu")

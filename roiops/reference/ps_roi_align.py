@@ -16,13 +16,15 @@ _check_backward = kernel_check("ps_roi_align", "backward")
 
 
 def _taps(box: AlignBox, ph: int, pw: int):
-    """The four bilinear neighbours of every inside sample slot, per bin: (weight [ph, my,
-    pw, mx], row index [ph, my, 1, 1], column index [1, 1, pw, mx]); padding slots weigh 0."""
+    """The four bilinear neighbours of every sample slot, per bin: (weight [ph, my, pw, mx],
+    row index [ph, my, 1, 1], column index [1, 1, pw, mx], which slots hold an inside
+    sample); the other slots weigh 0, and take no value at all (an inf neighbour times a 0
+    weight would be NaN)."""
     my, mx = box.my, box.mx
     valid = box.valid().view(ph, my, pw, mx)
     for weight, rows, cols in box.corners():
         yield (torch.where(valid, weight.view(ph, my, pw, mx), 0.0), rows.view(ph, my, 1, 1),
-               cols.view(1, 1, pw, mx))
+               cols.view(1, 1, pw, mx), valid)
 
 
 def _bins(ph: int, pw: int, device) -> tuple[Tensor, Tensor]:
@@ -51,8 +53,8 @@ def ps_roi_align_forward(input: Tensor, rois: Tensor, spatial_scale: float, pool
             outs.append(x.new_zeros((c_out, ph, pw)))
             continue
         total = None
-        for weight, rows, cols in _taps(box, ph, pw):
-            term = weight * x[b][:, i, j, rows, cols]  # [C_out, ph, my, pw, mx]
+        for weight, rows, cols, valid in _taps(box, ph, pw):
+            term = torch.where(valid, weight * x[b][:, i, j, rows, cols], 0.0)  # [C_out, ph, my, pw, mx]
             total = term if total is None else total + term
         assert total is not None
         outs.append(total.sum(dim=(2, 4)) / box.count)  # outside samples count in the divisor
@@ -82,7 +84,7 @@ def ps_roi_align_backward(grad: Tensor, rois: Tensor, spatial_scale: float, pool
         if box.empty:
             continue
         g = g_all[k][:, :, None, :, None]  # [C_out, ph, 1, pw, 1]
-        for weight, rows, cols in _taps(box, ph, pw):
+        for weight, rows, cols, _ in _taps(box, ph, pw):
             flat = ((chan + i * pw + j) * height + rows) * width + cols  # [C_out, ph, my, pw, mx]
             contrib = (g * weight / box.count).expand(flat.shape)
             grad_input[b].index_add_(0, flat.reshape(-1), contrib.reshape(-1))

@@ -44,16 +44,17 @@ class _RotatedBox:
         self.xx, self.x_ok = _axis(-roi_w / 2, bin_w, pw, grid_w, min(along_x) - margin, max(along_x) + margin)
 
     def taps(self, height: int, width: int):
-        """The four bilinear neighbours of every candidate: (weight, row, column) each
+        """The four bilinear neighbours of every candidate: (weight, row, column, live) each
         ``[ph, my, pw, mx]``, in the order w1..w4 of semantics.md; weight 0 off the map and on
-        padding slots."""
+        padding slots, which ``live`` marks so that they take no value (an inf neighbour times
+        a 0 weight would be NaN)."""
         yy, xx = self.yy[:, :, None, None], self.xx[None, None, :, :]
         y = yy * self.cos - xx * self.sin + self.cy
         x = yy * self.sin + xx * self.cos + self.cx
         y_lo, y_hi, ly, hy, y_in = bilinear_taps(y, height)
         x_lo, x_hi, lx, hx, x_in = bilinear_taps(x, width)
         live = y_in & x_in & self.y_ok[:, :, None, None] & self.x_ok[None, None, :, :]
-        return [(torch.where(live, wy * wx, 0.0), rows, cols)
+        return [(torch.where(live, wy * wx, 0.0), rows, cols, live)
                 for wy, rows, wx, cols in ((hy, y_lo, hx, x_lo), (hy, y_lo, lx, x_hi),
                                            (ly, y_hi, hx, x_lo), (ly, y_hi, lx, x_hi))]
 
@@ -124,8 +125,8 @@ def roi_align_rotated_forward(input: Tensor, rois: Tensor, spatial_scale: float,
             outs.append(x.new_zeros((c, ph, pw)))
             continue
         value = None
-        for weight, rows, cols in box.taps(height, width):
-            term = weight * x[b][:, rows, cols]  # [C, ph, my, pw, mx]
+        for weight, rows, cols, live in box.taps(height, width):
+            term = torch.where(live, weight * x[b][:, rows, cols], 0.0)  # [C, ph, my, pw, mx]
             value = term if value is None else value + term
         assert value is not None
         outs.append(value.sum(dim=(2, 4)) / box.count)
@@ -152,7 +153,7 @@ def roi_align_rotated_backward(grad: Tensor, rois: Tensor, spatial_scale: float,
             continue
         g = g_all[k][:, :, None, :, None]  # [C, ph, 1, pw, 1]
         plane = grad_input[b].view(channels, height * width)
-        for weight, rows, cols in box.taps(height, width):
+        for weight, rows, cols, _ in box.taps(height, width):
             plane.index_add_(1, (rows * width + cols).reshape(-1), (g * weight / box.count).reshape(channels, -1))
     return layout(grad_input.to(grad.dtype), bool(channels_last))
 
