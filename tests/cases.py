@@ -314,3 +314,33 @@ class RecordOps(torch.utils._python_dispatch.TorchDispatchMode):
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         self.ops.append(str(func))
         return func(*args, **(kwargs or {}))
+
+
+def backward_in_bands(fn: Any, dtype: torch.dtype, channels_last: bool) -> None:
+    """A map large enough that the C++ backward of ``fn(x, boxes)`` splits it into several
+    bands of rows and blocks of channels (one of 8 channels, not a multiple of 16), with
+    tall boxes crossing bands: 2 threads give 1 thread's bits (other splits, the same sums)
+    and the reference's gradient."""
+    x = feature(dtype, channels_last, seed=3, shape=(2, 40, 180, 160))
+    g = torch.Generator().manual_seed(4)
+    boxes = torch.cat([random_boxes(2, 12, 320, 360, g), nasty_boxes(2, 320, 360),
+                       torch.tensor([[0, 10.0, 2.0, 300.0, 355.0], [1, 40.0, 100.0, 60.0, 350.0]])])
+    with num_threads(1):
+        _, grad1, _ = run(fn, x, boxes)
+    with num_threads(2):
+        _, grad2, _ = run(fn, x, boxes)
+    _, ref, _ = run(fn, x, boxes, "reference")
+    assert torch.equal(grad1, grad2)
+    assert grad2.is_contiguous(memory_format=torch.channels_last if channels_last else torch.contiguous_format)
+    close(grad2, ref, dtype)
+
+
+def beyond_int32_offsets(fn: Any) -> None:
+    """``fn(x, boxes)`` on image 2 of a 3 x 1 x 32768 x 32768 float16 map, which starts at
+    element 2^31 (every offset the box reads overflows int32), equals it on that image's
+    corner alone. torch.empty: only the corner the box reads is ever touched."""
+    x = torch.empty(3, 1, 32768, 32768, dtype=torch.float16)
+    corner = torch.randn(1, 1, 16, 16, generator=torch.Generator().manual_seed(0)).half()
+    x[2:, :, :16, :16] = corner
+    assert torch.equal(fn(x, torch.tensor([[2, 1.5, 2.25, 9.0, 12.0]])),
+                       fn(corner, torch.tensor([[0, 1.5, 2.25, 9.0, 12.0]])))

@@ -12,8 +12,7 @@ import torch
 import torchvision
 
 import roiops
-from boxes import nasty_boxes, random_boxes
-from cases import C, H, N, SCALE, W, boxes_for, close, feature, num_threads, run
+from cases import C, H, N, SCALE, W, backward_in_bands, beyond_int32_offsets, boxes_for, close, feature, run
 
 
 def align(size, sr, aligned, mode="avg"):
@@ -121,18 +120,7 @@ def test_backward_split_into_bands_and_channel_blocks(mode, sr, channels_last, d
     """A map large enough that backward splits it into several bands of rows and blocks of
     channels (one of 8 channels, not a multiple of 16), with tall boxes crossing bands; 2
     threads against 1 (other splits, the same sums) and against the reference."""
-    x = feature(dtype, channels_last, seed=3, shape=(2, 40, 180, 160))
-    g = torch.Generator().manual_seed(4)
-    boxes = torch.cat([random_boxes(2, 12, 320, 360, g), nasty_boxes(2, 320, 360),
-                       torch.tensor([[0, 10.0, 2.0, 300.0, 355.0], [1, 40.0, 100.0, 60.0, 350.0]])])
-    with num_threads(1):
-        _, grad1, _ = run(align(7, sr, True, mode), x, boxes)
-    with num_threads(2):
-        _, grad2, _ = run(align(7, sr, True, mode), x, boxes)
-    _, ref, _ = run(align(7, sr, True, mode), x, boxes, "reference")
-    assert torch.equal(grad1, grad2)
-    assert grad2.is_contiguous(memory_format=torch.channels_last if channels_last else torch.contiguous_format)
-    close(grad2, ref, dtype)
+    backward_in_bands(align(7, sr, True, mode), dtype, channels_last)
 
 
 def test_direct_op_call_rejects_bad_rows():
@@ -149,13 +137,5 @@ def test_direct_op_call_rejects_bad_rows():
 
 
 def test_more_than_2_31_elements():
-    # Image 2 of a 3 x 1 x 32768 x 32768 float16 map starts at element 2^31: every offset the
-    # box reads overflows int32. torch.empty: only the corner the box reads is ever touched.
-    x = torch.empty(3, 1, 32768, 32768, dtype=torch.float16)
-    corner = torch.randn(1, 1, 16, 16, generator=torch.Generator().manual_seed(0)).half()
-    x[2:, :, :16, :16] = corner
-    box = torch.tensor([[2, 1.5, 2.25, 9.0, 12.0]])
-    crop_box = torch.tensor([[0, 1.5, 2.25, 9.0, 12.0]])
-    for fn in (lambda t, b: roiops.roi_align(t, b, 3, 1.0, 2, True),
-               lambda t, b: roiops.roi_align(t, b, 3, 1.0, 2, False, mode="max")):
-        assert torch.equal(fn(x, box), fn(corner, crop_box))
+    beyond_int32_offsets(lambda t, b: roiops.roi_align(t, b, 3, 1.0, 2, True))
+    beyond_int32_offsets(lambda t, b: roiops.roi_align(t, b, 3, 1.0, 2, False, mode="max"))
