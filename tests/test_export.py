@@ -22,19 +22,21 @@ def _boxes(k: int) -> torch.Tensor:
     return b
 
 
-def _rotated(b: torch.Tensor) -> torch.Tensor:
-    """Rotated rows (batch_index, cx, cy, w, h, angle) of the same boxes, turned by 30."""
-    return torch.cat([b[:, :1], (b[:, 1:3] + b[:, 3:5]) / 2, b[:, 3:5] - b[:, 1:3], b[:, :1] * 0 + 30], dim=1)
-
-
 class _Model(torch.nn.Module):
     def __init__(self) -> None:
         super().__init__()
         self.conv = torch.nn.Conv2d(3, 4, 3, padding=1)
+        # Rows (batch_index, x1, y1, x2, y2) -> (batch_index, cx, cy, w, h, angle 30): a
+        # product with constants, not slices of the boxes (torch 2.6's export turns those
+        # into a guard that a dynamic box count violates).
+        self.register_buffer("to_rotated", torch.tensor([
+            [1.0, 0, 0, 0, 0, 0], [0, 0.5, 0, -1, 0, 0], [0, 0, 0.5, 0, -1, 0], [0, 0.5, 0, 1, 0, 0],
+            [0, 0, 0.5, 0, 1, 0]]))
+        self.register_buffer("angle", torch.tensor([0.0, 0, 0, 0, 0, 30]))
 
     def forward(self, x: torch.Tensor, boxes: torch.Tensor) -> torch.Tensor:
         f = self.conv(x)  # 4 channels: 1 x 2 x 2 for a position-sensitive op
-        rotated = _rotated(boxes)
+        rotated = boxes @ self.to_rotated + self.angle  # the same boxes turned by 30 degrees
         return torch.cat([spec.function(f, rotated if spec.boxes == "rotated" else boxes, 2, 0.5, **options)
                           for spec in SPECS for options in spec.options], dim=1)
 

@@ -219,12 +219,27 @@ def test_cpu_and_reference_agree(case):
     if t["atol"] > 1:
         event("bin below the reference's resolution: values not compared")
         return
+    if op.spec.reference_bin_error and values == "specials":
+        # A cell at a window's edge that the kernels weigh by a few ulps can weigh exactly 0
+        # in the reference (a difference of antiderivatives): an inf there gives inf in one
+        # and NaN (0 * inf) in the other. Which values are finite must agree, and those values.
+        for a, b in ((out, rout), (g_in, rg_in)):
+            assert torch.equal(a.isfinite(), b.isfinite())
+        finite, g_finite = out.isfinite(), g_in.isfinite()
+        out, rout, g_in, rg_in = out[finite], rout[finite], g_in[g_finite], rg_in[g_finite]
+        event("closed-form windows with non-finite values: finite values compared")
+        return _agree(op, out, rout, g_in, rg_in, t)
+    _agree(op, out, rout, g_in, rg_in, t)
+    check_torchvision(x.detach(), values, rois, boxes, op, args, out.detach(), g_in)
+
+
+def _agree(op, out, rout, g_in, rg_in, t) -> None:
+    """The kernels' and the reference's results within tolerance ``t``."""
     if takes_max(op):  # a maximum is one sample's value: the same bits
         torch.testing.assert_close(out, rout, rtol=0, atol=0, equal_nan=True)
     else:  # sums, in an order of the kernel's choosing
         torch.testing.assert_close(out, rout, **t, equal_nan=True)
     torch.testing.assert_close(g_in, rg_in, **t, equal_nan=True)
-    check_torchvision(x.detach(), values, rois, boxes, op, args, out.detach(), g_in)
 
 
 def torchvision_peer(op):
