@@ -88,15 +88,15 @@ def _declaration(name: str) -> tuple[Any, Any]:
     raise KeyError(f"roiops: no op declares kernels {name!r}")
 
 
-def kernel_check(name: str, role: str = "forward", *, plane_argmax: bool = False, empty_map: bool = False,
+def kernel_check(name: str, role: str = "forward", *, empty_map: bool = False,
                  int64_argmax: bool = False) -> Callable[..., None]:
     """The check of kernel function ``<name>_<role>`` (role ``"forward"``, ``"backward"`` or
     ``"rois_backward"``): ``check(*args)`` with the function's arguments in its order
     raises for what the kernel must refuse (the module docstring), else returns None.
     Built once, when a kernel module is imported: a call reads no declaration.
 
-    ``plane_argmax``: the forward's argmax is the int32 index ``h * W + w`` of a map cell
-    (roi_pool), so ``H * W`` must be below 2^31. ``empty_map`` and ``int64_argmax``: what
+    A forward whose declaration has ``plane_argmax`` (roi_pool) refuses ``H * W >= 2^31``.
+    ``empty_map`` and ``int64_argmax``: what
     the reference kernels of RoIAlign and RoIPool also take (tests/test_reference.py),
     a map of height or width 0 and an int64 argmax; no other kernel does."""
     spec, k = _declaration(name)
@@ -122,6 +122,7 @@ def kernel_check(name: str, role: str = "forward", *, plane_argmax: bool = False
     extra = tuple((pos[n], n) for n, _ in k.tensors)
     out_channels = k.out_channels
     position_sensitive = spec.position_sensitive
+    plane_argmax = k.plane_argmax and role == "forward"
     min_side = 0 if empty_map else 1
     argmax_dtypes = (torch.int32, torch.int64) if int64_argmax else (torch.int32,)
 

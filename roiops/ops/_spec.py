@@ -36,7 +36,9 @@ class Kernels:
     ``variants``: argument sets the contract tests run each registered op with, keyed by
     ``"forward"``, ``"backward"``, ``"rois_backward"``: a dict of argument values over the
     tests' defaults. ``onnx``: None when ``roiops.onnx`` translates the forward, else what
-    ONNX lacks, for the error that refuses the export (``"Precise RoI Pooling"``)."""
+    ONNX lacks, for the error that refuses the export (``"Precise RoI Pooling"``).
+    ``plane_argmax``: the saved argmax is the int32 index ``h * W + w`` of a map cell, so
+    the kernels refuse a map with ``H * W >= 2^31``."""
 
     name: str
     args: tuple[tuple[str, str], ...]
@@ -48,6 +50,7 @@ class Kernels:
     tensors: tuple[tuple[str, bool], ...] = ()
     variants: Mapping[str, tuple[dict[str, Any], ...]] = field(default_factory=dict)
     onnx: str | None = None
+    plane_argmax: bool = False
 
     def ops(self) -> dict[str, str]:
         """The registered ops' names, by role: ``forward``, ``backward`` and, with a box

@@ -15,7 +15,7 @@ from ._spec import Bench, Kernels, OpSpec, Workload, torchvision
 
 _KERNELS = Kernels(
     "roi_pool", (("float", "spatial_scale"), ("int", "pooled_height"), ("int", "pooled_width"), ("bool", "continuous")),
-    ("batch_size", "channels", "height", "width", "channels_last"), saved=("argmax",), title="roi_pool", variants={
+    ("batch_size", "channels", "height", "width", "channels_last"), saved=("argmax",), title="roi_pool", plane_argmax=True, variants={
         "forward": (dict(continuous=False), dict(continuous=True)), "backward": (dict(channels_last=False),)})
 _roi_pool = register(_KERNELS)
 

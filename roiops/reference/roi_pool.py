@@ -13,7 +13,7 @@ __all__ = ["roi_pool_backward", "roi_pool_forward"]
 
 # The kernel contract's checks; these kernels also take an empty map (height or width 0),
 # and the backward an int64 argmax.
-_check_forward = kernel_check("roi_pool", plane_argmax=True, empty_map=True)
+_check_forward = kernel_check("roi_pool", empty_map=True)
 _check_backward = kernel_check("roi_pool", "backward", empty_map=True, int64_argmax=True)
 
 # --------------------------------------------------------------------------------------

@@ -214,7 +214,7 @@ def _pool_bwd_gather_kernel(
 
 # ----------------------------------------------------------------------------- launchers
 
-_check_forward = kernel_check("roi_pool", plane_argmax=True)
+_check_forward = kernel_check("roi_pool")
 _check_backward = kernel_check("roi_pool", "backward")
 
 
