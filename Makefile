@@ -1,31 +1,39 @@
 # Everything a fresh clone needs: `make demo` runs the main job, `make test` the tests.
-# Both create .venv, install the pinned dependencies and build the C++ extension first.
+# Both create .venv, install the pinned dependencies and build roiops' wheel first.
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
-# Pinned together: the extension is compiled against this exact torch, and torchvision
-# (the tests' oracle and benchmark peer) must be the release built for it.
-PINS   := torch==2.14.1 torchvision==0.29.1
-TOOLS  := pytest==9.2.0 hypothesis==6.170.15 matplotlib==3.11.2 numpy==2.4.6 mypy==2.4.1 onnx==1.23.2 onnxruntime==1.32.0 onnxscript==0.7.2
+# The environment that builds the wheel and runs the main suite. torchvision (the tests'
+# oracle and benchmark peer) must be the release built for its torch.
+PINS   := torch==2.14.1 torchvision==0.29.1 numpy==2.4.6
+TOOLS  := pytest==9.2.0 hypothesis==6.170.15 matplotlib==3.11.2 mypy==2.4.1 onnx==1.23.2 onnxruntime==1.32.0 onnxscript==0.7.2
 
-# A second environment, only for tests/test_ptx.py under Triton 3.6.0, the Triton of
+# One wheel, built once in .venv: its C++ kernels use LibTorch's stable ABI, so the same
+# file runs under every torch from the oldest one pyproject.toml admits. `make test` runs
+# the whole suite with it installed under two other torch releases, from outside the
+# checkout so that Python imports the installed wheel: the oldest supported torch
+# (.venv-oldest) and one between (.venv-middle). The checkout itself runs with the
+# wheel's compiled library copied beside its sources: the same binary everywhere.
+WHEEL_DIR := dist
+VENV_OLD  := .venv-oldest
+# numpy before 2.4 there: the Triton interpreter of torch 2.11 (Triton 3.6) converts
+# one-element arrays to scalars, which numpy 2.4 refuses.
+PINS_OLD  := torch==2.11.0 torchvision==0.26.0 numpy==2.3.5
+VENV_MID  := .venv-middle
+PINS_MID  := torch==2.12.1 torchvision==0.27.1 numpy==2.4.6
+
+# A fourth environment, only for tests/test_ptx.py under Triton 3.6.0, the Triton of
 # torch 2.11 (the oldest torch the GPU path supports). Triton releases compile the same
 # kernels to different PTX (3.6 turns tl.fdiv(..., ieee_rounding=True) into an
 # approximate division, 3.8 does not), and that test proves the PTX exact without a GPU,
 # so it must run under both. torch is there only for meta tensors: the small CPU build.
-# roiops runs from the checkout (the test sets PYTHONPATH); compiling never loads the
-# C++ extension, which is built for the pinned torch.
+# roiops runs from the checkout (the test sets PYTHONPATH).
 VENV_T36 := .venv-triton36
 PINS_T36 := torch==2.13.0 triton==3.6.0 pytest==9.2.0
 
-# A third environment with the oldest torch the package supports (pyproject.toml), where
-# the whole suite runs again against roiops installed from a copy of the sources (the
-# checkout's in-place build belongs to .venv), from outside the checkout so that Python
-# finds that install. torchvision: the release built for that torch.
-VENV_OLD := .venv-oldest
-PINS_OLD := torch==2.6.0 torchvision==0.21.0
+SOURCES := setup.py pyproject.toml README.md $(wildcard roiops/*.py roiops/*/*.py roiops/csrc/*)
 
-.PHONY: demo test test-triton36 test-oldest build bench bench-report gpu-check clean
+.PHONY: demo test test-triton36 test-oldest test-other-torch build bench bench-report gpu-check clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -35,8 +43,13 @@ $(VENV)/.deps: $(BIN)/python Makefile
 	$(BIN)/python -m pip install -q $(PINS) $(TOOLS)
 	touch $@
 
-$(VENV)/.built: $(VENV)/.deps setup.py pyproject.toml $(wildcard roiops/csrc/*)
-	$(BIN)/python -m pip install -q --no-build-isolation --no-deps -e .
+# The wheel, installed in .venv (the `roiops` command), its library copied into the checkout.
+$(VENV)/.built: $(VENV)/.deps $(SOURCES)
+	rm -rf $(WHEEL_DIR) roiops/_C*.so
+	$(BIN)/python -m pip wheel -q --no-build-isolation --no-deps --wheel-dir $(WHEEL_DIR) .
+	$(BIN)/python -m pip install -q --no-deps --force-reinstall $(WHEEL_DIR)/roiops-*.whl
+	$(BIN)/python -c "import glob, zipfile; w = zipfile.ZipFile(glob.glob('$(WHEEL_DIR)/roiops-*.whl')[0]); \
+		[w.extract(n, '.') for n in w.namelist() if n.startswith('roiops/_C')]"
 	touch $@
 
 build: $(VENV)/.built
@@ -44,10 +57,11 @@ build: $(VENV)/.built
 demo: build
 	$(BIN)/roiops demo
 
-test: build $(VENV_T36)/.deps $(VENV_OLD)/.built
+test: build $(VENV_T36)/.deps $(VENV_OLD)/.built $(VENV_MID)/.built
 	$(BIN)/python -m pytest -q
 	$(MAKE) --no-print-directory test-triton36
-	$(MAKE) --no-print-directory test-oldest
+	$(MAKE) --no-print-directory test-other-torch ENV=$(VENV_OLD)
+	$(MAKE) --no-print-directory test-other-torch ENV=$(VENV_MID)
 
 $(VENV_T36)/bin/python:
 	$(PYTHON) -m venv $(VENV_T36)
@@ -59,23 +73,26 @@ $(VENV_T36)/.deps: $(VENV_T36)/bin/python Makefile
 test-triton36: $(VENV_T36)/.deps
 	$(VENV_T36)/bin/python -m pytest -q tests/test_ptx.py
 
-$(VENV_OLD)/bin/python:
-	$(PYTHON) -m venv $(VENV_OLD)
+# Another torch release with the wheel built in .venv, installed as is.
+%/bin/python:
+	$(PYTHON) -m venv $*
 
-$(VENV_OLD)/.deps: $(VENV_OLD)/bin/python Makefile
-	$(VENV_OLD)/bin/python -m pip install -q --upgrade pip setuptools wheel ninja
-	$(VENV_OLD)/bin/python -m pip install -q $(PINS_OLD) $(TOOLS)
+$(VENV_OLD)/.deps: PINS_ENV := $(PINS_OLD)
+$(VENV_MID)/.deps: PINS_ENV := $(PINS_MID)
+$(VENV_OLD)/.deps $(VENV_MID)/.deps: %/.deps: %/bin/python Makefile
+	$*/bin/python -m pip install -q --upgrade pip
+	$*/bin/python -m pip install -q $(PINS_ENV) $(TOOLS)
 	touch $@
 
-$(VENV_OLD)/.built: $(VENV_OLD)/.deps setup.py pyproject.toml build_backend.py $(wildcard roiops/*.py roiops/*/*.py roiops/csrc/*)
-	rm -rf $(VENV_OLD)/src && mkdir -p $(VENV_OLD)/src
-	git ls-files -co --exclude-standard roiops setup.py pyproject.toml build_backend.py MANIFEST.in README.md \
-		| tar --ignore-failed-read -cf - -T - 2>/dev/null | tar -xf - -C $(VENV_OLD)/src
-	cd $(VENV_OLD)/src && ../bin/python -m pip install -q --no-build-isolation --no-deps .
+$(VENV_OLD)/.built $(VENV_MID)/.built: %/.built: %/.deps $(VENV)/.built
+	$*/bin/python -m pip install -q --no-deps --force-reinstall $(WHEEL_DIR)/roiops-*.whl
 	touch $@
 
 test-oldest: $(VENV_OLD)/.built
-	cd $(VENV_OLD) && bin/python -m pytest -q -p no:cacheprovider --rootdir=$(CURDIR) $(CURDIR)/tests
+	$(MAKE) --no-print-directory test-other-torch ENV=$(VENV_OLD)
+
+test-other-torch:
+	cd $(ENV) && bin/python -m pytest -q -p no:cacheprovider --rootdir=$(CURDIR) $(CURDIR)/tests
 
 bench: build
 	$(BIN)/roiops bench
@@ -89,4 +106,4 @@ gpu-check:
 	bash benchmarks/gpu_check.sh
 
 clean:
-	rm -rf build *.egg-info roiops/_C*.so roiops/_build_info.py $(VENV)/.built $(VENV_OLD)/.built
+	rm -rf build $(WHEEL_DIR) *.egg-info roiops/_C*.so $(VENV)/.built $(VENV_OLD)/.built $(VENV_MID)/.built

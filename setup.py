@@ -1,18 +1,25 @@
 """Builds roiops and its C++ CPU kernels (roiops._C) with torch.utils.cpp_extension.
 
-Install with `pip install --no-build-isolation .` after torch: the extension must be
-compiled against the torch it will run with.
+The kernels use LibTorch's stable ABI only, targeting the oldest torch that
+pyproject.toml admits, and Python's limited API: one build (one abi3 wheel per
+platform) runs under every torch release from that one on and every Python >= 3.10.
 """
 
+import re
 import shutil
 import subprocess
 from pathlib import Path
 
-import torch
 from setuptools import setup
 from torch.utils.cpp_extension import BuildExtension, CppExtension
 
 csrc = Path("roiops") / "csrc"
+
+# The oldest torch (pyproject.toml's requirement) as the stable ABI's target version:
+# the headers then hide every API newer than it, and any header outside the stable ABI
+# refuses to compile.
+_major, _minor = re.search(r'"torch>=(\d+)\.(\d+)"', Path("pyproject.toml").read_text()).groups()
+TORCH_TARGET_VERSION = f"0x{int(_major):02x}{int(_minor):02x}000000000000"
 
 # The extension must use the process's one shared libstdc++ (the one torch loads): a
 # private static copy keeps its own exception and locale state, and the first C++
@@ -53,28 +60,24 @@ class BuildExt(BuildExtension):
                 raise RuntimeError(f"{ext.name} must link libstdc++ dynamically (as torch does): "
                                    + "; ".join(problems))
 
-    def run(self):
-        super().run()
-        # Beside the extension, where it ended up (the wheel's tree, or the sources for an
-        # editable install): roiops compares it with the running torch before loading _C.
-        info = Path(self.get_ext_fullpath("roiops._C")).parent / "_build_info.py"
-        info.write_text('"""Written by setup.py: what the C++ kernels were built against."""\n'
-                        f"TORCH_VERSION = {torch.__version__!r}\n"
-                        f"SOURCE = {str(Path.cwd().resolve())!r}\n"
-                        f"EDITABLE = {bool(self.inplace)!r}\n")
-
 
 setup(
     ext_modules=[
         CppExtension(
             "roiops._C",
             sorted(str(p) for p in csrc.glob("*.cpp")),
-            # -fopenmp: at::parallel_for expands to OpenMP pragmas in our code.
             # -ffp-contract=off: no fused multiply-adds, so float32 results match
-            # torchvision's arithmetic bit for bit where the formulas agree.
-            extra_compile_args=["-O3", "-fopenmp", "-ffp-contract=off"],
-            extra_link_args=["-fopenmp"],
+            # torchvision's arithmetic bit for bit where the formulas agree. Threads come
+            # from torch's own pool (torch_api.h), so no OpenMP runtime; -fopenmp-simd
+            # still honours the kernels' `#pragma omp simd` (without it GCC unrolls those
+            # loops into scalar code: 2.2x the instructions of RoIAlign's NCHW backward).
+            # Hidden visibility: the library exports its module init only (the stable
+            # headers' types are hidden too).
+            extra_compile_args=["-O3", "-ffp-contract=off", "-fopenmp-simd", "-fvisibility=hidden",
+                                f"-DTORCH_TARGET_VERSION={TORCH_TARGET_VERSION}"],
+            py_limited_api=True,
         )
     ],
     cmdclass={"build_ext": BuildExt},
+    options={"bdist_wheel": {"py_limited_api": "cp310"}},
 )

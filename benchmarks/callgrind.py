@@ -79,7 +79,7 @@ def specs() -> tuple[Any, ...]:
 
 
 def entries() -> list[str]:
-    """The entry points (roiops::NAME, the C++ functions the bindings call) the cases call."""
+    """The entry points (roiops::NAME, the C++ functions registered as the ops' CPU kernels) the cases call."""
     return [f"{k.name}_{role}" for spec in specs() for k in spec.kernels for role in k.ops()]
 
 
@@ -87,7 +87,7 @@ def cases() -> list[tuple[str, str, Callable[[], object]]]:
     """(case, entry point, call) in the order they run: float32, deterministic inputs."""
     import torch
 
-    from roiops import _C
+    from roiops import cpu
 
     g = torch.Generator().manual_seed(0)
 
@@ -139,14 +139,14 @@ def cases() -> list[tuple[str, str, Callable[[], object]]]:
                     # the forward case's call, the output itself dropped as a caller would.
                     saved: dict[str, Any] = {}
 
-                    def forward(f: Any = getattr(_C, f"{k.name}_forward"), xi: torch.Tensor = xi,
+                    def forward(f: Any = getattr(cpu, f"{k.name}_forward"), xi: torch.Tensor = xi,
                                 rois: torch.Tensor = rois, saved: dict[str, Any] = saved, keep: bool = bool(k.saved),
                                 args: list[Any] = args, extra: list[Any] = extra) -> None:
                         result = f(xi, rois, *extra, *args)
                         if keep:
                             saved["outputs"] = result[1:]
 
-                    def backward_call(f: Any = getattr(_C, f"{k.name}_backward"), gi: torch.Tensor = gi,
+                    def backward_call(f: Any = getattr(cpu, f"{k.name}_backward"), gi: torch.Tensor = gi,
                                       rois: torch.Tensor = rois, saved: dict[str, Any] = saved,
                                       rest: list[Any] = [*extra, *backward]) -> object:
                         return f(gi, *saved.get("outputs", ()), rois, *rest)
@@ -154,7 +154,7 @@ def cases() -> list[tuple[str, str, Callable[[], object]]]:
                     out += [(f"{k.name} {tag} forward", f"{k.name}_forward", forward),
                             (f"{k.name} {tag} backward", f"{k.name}_backward", backward_call)]
                     if k.rois_grad:
-                        rois_backward = getattr(_C, f"{k.name}_rois_backward")
+                        rois_backward = getattr(cpu, f"{k.name}_rois_backward")
                         out.append((f"{k.name} {tag} rois_backward", f"{k.name}_rois_backward",
                                     partial(rois_backward, gi, xi, rois, *extra, *args)))
     return out

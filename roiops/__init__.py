@@ -10,7 +10,12 @@ Public API: :func:`roi_align`, :func:`roi_pool`, :func:`multi_scale_roi_align`, 
 import importlib
 from types import ModuleType
 
-from . import _onnx_hook, config
+from . import _backend
+
+if _backend.torch_too_old():
+    raise ImportError(_backend.torch_too_old())
+
+from . import _onnx_hook, config  # noqa: E402  (after the torch check: they import the ops)
 from ._backend import use_backend
 from .ops import SPECS, fpn_levels, multi_scale_roi_align
 
@@ -30,7 +35,7 @@ __version__ = "0.1.0"
 _onnx_hook.install()
 
 # Loaded on first attribute access, so that `import roiops` does not pay for them.
-_LAZY = ("compat", "onnx", "reference")
+_LAZY = ("compat", "cpu", "onnx", "reference")
 
 
 def __getattr__(name: str) -> ModuleType:

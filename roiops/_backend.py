@@ -17,7 +17,7 @@ from types import ModuleType
 import torch
 
 BACKENDS = ("cpu", "triton", "reference")
-_MODULES = {"triton": "roiops.triton", "reference": "roiops.reference"}
+_MODULES = {"cpu": "roiops.cpu", "triton": "roiops.triton", "reference": "roiops.reference"}
 
 
 class _Entry:
@@ -43,7 +43,9 @@ def use_backend(name: str) -> Iterator[None]:
     ``"cpu"``: the C++ kernels (CPU tensors only). ``"triton"``: the Triton kernels (CUDA
     tensors; CPU tensors only under ``TRITON_INTERPRET=1``). ``"reference"``: the pure
     PyTorch implementation (any device). The backward pass of an op runs on the backend
-    its forward used, whichever thread runs it.
+    its forward used, whichever thread runs it. Eager calls only: where the dispatcher
+    runs an op (torch.compile, torch.export, tensor subclasses and modes), CPU tensors go
+    to the C++ kernels registered for them.
 
     Example::
 
@@ -124,36 +126,37 @@ def collect_kernels(package: str, path: Iterable[str], namespace: dict[str, obje
     return names
 
 
-def _release(version: str) -> str:
-    return version.split("+")[0]  # 2.14.1+cu128 and 2.14.1+cpu share one C++ ABI
+# The oldest torch roiops runs under: its C++ kernels are built for LibTorch's stable ABI
+# as of this release (pyproject.toml requires it; setup.py targets it).
+MIN_TORCH = (2, 11)
 
 
-def _rebuild_hint(info: ModuleType | None) -> str:
-    source = getattr(info, "SOURCE", None)
-    if source and os.path.isdir(source):
-        editable = "-e " if getattr(info, "EDITABLE", False) else ""
-        return f"pip install --no-build-isolation --no-deps --force-reinstall {editable}{source}"
-    return "pip install --no-build-isolation --no-deps --force-reinstall <roiops source directory>"
+def torch_too_old() -> str:
+    """Why the running torch cannot run roiops; "" when it can."""
+    if tuple(int(v) for v in re.findall(r"\d+", torch.__version__)[:2]) >= MIN_TORCH:
+        return ""
+    return (f"roiops needs torch >= {MIN_TORCH[0]}.{MIN_TORCH[1]}, whose stable C++ ABI its CPU kernels are built "
+            f"for; found torch {torch.__version__}")
+
+
+@functools.cache
+def cpu_library_error() -> str:
+    """Loads the C++ kernels' library, roiops._C, whose static registrations define the ops'
+    schemas and register their CPU kernels; returns "" once it is loaded, else why it
+    cannot be. The ops' Python declarations call this before defining anything, because
+    a schema that Python defined first would make the library's definition fail and
+    abort the process as it loads."""
+    try:
+        importlib.import_module("roiops._C")
+    except ImportError as e:
+        return (f"roiops: its C++ kernels cannot be loaded ({e}); reinstall roiops, or build them from its sources "
+                "with `pip install --no-build-isolation .`")
+    return ""
 
 
 @functools.cache
 def _cpu_kernels() -> ModuleType:
-    """roiops._C, once it is known to be built for the running torch: a build for another
-    torch fails late and obscurely (undefined symbols, or C++ errors that lose their Python
-    exception type)."""
-    try:
-        info: ModuleType | None = importlib.import_module("roiops._build_info")
-    except ImportError:
-        info = None  # a build by other means: nothing to compare
-    built = getattr(info, "TORCH_VERSION", None)
-    if built is not None and _release(built) != _release(torch.__version__):
-        raise ImportError(f"roiops: its C++ kernels were built against torch {built}, but torch "
-                          f"{torch.__version__} is running; rebuild them for this torch: {_rebuild_hint(info)}")
-    try:
-        return importlib.import_module("roiops._C")
-    except ImportError as e:
-        raise ImportError(f"roiops: its C++ kernels cannot be loaded ({e}); build them for the running torch "
-                          f"{torch.__version__}: {_rebuild_hint(info)}") from e
+    return importlib.import_module("roiops.cpu")
 
 
 def kernels_of(t: torch.Tensor) -> ModuleType:
@@ -175,7 +178,4 @@ def _cuda_kernels() -> ModuleType:
 def kernels(device: torch.device) -> ModuleType:
     """The module holding the kernel-contract functions (docs/architecture.md, "Kernel
     contract") for this call."""
-    name = select(device)
-    if name == "cpu":
-        return _cpu_kernels()
-    return importlib.import_module(_MODULES[name])
+    return importlib.import_module(_MODULES[select(device)])

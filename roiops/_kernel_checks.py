@@ -17,10 +17,10 @@ function's parameters and their schema types (``Kernels.args``, ``backward``, ``
 position-sensitive. The checks, in this order (the map tensor is ``input``, or ``grad``
 in a backward):
 
-1. argument types, by schema type (Python only: the op schema, or pybind11 for the C++
-   functions, refuses them before any kernel): TypeError;
-2. the map tensor: 4-D; floating point (ValueError); one of the kernels' dtypes
-   (NotImplementedError);
+1. argument types, by schema type (Python only: the op schema refuses them before any
+   kernel, and the dispatcher before a C++ one): TypeError;
+2. the map tensor: 4-D; floating point; one of the kernels' dtypes (all ValueError from
+   here on: the only Python exception a C++ kernel can raise for a refused argument);
 3. rois: ``[K, 5]`` (``[K, 6]`` rotated); floating point, float64 for a float64 map
    (other floating dtypes are converted to the opmath type); on the map's device;
    extra tensor inputs on the map's device;
@@ -237,8 +237,8 @@ def _unsupported(name: str, dtype: torch.dtype) -> None:
     if not dtype.is_floating_point:
         raise ValueError(f"roiops: {name} must be floating point, got {dtype}")
     # float8 types: floating point, but no kernel.
-    raise NotImplementedError(f"roiops: {name} dtype {dtype} is not implemented; expected float16, bfloat16, "
-                              "float32 or float64")
+    raise ValueError(f"roiops: {name} dtype {dtype} is not implemented; expected float16, bfloat16, float32 or "
+                     "float64")
 
 
 def _rois_dtype(rois: Tensor, main_name: str, dtype: torch.dtype) -> None:

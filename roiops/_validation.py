@@ -226,9 +226,9 @@ def _scan(rois: Tensor, batch_size: int, scale: float) -> tuple[int, int]:
 
 @functools.cache
 def _row_scan() -> Callable[[Tensor, int, float], tuple[int, int]] | None:
-    """The C++ row check, if the kernels load (a build that lacks it: none)."""
+    """The C++ row check, if the kernels load."""
     try:
-        return getattr(_backend._cpu_kernels(), "first_invalid", None)
+        return _backend._cpu_kernels().first_invalid
     except ImportError:
         return None
 

@@ -2,7 +2,7 @@
 
 Once ``roiops`` is imported, a plain ``torch.onnx.export(model, args, dynamo=True)``
 translates the roiops ops: roiops adds the default translations below to the exporter's
-own when torch loads its exporter (checked with torch 2.6 and 2.14). To choose other
+own when torch loads its exporter (checked with torch 2.11, 2.12 and 2.14). To choose other
 translations, or if a newer torch warns that roiops could not add them, either::
 
     program = roiops.onnx.export(model, (images, boxes), dynamic_shapes=...)
@@ -148,7 +148,7 @@ def _extend_default_registry(registration: ModuleType) -> None:
     Called with ``torch.onnx._internal.exporter._registration`` once torch has loaded it
     (roiops/_onnx_hook.py waits for that, so ``import roiops`` imports no ONNX code).
     torch.onnx has no public way to extend its default translations. Each export builds its
-    registry with the private ``ONNXRegistry.from_torchlib`` (torch 2.6 to 2.14), then adds
+    registry with the private ``ONNXRegistry.from_torchlib`` (torch 2.11 to 2.14), then adds
     the ``custom_translation_table`` entries with ``register_op``, each ahead of those
     before it; wrapping the former to add ours with the latter keeps a user's own
     translation of a roiops op first. If torch moves either, exports go on without ours and

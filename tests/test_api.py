@@ -67,7 +67,7 @@ def test_backward_runs_on_the_backend_of_its_forward(case, monkeypatch):
     # block, here from another thread; with none forced, the C++ kernels do.
     calls: list[str] = []
     name = kernel_name(forward_kernels(case).ops()["backward"])
-    for backend, module in (("reference", roiops.reference), ("cpu", roiops._C)):
+    for backend, module in (("reference", roiops.reference), ("cpu", roiops.cpu)):
         kernel = getattr(module, name)
         monkeypatch.setattr(module, name,
                             lambda *a, backend=backend, kernel=kernel: calls.append(backend) or kernel(*a))

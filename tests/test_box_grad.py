@@ -20,7 +20,7 @@ import cases
 from cases import F32, F64, device_for, num_threads, tol
 
 BACKENDS = ("reference", "cpu", "triton")
-KERNEL_SETS = {"cpu": "roiops._C", "triton": "roiops.triton", "reference": "roiops.reference"}
+KERNEL_SETS = {"cpu": "roiops.cpu", "triton": "roiops.triton", "reference": "roiops.reference"}
 KERNEL = {"avg": "roi_align_rois_backward", "max": "roi_align_max_rois_backward"}
 
 N, C, H, W = 2, 3, 9, 11

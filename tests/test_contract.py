@@ -21,56 +21,19 @@ from roiops._backend import triton_too_old
 from roiops._kernel_checks import parameters
 from roiops.ops import SPECS
 
-KERNEL_SETS = {"cpu": "roiops._C", "triton": "roiops.triton", "reference": "roiops.reference"}
+KERNEL_SETS = {"cpu": "roiops.cpu", "triton": "roiops.triton", "reference": "roiops.reference"}
 
 POSITIONAL = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
 
-# How pybind11 writes the argument types of the schema's types in a signature (its
-# SupportsInt/SupportsFloat forms come from pybind11 3; older releases write int, float).
-PYBIND_TYPES = {"Tensor": r"torch\.Tensor", "int": r"(typing\.)?SupportsInt\b.*|int",
-                "float": r"(typing\.)?SupportsFloat\b.*|float", "bool": r"bool"}
-
-
-def pybind_type_matches(schema_type: str, text: str) -> bool:
-    if schema_type.endswith("[]"):
-        inner = re.match(r"(list|collections\.abc\.Sequence|typing\.Sequence)\[(.*)\]$", text)
-        return inner is not None and pybind_type_matches(schema_type[:-2], inner.group(2))
-    return re.fullmatch(PYBIND_TYPES[schema_type], text) is not None
-
-
-def split_top_level(text: str) -> list[str]:
-    """``text`` split at the commas outside brackets."""
-    parts, depth, start = [], 0, 0
-    for i, ch in enumerate(text):
-        depth += ch == "["
-        depth -= ch == "]"
-        if ch == "," and depth == 0:
-            parts.append(text[start:i].strip())
-            start = i + 1
-    last = text[start:].strip()
-    return parts + [last] if last else parts
-
-
-def pybind_problems(name: str, fn, want: list[tuple[str, str]]) -> list[str]:
-    """A pybind11 function has no Python signature: its docstring's first line holds it,
-    ``name(arg0: type, ...) -> type``, names argN unless the binding gives them."""
-    first = (fn.__doc__ or "").partition("\n")[0]
-    m = re.fullmatch(r"(\w+)\((.*)\) -> .*", first)
-    if m is None:
-        return [f"no pybind11 signature in its docstring: {first!r}"]
-    if m.group(1) != name:
-        return [f"is bound as {m.group(1)}"]
-    args = [re.fullmatch(r"(\w+): ([^=]*?)(?: = .*)?", a) for a in split_top_level(m.group(2))]
-    if None in args or len(args) != len(want):
-        return [f"takes {len(args)} arguments ({m.group(2)}), the schema {len(want)}"]
-    problems = []
-    for i, (arg, (want_name, want_type)) in enumerate(zip(args, want)):
-        got_name, got_type = arg.groups()
-        if got_name != f"arg{i}" and got_name != want_name:
-            problems.append(f"argument {i} is {got_name}, the schema's is {want_name}")
-        if not pybind_type_matches(want_type, got_type):
-            problems.append(f"argument {i} ({want_name}) has type {got_type}, the schema's is {want_type}")
-    return problems
+def dispatcher_problems(fn, op: str) -> list[str]:
+    """A C++ kernel is the op's own CPU kernel, called through the dispatcher (which binds
+    the schema's arguments itself): ``fn`` must call op ``op``'s overload."""
+    overload = getattr(getattr(fn, "func", None), "__self__", None)
+    if not isinstance(overload, torch._ops.OpOverload):
+        return ["is neither a Python function nor a call of a registered op"]
+    if overload._schema.name != f"roiops::{op}":
+        return [f"calls {overload._schema.name}"]
+    return []
 
 
 def python_problems(fn, want: list[tuple[str, str]]) -> list[str]:
@@ -98,7 +61,7 @@ def contract_problems(module, ops: list[str]) -> list[str]:
                 problems.append(f"{name} (op {op}) is missing")
             continue
         want = [(a.name, str(a.type)) for a in schema(op).arguments]
-        found = pybind_problems(name, fn, want) if inspect.isbuiltin(fn) else python_problems(fn, want)
+        found = python_problems(fn, want) if inspect.isfunction(fn) else dispatcher_problems(fn, op)
         problems += [f"{name}: {p}" for p in found]
     return problems
 
@@ -178,26 +141,14 @@ def test_checker_finds_each_breach():
         assert len(problems) == 1, (what, problems)
 
 
-def test_checker_reads_pybind_signatures():
-    cpu = pytest.importorskip("roiops._C")
+def test_checker_reads_dispatcher_calls():
+    cpu = pytest.importorskip("roiops.cpu")
     assert contract_problems(kernel_set(roi_pool_forward=cpu.roi_pool_forward), registered_ops()) == []
-    # A bound function under another name, with other arguments.
+    # Another op's kernel under this op's name.
     problems = contract_problems(kernel_set(roi_align_forward=cpu.roi_pool_forward), registered_ops())
-    assert problems == ["roi_align_forward: is bound as roi_pool_forward"]
-    want = [(a.name, str(a.type)) for a in schema("roi_pool").arguments]
-    doc = "roi_pool_forward(arg0: torch.Tensor, arg1: torch.Tensor, arg2: typing.SupportsFloat | " \
-          "typing.SupportsIndex, arg3: typing.SupportsInt | typing.SupportsIndex, arg4: typing.SupportsInt | " \
-          "typing.SupportsIndex, arg5: bool) -> tuple[torch.Tensor, torch.Tensor]"
-    fake = types.SimpleNamespace(__doc__=doc)
-    assert pybind_problems("roi_pool_forward", fake, want) == []
-    assert len(pybind_problems("roi_pool_forward", types.SimpleNamespace(
-        __doc__=doc.replace(", arg5: bool", "")), want)) == 1
-    swapped = doc.replace("arg2: typing.SupportsFloat", "arg2: typing.SupportsInt").replace(
-        "arg3: typing.SupportsInt", "arg3: typing.SupportsFloat")
-    assert len(pybind_problems("roi_pool_forward", types.SimpleNamespace(__doc__=swapped), want)) == 2
-    named = doc.replace("arg0", "input").replace("arg1", "boxes")
-    assert pybind_problems("roi_pool_forward", types.SimpleNamespace(__doc__=named), want) == [
-        "argument 1 is boxes, the schema's is rois"]
+    assert problems == ["roi_align_forward: calls roiops::roi_pool"]
+    problems = contract_problems(kernel_set(roi_align_forward=len), registered_ops())
+    assert problems == ["roi_align_forward: is neither a Python function nor a call of a registered op"]
 
 
 # ---- one argument check, the same errors on every backend
@@ -323,7 +274,7 @@ BAD = [
     ("map_int", lambda a, r, s: True, lambda a: with_map(a, lambda t: t.long()), ValueError,
      r"(input|grad) must be floating point, got torch.int64"),
     ("map_float8", lambda a, r, s: True, lambda a: with_map(a, lambda t: t.to(torch.float8_e4m3fn)),
-     NotImplementedError, r"(input|grad) dtype torch.float8_e4m3fn is not implemented"),
+     ValueError, r"(input|grad) dtype torch.float8_e4m3fn is not implemented"),
     ("map_other_device", lambda a, r, s: True, lambda a: with_map(a, lambda t: t.to(OTHER)), ValueError,
      r"rois is on (cpu|cuda:0) but (input|grad) is on meta"),
     ("input_no_rows", lambda a, r, s: "input" in a, lambda a: {"input": a["input"][:, :, :0]}, ValueError,
@@ -437,8 +388,8 @@ def test_every_backend_refuses_a_bad_call_alike(name, role, spec, device, case):
 
 
 # A value of another type for each argument kind: TypeError on a direct call of a Python
-# kernel (the op schema refuses it before any backend runs, and pybind11 converts or
-# refuses what a direct call of a C++ kernel gets).
+# kernel (the op schema refuses it before any backend runs, and so does the dispatcher
+# for a direct call of a C++ kernel).
 WRONG_TYPE = {"Tensor": [None, [[0, 1.0, 1.0, 5.0, 5.0]]], "Tensor?": ["rois"], "int": [2.0, True, "2"],
               "float": ["0.5", True, None], "bool": [1, None, torch.tensor(True)]}
 TYPE_CASES = [(name, role, spec, arg, value) for name, role, spec in FUNCTIONS for arg, kind in parameters(name, role)

@@ -1,75 +1,71 @@
-"""Installs: the C++ kernels run only under the torch release they were built against,
-and an isolated build (plain `pip install .`) compiles against the target's torch."""
+"""Installs: one build of the C++ kernels for every supported torch. They use LibTorch's
+stable ABI only, target the oldest torch pyproject.toml admits, register the ops' schemas
+and CPU kernels in the dispatcher, and load under Python's limited API."""
 
 from __future__ import annotations
 
-import importlib.util
+import re
+import shutil
+import subprocess
 import sys
-import types
 from pathlib import Path
 
 import pytest
 import torch
 
 import roiops
-from roiops import _backend, _validation
+from roiops import _backend
+from roiops.ops import _declare
 
 ROOT = Path(__file__).resolve().parents[1]
-_spec = importlib.util.spec_from_file_location("build_backend", ROOT / "build_backend.py")
-assert _spec is not None and _spec.loader is not None
-build_backend = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(build_backend)
-
-RELEASE = torch.__version__.split("+")[0]
 
 
-@pytest.fixture
-def fresh_kernel_lookup():
-    _backend._cpu_kernels.cache_clear()
-    _validation._row_scan.cache_clear()
-    yield
-    _backend._cpu_kernels.cache_clear()
-    _validation._row_scan.cache_clear()
+def test_supported_torch_is_declared_once_and_checked_at_import(monkeypatch):
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    wanted = {tuple(int(v) for v in m) for m in re.findall(r'"torch>=(\d+)\.(\d+)"', pyproject)}
+    assert wanted == {_backend.MIN_TORCH}  # the package's and the build's requirement
+    assert _backend.torch_too_old() == ""
+    monkeypatch.setattr(torch, "__version__", "2.10.0+cu128")
+    assert _backend.torch_too_old() == ("roiops needs torch >= 2.11, whose stable C++ ABI its CPU kernels are "
+                                        "built for; found torch 2.10.0+cu128")
+    code = "import torch; torch.__version__ = '2.9.1'\ntry:\n import roiops\nexcept ImportError as e: print(e)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True)
+    assert out.stdout.strip().endswith("found torch 2.9.1"), out.stdout + out.stderr
 
 
-def test_build_records_the_torch_it_was_built_against():
-    import roiops._build_info as info
+def test_the_library_defines_every_op_and_runs_its_cpu_kernel():
+    """The schemas come from the library (C++ programs and AOTInductor find them without
+    Python), equal to the declarations, and the CPU key holds the C++ kernel."""
+    from roiops.ops import SPECS
 
-    assert info.TORCH_VERSION.split("+")[0] == RELEASE
-    assert Path(info.SOURCE, "setup.py").is_file()
-
-
-def test_cpu_kernels_refuse_another_torch_naming_both_and_the_fix(monkeypatch, fresh_kernel_lookup):
-    other = "1.0.0" if RELEASE != "1.0.0" else "1.0.1"
-    fake = types.ModuleType("roiops._build_info")
-    fake.TORCH_VERSION, fake.SOURCE, fake.EDITABLE = other, str(ROOT), True
-    monkeypatch.setitem(sys.modules, "roiops._build_info", fake)
-    x, boxes = torch.randn(1, 1, 4, 4), torch.tensor([[0.0, 0, 0, 3, 3]])
-    with pytest.raises(ImportError) as e:
-        roiops.roi_align(x, boxes, 2)
-    msg = str(e.value)
-    assert f"built against torch {other}" in msg and f"torch {torch.__version__} is running" in msg
-    assert msg.endswith(f"pip install --no-build-isolation --no-deps --force-reinstall -e {ROOT}")
-    # The other backends need no C++ build.
-    with roiops.use_backend("reference"):
-        assert roiops.roi_align(x, boxes, 2).shape == (1, 1, 2, 2)
-    # A local build tag of the same release is the same ABI.
-    fake.TORCH_VERSION = RELEASE + "+cpu"
-    _backend._cpu_kernels.cache_clear()
-    assert roiops.roi_align(x, boxes, 2).shape == (1, 1, 2, 2)
+    for spec in SPECS:
+        for k in spec.kernels:
+            for op in (k.name, f"_{k.name}_backward", *([f"_{k.name}_rois_backward"] if k.rois_grad else [])):
+                dump = torch._C._dispatch_dump(f"roiops::{op}")
+                assert re.search(r"debug: registered at .*csrc/\w+\.cpp", dump), dump
+                assert re.search(r"CPU: registered at .*csrc/\w+\.cpp", dump), dump
+                assert "CompositeExplicitAutograd[alias]: registered at" in dump  # every other device
 
 
-def _fake_site(tmp_path: Path, name: str, version: str) -> str:
-    d = tmp_path / f"{name}-{version}.dist-info"
-    d.mkdir()
-    (d / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
-    return str(tmp_path)
+def test_a_schema_that_differs_from_the_declaration_refuses_to_load():
+    with pytest.raises(ImportError, match=r"roiops: its C\+\+ kernels define roiops::roi_pool\(.*but the op is "
+                                          r"declared as roiops::roi_pool\(Tensor input\) -> Tensor: rebuild"):
+        _declare.define("roi_pool", "(Tensor input) -> Tensor", lambda input: input, lambda input: input)
 
 
-def test_isolated_build_requires_the_target_environments_torch(tmp_path):
-    assert build_backend.torch_requirement() == f"torch=={RELEASE}"
-    assert build_backend.torch_requirement([_fake_site(tmp_path, "torch", "2.9.0+cpu")]) == "torch==2.9.0"
-    empty = tmp_path / "empty"
-    empty.mkdir()
-    assert build_backend.torch_requirement([str(empty)]) == f"torch>={build_backend.MIN_TORCH}"
-    assert build_backend.get_requires_for_build_wheel()[-1] == f"torch=={RELEASE}"
+@pytest.mark.skipif(not shutil.which("nm"), reason="needs binutils")
+def test_the_library_reaches_libtorch_through_its_stable_c_interface_only():
+    """No C++ symbol of torch, c10 or Python's own API beyond the limited one: what keeps one
+    build working under later torch and Python releases."""
+    import roiops._C as library
+
+    assert library.__file__.endswith(".abi3.so")
+    out = subprocess.run(["nm", "-D", "--undefined-only", library.__file__], capture_output=True, text=True,
+                         check=True).stdout
+    names = [line.split()[-1] for line in out.splitlines() if line.strip()]
+    torch_cxx = [n for n in names if re.match(r"_ZN?K?\d*(c10|at|torch)\d", n) or "c10" in n]
+    assert torch_cxx == []
+    shims = {n for n in names if n.startswith(("aoti_torch_", "torch_"))}
+    assert {"torch_parallel_for", "torch_get_num_threads", "torch_from_blob", "aoti_torch_library_def"} <= shims
+    assert "PyModule_Create2" in names and not [n for n in names if n.startswith("_Py")]
+

@@ -265,21 +265,21 @@ def test_cpp_kernels_reject_bad_rows(column, value, match):
     b[3, column] = value
     g = torch.ones(b.shape[0], C, 2, 2)
     with pytest.raises(ValueError, match=match):
-        roiops._C.prroi_pool_forward(x, b, SCALE, 2, 2)
+        roiops.cpu.prroi_pool_forward(x, b, SCALE, 2, 2)
     with pytest.raises(ValueError, match=match):
-        roiops._C.prroi_pool_backward(g, b, SCALE, 2, 2, N, C, H, W, False)
+        roiops.cpu.prroi_pool_backward(g, b, SCALE, 2, 2, N, C, H, W, False)
     with pytest.raises(ValueError, match=match):
-        roiops._C.prroi_pool_rois_backward(g, x, b, SCALE, 2, 2)
+        roiops.cpu.prroi_pool_rois_backward(g, x, b, SCALE, 2, 2)
 
 
 def test_cpp_kernels_check_shapes():
     x, b = feature(F32), boxes_for(F32)
     with pytest.raises(ValueError, match="grad must be"):
-        roiops._C.prroi_pool_backward(torch.ones(b.shape[0], C, 2, 3), b, SCALE, 2, 2, N, C, H, W, False)
+        roiops.cpu.prroi_pool_backward(torch.ones(b.shape[0], C, 2, 3), b, SCALE, 2, 2, N, C, H, W, False)
     with pytest.raises(ValueError, match="grad must be"):
-        roiops._C.prroi_pool_rois_backward(torch.ones(b.shape[0], C + 1, 2, 2), x, b, SCALE, 2, 2)
+        roiops.cpu.prroi_pool_rois_backward(torch.ones(b.shape[0], C + 1, 2, 2), x, b, SCALE, 2, 2)
     with pytest.raises(ValueError, match="rois must be float64"):
-        roiops._C.prroi_pool_forward(x.double(), b, SCALE, 2, 2)
+        roiops.cpu.prroi_pool_forward(x.double(), b, SCALE, 2, 2)
 
 
 # ----------------------------------------------------------------------------- Triton kernels
@@ -440,7 +440,7 @@ def test_prroi_pool_on_cuda_against_cpu_kernels_and_reference(dtype, cl):
                 REF.prroi_pool_backward(g, rois, scale, 7, 7, N, C, H, W, cl),
                 REF.prroi_pool_rois_backward(g, x, rois, scale, 7, 7))
     else:
-        import roiops._C as cpp
+        import roiops.cpu as cpp
 
         want = (cpp.prroi_pool_forward(x, rois, scale, 7, 7),
                 cpp.prroi_pool_backward(g, rois, scale, 7, 7, N, C, H, W, cl),

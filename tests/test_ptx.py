@@ -415,8 +415,6 @@ def _compile_all(out: Path) -> None:
 
     _common._Kernel.__getitem__ = J.JITFunction.__getitem__  # each launch through run: recorded
 
-    # It runs under other torch releases than the C++ extension was built for.
-    assert "roiops._C" not in sys.modules, "compiling the Triton kernels must not load roiops._C"
     for desc, thunk in _calls(_public_launchers(rt), torch):
         current[0] = desc
         thunk()

@@ -184,7 +184,7 @@ def test_use_backend_threads_compute_with_their_backend():
             with roiops.use_backend(name):
                 module = _backend.kernels(torch.device("cpu")).__name__
                 out = roiops.roi_align(x, boxes, 3, sampling_ratio=2)
-            if module != {"cpu": "roiops._C", "reference": "roiops.reference"}[name]:
+            if module != {"cpu": "roiops.cpu", "reference": "roiops.reference"}[name]:
                 errors.append(f"{name} got {module}")
             if not torch.allclose(out, expected, atol=1e-6):
                 errors.append(f"{name}: wrong values")
@@ -425,7 +425,7 @@ BAD_ROWS = [
 def test_row_scan_and_tensor_check_agree(rows, want, dtype):
     """The validation layer scans CPU boxes with the C++ kernels' own check; on other
     devices it runs the same rule in tensor ops. Both find the same first invalid value."""
-    cpu = pytest.importorskip("roiops._C")
+    cpu = pytest.importorskip("roiops.cpu")
     from roiops import _validation as v
     rois = torch.tensor(rows, dtype=torch.float64).to(dtype)
     assert tuple(cpu.first_invalid(rois, 2, 1 / 16)) == want
@@ -438,7 +438,7 @@ def test_row_check_computes_in_the_boxes_type():
     """x * scale in float32 for float32 boxes, as the kernels compute it: 167772160 * 0.1f
     rounds to 2^24 (allowed), though 0.1f is a little more than 0.1; the next float32
     coordinate gives 16777218 (refused)."""
-    cpu = pytest.importorskip("roiops._C")
+    cpu = pytest.importorskip("roiops.cpu")
     from roiops import _validation as v
     for x1, want in ((167772160.0, (-1, -1)), (167772176.0, (0, 1))):
         rois = torch.tensor([[0, x1, 1, 2, 2]], dtype=torch.float32)

@@ -9,8 +9,6 @@
 // bit for bit where the formulas are the same.
 #pragma once
 
-#include <ATen/ATen.h>
-
 #include <algorithm>
 #include <array>
 #include <cmath>
@@ -20,7 +18,13 @@
 #include <string>
 #include <utility>
 
+#include "torch_api.h"
+
 namespace roiops {
+
+// An entry point, registered as a kernel: never inlined into the dispatcher's wrapper, so
+// that profilers and benchmarks/callgrind.py find each one by name.
+#define ROIOPS_ENTRY __attribute__((noinline))
 
 // float32 holds every integer up to 2^24 and none finer beyond: the bound of coordinates,
 // map sides and of positions that a kernel counts in float32.
@@ -54,7 +58,7 @@ constexpr double kMinScale = 0x1p-64, kMaxScale = 0x1p64;
 // check_coords false: batch indices only (RoIPool's backward reads only them; its argmax
 // values are checked instead).
 template <typename T>
-std::pair<int64_t, int64_t> first_invalid_typed(const at::Tensor& rois, int64_t batch_size, double spatial_scale,
+std::pair<int64_t, int64_t> first_invalid_typed(const Tensor& rois, int64_t batch_size, double spatial_scale,
                                                 bool check_coords) {
   const T* r = rois.const_data_ptr<T>();
   const int64_t sk = rois.stride(0), sc = rois.stride(1), cols = check_coords ? rois.size(1) : 1;
@@ -70,12 +74,12 @@ std::pair<int64_t, int64_t> first_invalid_typed(const at::Tensor& rois, int64_t 
   return {-1, -1};
 }
 
-inline std::pair<int64_t, int64_t> first_invalid(const at::Tensor& rois, int64_t batch_size, double spatial_scale,
+inline std::pair<int64_t, int64_t> first_invalid(const Tensor& rois, int64_t batch_size, double spatial_scale,
                                                  bool check_coords = true) {
-  TORCH_CHECK_VALUE(rois.dim() == 2 && (rois.size(1) == 5 || rois.size(1) == 6) && rois.device().is_cpu(),
-                    "roiops: rois must be a CPU tensor [K, 5] or [K, 6], got ", rois.sizes());
+  ROIOPS_CHECK(rois.dim() == 2 && (rois.size(1) == 5 || rois.size(1) == 6) && rois.is_cpu(),
+               "roiops: rois must be a CPU tensor [K, 5] or [K, 6], got ", shape_name(rois));
   std::pair<int64_t, int64_t> bad;
-  AT_DISPATCH_FLOATING_TYPES(rois.scalar_type(), "roiops_first_invalid", [&] {
+  ROIOPS_DISPATCH_FLOAT(rois.scalar_type(), [&] {
     bad = first_invalid_typed<scalar_t>(rois, batch_size, spatial_scale, check_coords);
   });
   return bad;
@@ -92,11 +96,7 @@ inline std::pair<int64_t, int64_t> first_invalid(const at::Tensor& rois, int64_t
 // position-sensitive channels (ps_out_channels); grad's shape (a box gradient's: its dtype
 // and device too); a saved argmax. Then check_cpu: these kernels take CPU tensors only.
 
-// A dtype as Python writes it ("torch.float32"), and a real as Python's f"{v:g}" does.
-inline std::string dtype_name(at::ScalarType t) {
-  return "torch." + std::string(c10::getDtypeNames(t).first);
-}
-
+// A real as Python's f"{v:g}" writes it.
 inline std::string format_g(double v) {
   if (std::isnan(v)) return "nan";  // C's %g writes a negative NaN as -nan
   char buffer[32];
@@ -106,80 +106,80 @@ inline std::string format_g(double v) {
 
 // The map tensor: 4-D, floating point (ValueError), of a dtype the kernels have
 // (NotImplementedError: the float8 types).
-inline void check_map_tensor(const at::Tensor& t, const char* name) {
+inline void check_map_tensor(const Tensor& t, const char* name) {
   const bool grad = name[0] == 'g';
-  TORCH_CHECK_VALUE(t.dim() == 4, "roiops: ", name, " must be 4-D ",
+  ROIOPS_CHECK(t.dim() == 4, "roiops: ", name, " must be 4-D ",
                     grad ? "[K, C, pooled_height, pooled_width]" : "[N, C, H, W]", ", got ", t.dim(), "-D");
-  const at::ScalarType s = t.scalar_type();
-  TORCH_CHECK_VALUE(at::isFloatingType(s), "roiops: ", name, " must be floating point, got ", dtype_name(s));
-  TORCH_CHECK_NOT_IMPLEMENTED(s == at::kHalf || s == at::kBFloat16 || s == at::kFloat || s == at::kDouble, "roiops: ",
+  const ScalarType s = t.scalar_type();
+  ROIOPS_CHECK(is_floating(s), "roiops: ", name, " must be floating point, got ", dtype_name(s));
+  ROIOPS_CHECK(s == kHalf || s == kBFloat16 || s == kFloat || s == kDouble, "roiops: ",
                               name, " dtype ", dtype_name(s),
                               " is not implemented; expected float16, bfloat16, float32 or float64");
 }
 
 // rois: [K, 5] (or [K, 6], rotated), floating point, float64 for a float64 map (other
 // floating dtypes are converted to float32: opmath_rois), on the map's device.
-inline void check_rois_arg(const at::Tensor& rois, int64_t width, const at::Tensor& map, const char* map_name) {
-  TORCH_CHECK_VALUE(rois.dim() == 2 && rois.size(1) == width, "roiops: rois must be [K, ", width, "] (rows (",
+inline void check_rois_arg(const Tensor& rois, int64_t width, const Tensor& map, const char* map_name) {
+  ROIOPS_CHECK(rois.dim() == 2 && rois.size(1) == width, "roiops: rois must be [K, ", width, "] (rows (",
                     width == 6 ? "batch_index, cx, cy, w, h, theta" : "batch_index, x1, y1, x2, y2", ")), got ",
-                    rois.sizes());
-  const at::ScalarType s = rois.scalar_type();
-  TORCH_CHECK_VALUE(at::isFloatingType(s), "roiops: rois must be floating point, got ", dtype_name(s));
-  TORCH_CHECK_VALUE(s == at::kDouble || map.scalar_type() != at::kDouble, "roiops: rois must be float64 for a float64 ",
+               shape_name(rois));
+  const ScalarType s = rois.scalar_type();
+  ROIOPS_CHECK(is_floating(s), "roiops: rois must be floating point, got ", dtype_name(s));
+  ROIOPS_CHECK(s == kDouble || map.scalar_type() != kDouble, "roiops: rois must be float64 for a float64 ",
                     map_name, ", got ", dtype_name(s));
-  TORCH_CHECK_VALUE(rois.device() == map.device(), "roiops: rois is on ", rois.device(), " but ", map_name, " is on ",
-                    map.device());
+  ROIOPS_CHECK(same_device(rois, map), "roiops: rois is on ", device_name(rois), " but ", map_name, " is on ",
+               device_name(map));
 }
 
 // A backward's batch size and channels.
 inline void check_batch_channels(int64_t N, int64_t C) {
-  TORCH_CHECK_VALUE(N >= 0 && C >= 0, "roiops: batch size and channels must be non-negative, got batch_size=", N,
+  ROIOPS_CHECK(N >= 0 && C >= 0, "roiops: batch size and channels must be non-negative, got batch_size=", N,
                     ", channels=", C);
 }
 
 inline void check_map_size(int64_t height, int64_t width) {
-  TORCH_CHECK_VALUE(height > 0 && width > 0, "roiops: input height and width must be positive, got height=", height,
+  ROIOPS_CHECK(height > 0 && width > 0, "roiops: input height and width must be positive, got height=", height,
                     ", width=", width);
-  TORCH_CHECK_VALUE(height <= kMaxMapSide && width <= kMaxMapSide,
+  ROIOPS_CHECK(height <= kMaxMapSide && width <= kMaxMapSide,
                     "roiops: input height and width must be at most 2^24, got ", height, " x ", width);
 }
 
 // source: where the pooled size comes from when no argument gives it (roi_pool's backward).
 inline void check_pooled(int64_t ph, int64_t pw, const char* source = "") {
-  TORCH_CHECK_VALUE(ph > 0 && pw > 0 && ph <= kMaxPooled && pw <= kMaxPooled, "roiops: output size must be in [1, ",
+  ROIOPS_CHECK(ph > 0 && pw > 0 && ph <= kMaxPooled && pw <= kMaxPooled, "roiops: output size must be in [1, ",
                     kMaxPooled, "], got pooled_height=", ph, ", pooled_width=", pw, source);
 }
 
 inline void check_scale(double spatial_scale) {
-  TORCH_CHECK_VALUE(spatial_scale >= kMinScale && spatial_scale <= kMaxScale,
+  ROIOPS_CHECK(spatial_scale >= kMinScale && spatial_scale <= kMaxScale,
                     "roiops: spatial_scale must be in [2^-64, 2^64], got ", format_g(spatial_scale));
 }
 
 inline void check_sampling_ratio(int64_t sampling_ratio) {
-  TORCH_CHECK_VALUE(sampling_ratio <= kMaxSamplingRatio, "roiops: sampling_ratio must be at most ", kMaxSamplingRatio,
+  ROIOPS_CHECK(sampling_ratio <= kMaxSamplingRatio, "roiops: sampling_ratio must be at most ", kMaxSamplingRatio,
                     " (<= 0 for adaptive), got ", sampling_ratio);
 }
 
 // grad of the forward output's shape.
-inline void check_grad_shape(const at::Tensor& grad, int64_t K, int64_t C_out, int64_t ph, int64_t pw) {
-  TORCH_CHECK_VALUE(grad.dim() == 4 && grad.size(0) == K && grad.size(1) == C_out && grad.size(2) == ph &&
+inline void check_grad_shape(const Tensor& grad, int64_t K, int64_t C_out, int64_t ph, int64_t pw) {
+  ROIOPS_CHECK(grad.dim() == 4 && grad.size(0) == K && grad.size(1) == C_out && grad.size(2) == ph &&
                         grad.size(3) == pw,
                     "roiops: grad must be [K, C_out, pooled_height, pooled_width] = [", K, ", ", C_out, ", ", ph, ", ",
-                    pw, "] (the forward output's shape), got ", grad.sizes());
+                    pw, "] (the forward output's shape), got ", shape_name(grad));
 }
 
 // A saved argmax: grad's shape, int32, on grad's device.
-inline void check_argmax(const at::Tensor& argmax, const at::Tensor& grad) {
-  TORCH_CHECK_VALUE(argmax.sizes() == grad.sizes(), "roiops: argmax must have the shape of grad ", grad.sizes(),
-                    ", got ", argmax.sizes());
-  TORCH_CHECK_VALUE(argmax.scalar_type() == at::kInt, "roiops: argmax must be int32, got ",
+inline void check_argmax(const Tensor& argmax, const Tensor& grad) {
+  ROIOPS_CHECK(same_shape(argmax, grad), "roiops: argmax must have the shape of grad ", shape_name(grad), ", got ",
+               shape_name(argmax));
+  ROIOPS_CHECK(argmax.scalar_type() == kInt, "roiops: argmax must be int32, got ",
                     dtype_name(argmax.scalar_type()));
-  TORCH_CHECK_VALUE(argmax.device() == grad.device(), "roiops: argmax is on ", argmax.device(), " but grad is on ",
-                    grad.device());
+  ROIOPS_CHECK(same_device(argmax, grad), "roiops: argmax is on ", device_name(argmax), " but grad is on ",
+               device_name(grad));
 }
 
 // The checks of a forward (and of a box gradient, before its grad) up to spatial_scale.
-inline void check_forward_args(const at::Tensor& input, const at::Tensor& rois, int64_t rois_width,
+inline void check_forward_args(const Tensor& input, const Tensor& rois, int64_t rois_width,
                                double spatial_scale, int64_t ph, int64_t pw) {
   check_map_tensor(input, "input");
   check_rois_arg(rois, rois_width, input, "input");
@@ -189,7 +189,7 @@ inline void check_forward_args(const at::Tensor& input, const at::Tensor& rois, 
 }
 
 // The checks of a backward with pooled-size and spatial_scale arguments, up to spatial_scale.
-inline void check_backward_args(const at::Tensor& grad, const at::Tensor& rois, int64_t rois_width, int64_t N,
+inline void check_backward_args(const Tensor& grad, const Tensor& rois, int64_t rois_width, int64_t N,
                                 int64_t C, int64_t H, int64_t W, double spatial_scale, int64_t ph, int64_t pw) {
   check_map_tensor(grad, "grad");
   check_rois_arg(rois, rois_width, grad, "grad");
@@ -200,113 +200,113 @@ inline void check_backward_args(const at::Tensor& grad, const at::Tensor& rois, 
 }
 
 // A box gradient's grad, after its shape: the input's dtype, on its device.
-inline void check_grad_like(const at::Tensor& grad, const at::Tensor& input) {
-  const at::ScalarType g = grad.scalar_type(), s = input.scalar_type();
+inline void check_grad_like(const Tensor& grad, const Tensor& input) {
+  const ScalarType g = grad.scalar_type(), s = input.scalar_type();
   if (g != s) {
-    TORCH_CHECK_VALUE(at::isFloatingType(g), "roiops: grad must be floating point, got ", dtype_name(g));
-    TORCH_CHECK_VALUE(false, "roiops: grad must have the input's dtype ", dtype_name(s), ", got ", dtype_name(g));
+    ROIOPS_CHECK(is_floating(g), "roiops: grad must be floating point, got ", dtype_name(g));
+    ROIOPS_CHECK(false, "roiops: grad must have the input's dtype ", dtype_name(s), ", got ", dtype_name(g));
   }
-  TORCH_CHECK_VALUE(grad.device() == input.device(), "roiops: grad is on ", grad.device(), " but input is on ",
-                    input.device());
+  ROIOPS_CHECK(same_device(grad, input), "roiops: grad is on ", device_name(grad), " but input is on ",
+               device_name(input));
 }
 
 // These kernels' own condition, after the shared checks: the map tensor (and with it every
 // other tensor) on the CPU.
-inline void check_cpu(const at::Tensor& map) {
-  TORCH_CHECK_VALUE(map.device().is_cpu(), "roiops: CPU kernel called with non-CPU tensors");
+inline void check_cpu(const Tensor& map) {
+  ROIOPS_CHECK(map.is_cpu(), "roiops: CPU kernel called with non-CPU tensors");
 }
 
 // rois contiguous in the kernels' coordinate type: float64 for a float64 map, float32
 // otherwise (the checks allow any floating dtype for a map that is not float64).
-inline at::Tensor opmath_rois(const at::Tensor& rois, at::ScalarType map_type) {
-  const at::ScalarType t = map_type == at::kDouble ? at::kDouble : at::kFloat;
-  return rois.scalar_type() == t ? rois.contiguous() : rois.to(t).contiguous();
+inline Tensor opmath_rois(const Tensor& rois, ScalarType map_type) {
+  const ScalarType t = map_type == kDouble ? kDouble : kFloat;
+  return in_format(rois.scalar_type() == t ? rois : to_dtype(rois, t));
 }
 
 // Checks every row of a rois tensor of the opmath type ([K, 5], or [K, 6] rotated).
-inline void check_rois(const at::Tensor& rois, int64_t batch_size, double spatial_scale, bool check_coords = true) {
+inline void check_rois(const Tensor& rois, int64_t batch_size, double spatial_scale, bool check_coords = true) {
   const auto [k, column] = first_invalid(rois, batch_size, spatial_scale, check_coords);
   if (k < 0) return;
-  const double v = rois[k][column].item<double>();
-  TORCH_CHECK_VALUE(column != 0, "roiops: rois row ", k, " has batch index ", v, ", which is not an integer in [0, ",
+  const int64_t at = k * rois.stride(0) + column * rois.stride(1);
+  const double v = rois.scalar_type() == kDouble ? rois.const_data_ptr<double>()[at] : rois.const_data_ptr<float>()[at];
+  ROIOPS_CHECK(column != 0, "roiops: rois row ", k, " has batch index ", v, ", which is not an integer in [0, ",
                     batch_size, ")");
-  TORCH_CHECK_VALUE(column == 5, "roiops: rois row ", k, " has coordinate ", v,
+  ROIOPS_CHECK(column == 5, "roiops: rois row ", k, " has coordinate ", v,
                     " (not finite, or beyond 2^24 feature-map cells after spatial_scale)");
-  TORCH_CHECK_VALUE(false, "roiops: rois row ", k, " has angle ", v, ", which is not finite");
+  ROIOPS_CHECK(false, "roiops: rois row ", k, " has angle ", v, ", which is not finite");
 }
 
 // The kernels' layout rule: channels_last strides, unless they are also NCHW-contiguous
 // (C == 1, or a 1 x 1 map), which counts as NCHW. Outputs take the input's format.
-inline bool is_channels_last(const at::Tensor& t) {
-  return t.is_contiguous(at::MemoryFormat::ChannelsLast) && !t.is_contiguous();
-}
-
-inline at::MemoryFormat format_of(bool channels_last) {
-  return channels_last ? at::MemoryFormat::ChannelsLast : at::MemoryFormat::Contiguous;
+inline bool is_channels_last(const Tensor& t) {
+  return is_channels_last_contiguous(t) && !t.is_contiguous();
 }
 
 // A 4-D tensor in the kernels' layout, with the strides that layout gives every dimension.
 // A contiguous tensor may carry any stride on a dimension of size 1 (a transposed
-// [N, C, 1, W] map is a contiguous [N, C, W, 1] with stride(3) = W), and contiguous()
+// [N, C, 1, W] map is a contiguous [N, C, W, 1] with stride(3) = W), and in_format()
 // leaves it so; kernels that choose a path by a stride would misread it. The same
 // elements at the same addresses: only the size-1 dimensions' strides change.
-inline at::Tensor in_layout(const at::Tensor& t, bool channels_last) {
-  at::Tensor c = t.contiguous(format_of(channels_last));
-  const int64_t C = c.size(1), H = c.size(2), W = c.size(3);
-  const std::array<int64_t, 4> dense = channels_last ? std::array<int64_t, 4>{H * W * C, 1, W * C, C}
-                                                     : std::array<int64_t, 4>{C * H * W, H * W, W, 1};
-  return c.strides() == c10::IntArrayRef(dense) ? c : c.as_strided(c.sizes(), dense);
+inline Tensor in_layout(const Tensor& t, bool channels_last) {
+  Tensor c = in_format(t, channels_last);
+  const std::array<int64_t, 4> sizes{c.size(0), c.size(1), c.size(2), c.size(3)};
+  const std::array<int64_t, 4> dense = dense_strides(sizes[1], sizes[2], sizes[3], channels_last);
+  for (int64_t d = 0; d < 4; ++d)
+    if (c.stride(d) != dense[d]) return as_strided(c, sizes, dense);
+  return c;
 }
 
 // A forward's tensors once the op's argument checks have passed: the input in its layout,
 // rois contiguous in the opmath type with their rows checked, and the options of an output
 // in the input's dtype and layout.
 struct ForwardArgs {
-  at::Tensor input, rois;
-  at::TensorOptions out_options;
+  bool channels_last;
+  Tensor input, rois;
+  Options out_options;
 
-  ForwardArgs(const at::Tensor& input_, const at::Tensor& rois_, double spatial_scale) {
-    check_cpu(input_);
-    const bool channels_last = is_channels_last(input_);
-    input = in_layout(input_, channels_last);
-    rois = opmath_rois(rois_, input_.scalar_type());
+  ForwardArgs(const Tensor& input_, const Tensor& rois_, double spatial_scale)
+      : channels_last((check_cpu(input_), is_channels_last(input_))),
+        input(in_layout(input_, channels_last)),
+        rois(opmath_rois(rois_, input_.scalar_type())),
+        out_options(options_of(input_, channels_last)) {
     check_rois(rois, input.size(0), spatial_scale);
-    out_options = input.options().memory_format(format_of(channels_last));
   }
 };
 
 // A backward's, likewise: grad in the gradient's layout, rois (check_coords as
 // check_rois's), and the options of the [N, C, H, W] gradient in grad's dtype.
 struct BackwardArgs {
-  at::Tensor grad, rois;
-  at::TensorOptions grad_options;
+  Tensor rois, grad;
+  Options grad_options;
 
-  BackwardArgs(const at::Tensor& grad_, const at::Tensor& rois_, int64_t N, double spatial_scale, bool channels_last,
-               bool check_coords = true) {
-    check_cpu(grad_);
-    rois = opmath_rois(rois_, grad_.scalar_type());
-    check_rois(rois, N, spatial_scale, check_coords);
-    grad = in_layout(grad_, channels_last);
-    grad_options = grad.options().memory_format(format_of(channels_last));
-  }
+  BackwardArgs(const Tensor& grad_, const Tensor& rois_, int64_t N, double spatial_scale, bool channels_last,
+               bool check_coords = true)
+      : rois((check_cpu(grad_), opmath_rois(rois_, grad_.scalar_type()))),
+        grad((check_rois(rois, N, spatial_scale, check_coords), in_layout(grad_, channels_last))),
+        grad_options(options_of(grad_, channels_last)) {}
 };
 
 // A box-gradient kernel's checked arguments (grad [K, C, ph, pw] of the input's dtype,
 // the input, rois [K, 5]; sampling_ratio when the op has one), grad and input in the
 // input's layout, rois contiguous in the opmath type.
 struct RoisBackwardArgs {
-  at::Tensor grad, input, rois;
+  Tensor grad, input, rois;
 
-  RoisBackwardArgs(const at::Tensor& grad_, const at::Tensor& input_, const at::Tensor& rois_, double spatial_scale,
-                   int64_t ph, int64_t pw, std::optional<int64_t> sampling_ratio = std::nullopt) {
-    check_forward_args(input_, rois_, 5, spatial_scale, ph, pw);
+  RoisBackwardArgs(const Tensor& grad_, const Tensor& input_, const Tensor& rois_, double spatial_scale,
+                   int64_t ph, int64_t pw, std::optional<int64_t> sampling_ratio = std::nullopt)
+      : RoisBackwardArgs(grad_, checked(grad_, input_, rois_, spatial_scale, ph, pw, sampling_ratio)) {}
+
+ private:
+  RoisBackwardArgs(const Tensor& grad_, const ForwardArgs& f)
+      : grad(in_layout(grad_, f.channels_last)), input(f.input), rois(f.rois) {}
+
+  static ForwardArgs checked(const Tensor& grad, const Tensor& input, const Tensor& rois, double spatial_scale,
+                             int64_t ph, int64_t pw, std::optional<int64_t> sampling_ratio) {
+    check_forward_args(input, rois, 5, spatial_scale, ph, pw);
     if (sampling_ratio) check_sampling_ratio(*sampling_ratio);
-    check_grad_shape(grad_, rois_.size(0), input_.size(1), ph, pw);
-    check_grad_like(grad_, input_);
-    const ForwardArgs f(input_, rois_, spatial_scale);
-    input = f.input;
-    rois = f.rois;
-    grad = in_layout(grad_, is_channels_last(input_));
+    check_grad_shape(grad, rois.size(0), input.size(1), ph, pw);
+    check_grad_like(grad, input);
+    return ForwardArgs(input, rois, spatial_scale);
   }
 };
 

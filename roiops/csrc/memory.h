@@ -4,10 +4,6 @@
 // of about their size, at most 256 MiB per process (ROIOPS_CPU_CACHE_MIB).
 #pragma once
 
-#include <ATen/ATen.h>
-#include <ATen/EmptyTensor.h>
-#include <ATen/Parallel.h>
-
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
@@ -16,7 +12,10 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <new>
 #include <vector>
+
+#include "torch_api.h"
 
 #if defined(__linux__)
 #include <pthread.h>
@@ -99,10 +98,10 @@ inline void prefer_huge_pages(void* data, size_t bytes) {
 // freed (unmapping them, or trimming its heap's top), so every call would fault a fresh
 // block's pages in again; and on heap memory the advice cannot apply. At most
 // kCacheLimit bytes are kept per process (ROIOPS_CPU_CACHE_MIB, in MiB, sets it; 0 turns
-// the cache off and outputs come from at::empty); torch's memory statistics do not count
-// them. Linux only: elsewhere outputs come from at::empty.
+// the cache off and outputs come from torch's allocator); torch's memory statistics do
+// not count them. Linux only: elsewhere outputs come from torch's allocator.
 #if defined(__linux__)
-class OutputCache final : public c10::Allocator {
+class OutputCache {
  public:
   static constexpr size_t kMinBytes = size_t(4) << 20;  // 2 MiB pages need two to fit one
   static constexpr size_t kCacheLimit = size_t(256) << 20;
@@ -113,24 +112,23 @@ class OutputCache final : public c10::Allocator {
     return *cache;
   }
 
-  c10::DataPtr allocate(size_t n) override {
+  // A tensor of `sizes` and `strides` on a block of n bytes, which returns to the cache
+  // when the tensor's storage is freed.
+  Tensor allocate(size_t n, const std::vector<int64_t>& sizes, const std::vector<int64_t>& strides,
+                  ScalarType dtype) {
     Block* b = take(n);
     if (b == nullptr) {
       b = new Block{map(n), n};
-      if (b->data == nullptr && n > 0) {  // out of memory: give the kept blocks back, then try again
+      if (b->data == nullptr) {  // out of memory: give the kept blocks back, then try again
         release_all();
         b->data = map(n);
       }
-      if (b->data == nullptr && n > 0) {
+      if (b->data == nullptr) {
         delete b;
-        TORCH_CHECK_WITH(OutOfMemoryError, false, "roiops: out of memory allocating an output of ", n, " bytes");
+        throw std::bad_alloc();
       }
     }
-    return {b->data, b, &OutputCache::give_back, c10::Device(c10::DeviceType::CPU)};
-  }
-
-  void copy_data(void* dest, const void* src, std::size_t count) const override {
-    if (count > 0) std::memcpy(dest, src, count);
+    return torch::stable::from_blob(b->data, sizes, strides, cpu_device(), dtype, [b](void*) { give_back(b); });
   }
 
   bool enabled() const { return limit_ > 0; }
@@ -147,7 +145,6 @@ class OutputCache final : public c10::Allocator {
   };
 
   static void* map(size_t n) {
-    if (n == 0) return nullptr;
     void* data = mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (data == MAP_FAILED) return nullptr;
     prefer_huge_pages(data, n);
@@ -155,7 +152,7 @@ class OutputCache final : public c10::Allocator {
   }
 
   static void unmap(Block* b) {
-    if (b->data != nullptr) munmap(b->data, b->size);
+    munmap(b->data, b->size);
     delete b;
   }
 
@@ -187,8 +184,7 @@ class OutputCache final : public c10::Allocator {
     return b;
   }
 
-  static void give_back(void* ctx) {
-    Block* b = static_cast<Block*>(ctx);
+  static void give_back(Block* b) {
     OutputCache& cache = get();
     {
       std::lock_guard<std::mutex> lock(cache.mutex_);
@@ -209,17 +205,25 @@ class OutputCache final : public c10::Allocator {
 };
 #endif
 
-// at::empty for an output or gradient the kernel writes in full: from OutputCache when large.
-inline at::Tensor empty_output(at::IntArrayRef sizes, const at::TensorOptions& options) {
+// An output, gradient or buffer the kernel writes in full, uninitialised: from OutputCache
+// when large. 4-D tensors take the options' layout, others are contiguous.
+inline Tensor empty_output(const std::vector<int64_t>& sizes, const Options& options) {
 #if defined(__linux__)
-  const size_t bytes = static_cast<size_t>(c10::multiply_integers(sizes)) * options.dtype().itemsize();
-  if (bytes >= OutputCache::kMinBytes && options.device().type() == c10::DeviceType::CPU &&
-      OutputCache::get().enabled()) {
-    return at::detail::empty_generic(sizes, &OutputCache::get(), c10::DispatchKeySet(c10::DispatchKey::CPU),
-                                     c10::typeMetaToScalarType(options.dtype()), options.memory_format_opt());
+  size_t elements = 1;
+  for (const int64_t s : sizes) elements *= static_cast<size_t>(s);
+  const size_t bytes = elements * element_size(options.type);
+  if (bytes >= OutputCache::kMinBytes && OutputCache::get().enabled()) {
+    std::vector<int64_t> strides(sizes.size(), 1);
+    if (sizes.size() == 4) {
+      const auto dense = dense_strides(sizes[1], sizes[2], sizes[3], options.channels_last);
+      strides.assign(dense.begin(), dense.end());
+    } else {
+      for (size_t d = sizes.size(); d-- > 1;) strides[d - 1] = strides[d] * sizes[d];
+    }
+    return OutputCache::get().allocate(bytes, sizes, strides, options.type);
   }
 #endif
-  return at::empty(sizes, options);
+  return empty(sizes, options);
 }
 
 // One scratch buffer per thread, grown on demand and left uninitialised (pages of a large
@@ -227,9 +231,9 @@ inline at::Tensor empty_output(at::IntArrayRef sizes, const at::TensorOptions& o
 template <typename T>
 class Scratch {
  public:
-  Scratch() : bufs_(static_cast<size_t>(std::max(at::get_num_threads(), 1))), sizes_(bufs_.size(), 0) {}
+  Scratch() : bufs_(static_cast<size_t>(std::max<int64_t>(num_threads(), 1))), sizes_(bufs_.size(), 0) {}
   T* get(int64_t size) {
-    const size_t t = std::min<size_t>(static_cast<size_t>(at::get_thread_num()), bufs_.size() - 1);
+    const size_t t = std::min<size_t>(static_cast<size_t>(thread_num()), bufs_.size() - 1);
     if (sizes_[t] < size) {
       bufs_[t].reset(new T[static_cast<size_t>(size)]);
       sizes_[t] = size;

@@ -7,8 +7,6 @@
 // results agree with it bit for bit where the formulas are the same.
 #pragma once
 
-#include <ATen/Parallel.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -306,7 +304,7 @@ class BoxPlans {
   BoxPlans(int64_t K, const F& build) : arenas_(static_cast<size_t>((K + kChunk - 1) / kChunk)) {
     plans_.reserve(static_cast<size_t>(K));
     for (int64_t k = 0; k < K; ++k) plans_.emplace_back(&arenas_[static_cast<size_t>(k / kChunk)]);
-    at::parallel_for(0, static_cast<int64_t>(arenas_.size()), 1, [&](int64_t c0, int64_t c1) {
+    parallel_for(0, static_cast<int64_t>(arenas_.size()), 1, [&](int64_t c0, int64_t c1) {
       for (int64_t k = c0 * kChunk; k < std::min(K, c1 * kChunk); ++k) build(plans_[k], k);
     });
   }

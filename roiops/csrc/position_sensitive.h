@@ -17,9 +17,6 @@
 // (ps_forward_bands), a backward one adds into its rows in increasing k (ps_backward_bands).
 #pragma once
 
-#include <ATen/ATen.h>
-#include <ATen/OpMathType.h>
-
 #include <algorithm>
 #include <atomic>
 #include <climits>
@@ -41,7 +38,7 @@ namespace roiops {
 
 // C_out, the output channels: the input's C must be C_out * ph * pw.
 inline int64_t ps_out_channels(int64_t C, int64_t ph, int64_t pw) {
-  TORCH_CHECK_VALUE(C % (ph * pw) == 0, "roiops: input channels (", C, ") must be a multiple of pooled_height * ",
+  ROIOPS_CHECK(C % (ph * pw) == 0, "roiops: input channels (", C, ") must be a multiple of pooled_height * ",
                     "pooled_width (", ph, " * ", pw, ")");
   return C / (ph * pw);
 }
@@ -49,7 +46,7 @@ inline int64_t ps_out_channels(int64_t C, int64_t ph, int64_t pw) {
 // Output channels per task: up to 64 (one accumulator array in L1), fewer when the tasks
 // would not keep the threads busy; a multiple of 8 unless all of them.
 inline int64_t ps_channel_block(int64_t groups, int64_t C_out) {
-  const int64_t want = 2 * static_cast<int64_t>(at::get_num_threads());
+  const int64_t want = 2 * num_threads();
   int64_t cb = std::min<int64_t>(C_out, 64);
   while (cb > 8 && groups * ((C_out + cb - 1) / cb) < want) cb = (cb + 1) / 2;
   // Whole vectors of lanes per block: only the last block's tiles have padding lanes.
@@ -57,9 +54,9 @@ inline int64_t ps_channel_block(int64_t groups, int64_t C_out) {
 }
 
 // Batch indices of the (checked) rois.
-inline std::vector<int64_t> ps_batch(const at::Tensor& rois) {
+inline std::vector<int64_t> ps_batch(const Tensor& rois) {
   std::vector<int64_t> batch(static_cast<size_t>(rois.size(0)));
-  AT_DISPATCH_FLOATING_TYPES(rois.scalar_type(), "roiops_ps_batch", [&] {
+  ROIOPS_DISPATCH_FLOAT(rois.scalar_type(), [&] {
     const scalar_t* r = rois.const_data_ptr<scalar_t>();
     for (size_t k = 0; k < batch.size(); ++k) batch[k] = static_cast<int64_t>(r[5 * k]);
   });
@@ -89,22 +86,22 @@ void ps_tasks(const std::vector<int64_t>& batch, int64_t N, int64_t C_out, int64
 template <typename scalar_t>
 class PsOutput {
  public:
-  explicit PsOutput(at::Tensor& out) : out_(out) {
+  explicit PsOutput(Tensor& out) : out_(out) {
     const int64_t K = out.size(0), C_out = out.size(1);
     if (out.size(1) == 1 || out.stride(1) == 1) {  // bin b at b * stride(3) (outputs are dense)
-      base_ = out.data_ptr<scalar_t>(), sK_ = out.stride(0), sB_ = out.stride(3);
+      base_ = out.mutable_data_ptr<scalar_t>(), sK_ = out.stride(0), sB_ = out.stride(3);
     } else {
       // 7 elements of padding: finish() reads whole vectors past a box's C_out values.
-      buffer_ = empty_output({out.size(2) * out.size(3) * K * C_out + 7}, out.options());
-      base_ = buffer_.data_ptr<scalar_t>(), sK_ = C_out, sB_ = K * C_out;
+      buffer_ = empty_output({out.size(2) * out.size(3) * K * C_out + 7}, Options{out.scalar_type()});
+      base_ = buffer_.mutable_data_ptr<scalar_t>(), sK_ = C_out, sB_ = K * C_out;
     }
   }
   scalar_t* row(int64_t bin, int64_t k) const { return base_ + k * sK_ + bin * sB_; }
   void finish() {
     if (!buffer_.defined()) return;
     const scalar_t* src = buffer_.const_data_ptr<scalar_t>();
-    scalar_t* dst = out_.data_ptr<scalar_t>();
-    at::parallel_for(0, out_.size(0), 16, [&](int64_t k0, int64_t k1) { boxes_out(src, dst, k0, k1); });
+    scalar_t* dst = out_.mutable_data_ptr<scalar_t>();
+    parallel_for(0, out_.size(0), 16, [&](int64_t k0, int64_t k1) { boxes_out(src, dst, k0, k1); });
   }
 
  private:
@@ -117,8 +114,8 @@ class PsOutput {
     }
   }
 
-  at::Tensor& out_;
-  at::Tensor buffer_;
+  Tensor& out_;
+  Tensor buffer_;
   scalar_t* base_;
   int64_t sK_, sB_;
 };
@@ -230,7 +227,7 @@ PsLanes<const T> ps_forward_tile(const PsTile& t, const scalar_t* base, int64_t 
 struct Strides {
   int64_t n, c, h, w;
   Strides(int64_t n_, int64_t c_, int64_t h_, int64_t w_) : n(n_), c(c_), h(h_), w(w_) {}
-  explicit Strides(const at::Tensor& t) : Strides(t.stride(0), t.stride(1), t.stride(2), t.stride(3)) {}
+  explicit Strides(const Tensor& t) : Strides(t.stride(0), t.stride(1), t.stride(2), t.stride(3)) {}
 };
 
 // The grad ([K, C_out, ph, pw]) as backward tasks read it: box k's value of output channel
@@ -241,14 +238,14 @@ struct Strides {
 template <typename scalar_t>
 class PsGradRows {
  public:
-  explicit PsGradRows(const at::Tensor& grad) : data(grad.const_data_ptr<scalar_t>()), s(grad) {
+  explicit PsGradRows(const Tensor& grad) : data(grad.const_data_ptr<scalar_t>()), s(grad) {
     const int64_t K = grad.size(0), C_out = grad.size(1), pw = grad.size(3), bins = grad.size(2) * pw;
     if (s.c == 1 || C_out == 1 || grad.numel() == 0 || !grad.is_contiguous()) return;
     const int64_t row = (C_out + 7) / 8 * 8;
-    buffer_ = empty_output({bins * K * row}, grad.options());
+    buffer_ = empty_output({bins * K * row}, Options{grad.scalar_type()});
     const scalar_t* src = data;
-    scalar_t* dst = buffer_.data_ptr<scalar_t>();
-    at::parallel_for(0, K, 16, [&](int64_t k0, int64_t k1) { boxes_in(src, dst, K, C_out, bins, row, k0, k1); });
+    scalar_t* dst = buffer_.mutable_data_ptr<scalar_t>();
+    parallel_for(0, K, 16, [&](int64_t k0, int64_t k1) { boxes_in(src, dst, K, C_out, bins, row, k0, k1); });
     data = dst, s = Strides(row, 1, pw * K * row, K * row);
   }
 
@@ -267,17 +264,17 @@ class PsGradRows {
     }
   }
 
-  at::Tensor buffer_;
+  Tensor buffer_;
 };
 
 // A forward's checked arguments (sampling_ratio: the op's, if it has one): input in its
 // layout, rois contiguous in the opmath type, C_out, and the output to fill
 // ([K, C_out, ph, pw] in the input's layout).
 struct PsForward {
-  at::Tensor input, rois, out;
+  Tensor input, rois, out;
   int64_t C_out;
 
-  PsForward(const at::Tensor& input_, const at::Tensor& rois_, double spatial_scale, int64_t ph, int64_t pw,
+  PsForward(const Tensor& input_, const Tensor& rois_, double spatial_scale, int64_t ph, int64_t pw,
             std::optional<int64_t> sampling_ratio) {
     check_forward_args(input_, rois_, 5, spatial_scale, ph, pw);
     if (sampling_ratio) check_sampling_ratio(*sampling_ratio);
@@ -295,9 +292,9 @@ struct PsForward {
 // kernels that add in place call clear(); NCHW planes are zeroed by the task that owns
 // them (storage() or store()).
 struct PsBackward {
-  at::Tensor grad, rois, acc;
+  Tensor grad, rois, acc;
 
-  PsBackward(const at::Tensor& grad_, const at::Tensor& rois_, double spatial_scale, int64_t ph, int64_t pw,
+  PsBackward(const Tensor& grad_, const Tensor& rois_, double spatial_scale, int64_t ph, int64_t pw,
              int64_t N, int64_t C, int64_t H, int64_t W, bool channels_last, std::optional<int64_t> sampling_ratio) {
     check_backward_args(grad_, rois_, 5, N, C, H, W, spatial_scale, ph, pw);
     if (sampling_ratio) check_sampling_ratio(*sampling_ratio);
@@ -306,13 +303,13 @@ struct PsBackward {
     const BackwardArgs a(grad_, rois_, N, spatial_scale, channels_last);
     grad = a.grad;
     rois = a.rois;
-    const at::ScalarType opmath = grad.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+    const ScalarType opmath = grad.scalar_type() == kDouble ? kDouble : kFloat;
     acc = empty_output({N, C, H, W}, a.grad_options.dtype(opmath));
   }
 
   // Zeroes a channels_last accumulator for kernels that add into it in place.
   void clear() const {
-    if (is_channels_last(acc)) acc.zero_();
+    if (is_channels_last(acc)) fill_zero(acc);
   }
 
   // Where a backward task accumulates on NCHW planes: when `lanes`, a zeroed tile t of its
@@ -343,7 +340,7 @@ struct PsBackward {
     ps_store_tile(tile, t, nc, base, cs);
   }
 
-  at::Tensor result() const { return acc.scalar_type() == grad.scalar_type() ? acc : acc.to(grad.scalar_type()); }
+  Tensor result() const { return acc.scalar_type() == grad.scalar_type() ? acc : to_dtype(acc, grad.scalar_type()); }
 
  private:
   // Zeroes rows [r0, r1) of a task's nc NCHW planes (cs apart) at base: the first step of
@@ -389,14 +386,14 @@ constexpr int64_t kPsBandBytes = int64_t(1) << 20;
 // band makes `per_band` of them.
 inline int64_t ps_band_rows(int64_t H, int64_t row_bytes, int64_t per_band) {
   int64_t R = std::clamp<int64_t>(kPsBandBytes / row_bytes, 1, std::max<int64_t>(H, 1));
-  while (R > 1 && per_band * ((H + R - 1) / R) < 2 * at::get_num_threads()) R = (R + 1) / 2;
+  while (R > 1 && per_band * ((H + R - 1) / R) < 2 * num_threads()) R = (R + 1) / 2;
   return R;
 }
 
 // Whether a channels_last backward goes by bands (ps_backward_bands): the buffers' lanes
 // (each about a third of an add in place, like a tile's copy) are no more than kPsCopyGain
 // per channel that the boxes' `reads` (cells or taps, over all bins) add in place.
-inline bool ps_use_bands(const at::Tensor& acc, int64_t reads, int64_t C_out, int64_t bins) {
+inline bool ps_use_bands(const Tensor& acc, int64_t reads, int64_t C_out, int64_t bins) {
   return acc.stride(1) == 1 &&
          acc.size(0) * acc.size(2) * acc.size(3) * bins * ((C_out + 7) / 8 * 8) <= kPsCopyGain * reads * C_out;
 }
@@ -458,7 +455,7 @@ ROIOPS_SIMD void ps_load_band(const scalar_t* xn, int64_t sH, int64_t sW, const 
 // increasing k: deterministic for any thread count.
 template <typename T, typename F>
 void ps_backward_bands(const std::vector<int64_t>& batch, const std::vector<std::pair<int64_t, int64_t>>& spans,
-                       int64_t C_out, int64_t bins, const at::Tensor& acc, const F& add) {
+                       int64_t C_out, int64_t bins, const Tensor& acc, const F& add) {
   if (acc.numel() == 0) return;
   const int64_t N = acc.size(0), H = acc.size(2), W = acc.size(3);
   const int64_t cb = ps_channel_block(N * H, C_out), blocks = (C_out + cb - 1) / cb;
@@ -466,7 +463,7 @@ void ps_backward_bands(const std::vector<int64_t>& batch, const std::vector<std:
   const int64_t R = ps_band_rows(H, row_bytes, N * blocks);
   const Bands bands(N, H, row_bytes, R * row_bytes, batch, spans);
   const Strides a(acc);
-  T* acc_p = acc.data_ptr<T>();
+  T* acc_p = acc.mutable_data_ptr<T>();
   Scratch<T> scratch;
   parallel_tasks(static_cast<int64_t>(bands.boxes.size()) * blocks, [&](int64_t t) {
     const int64_t nb = t / blocks;
@@ -524,7 +521,7 @@ struct PsRowPart {
 // nothing, when the copies would cost more than the boxes' `reads` (cells or taps, over all
 // bins) gathered in place.
 template <typename T, typename scalar_t, typename Rows, typename Sum>
-bool ps_forward_bands(const at::Tensor& input, const std::vector<int64_t>& batch, int64_t C_out, int64_t ph,
+bool ps_forward_bands(const Tensor& input, const std::vector<int64_t>& batch, int64_t C_out, int64_t ph,
                       int64_t pw, int64_t reads, int64_t reach, const Rows& rows, const Sum& sum) {
   const int64_t N = input.size(0), H = input.size(2), W = input.size(3), bins = ph * pw, K = batch.size();
   const int64_t cb = std::min(C_out, kPsBandChannels), blocks = (C_out + cb - 1) / cb, L = (cb + 7) / 8 * 8;
@@ -625,8 +622,8 @@ bool ps_forward_bands(const at::Tensor& input, const std::vector<int64_t>& batch
 // by ps_tasks, on a tile of each task's planes where that pays.
 template <typename scalar_t, typename Parts>
 void ps_forward_impl(PsForward& args, int64_t ph, int64_t pw, const Parts& op) {
-  using T = at::opmath_type<scalar_t>;
-  const at::Tensor& input = args.input;
+  using T = opmath_type<scalar_t>;
+  const Tensor& input = args.input;
   const int64_t N = input.size(0), W = input.size(3), bins = ph * pw;
   const Strides s(input);
   const scalar_t* in = input.const_data_ptr<scalar_t>();
@@ -659,7 +656,7 @@ void ps_forward_impl(PsForward& args, int64_t ph, int64_t pw, const Parts& op) {
 // ps_tasks, on a tile of each task's planes where that pays.
 template <typename scalar_t, typename Parts>
 void ps_backward_impl(const PsBackward& args, int64_t ph, int64_t pw, const Parts& op) {
-  using T = at::opmath_type<scalar_t>;
+  using T = opmath_type<scalar_t>;
   const int64_t N = args.acc.size(0), W = args.acc.size(3), C_out = args.grad.size(1), bins = ph * pw;
   const PsGradRows<scalar_t> grad(args.grad);
   const std::vector<int64_t> batch = ps_batch(args.rois);
@@ -674,7 +671,7 @@ void ps_backward_impl(const PsBackward& args, int64_t ph, int64_t pw, const Part
   }
   args.clear();
   const Strides a(args.acc), &gs = grad.s;
-  T* acc_p = args.acc.template data_ptr<T>();
+  T* acc_p = args.acc.template mutable_data_ptr<T>();
   Scratch<T> scratch;
   const auto task = [&](int64_t n, int64_t bin, int64_t c0, int64_t nc, const std::vector<int64_t>& boxes) {
     const int64_t i = bin / pw, j = bin % pw, cs = bins * a.c;
@@ -695,11 +692,11 @@ void ps_backward_impl(const PsBackward& args, int64_t ph, int64_t pw, const Part
 // op's, if it has one), then its driver in the input's dtype with the op's Parts (extra:
 // the op's own arguments).
 template <template <typename> class Parts, typename... Extra>
-at::Tensor ps_forward(const at::Tensor& input, const at::Tensor& rois, double spatial_scale, int64_t ph, int64_t pw,
-                      std::optional<int64_t> sampling_ratio, Extra... extra) {
+Tensor ps_forward(const Tensor& input, const Tensor& rois, double spatial_scale, int64_t ph, int64_t pw,
+                  std::optional<int64_t> sampling_ratio, Extra... extra) {
   PsForward a(input, rois, spatial_scale, ph, pw, sampling_ratio);
   if (a.out.numel() == 0) return a.out;
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, a.input.scalar_type(), "roiops_ps_forward", [&] {
+  ROIOPS_DISPATCH(a.input.scalar_type(), [&] {
     const Parts<scalar_t> parts(a.rois, spatial_scale, ph, pw, a.input.size(2), a.input.size(3), extra...);
     ps_forward_impl<scalar_t>(a, ph, pw, parts);
   });
@@ -708,11 +705,11 @@ at::Tensor ps_forward(const at::Tensor& input, const at::Tensor& rois, double sp
 
 // The same for a backward: the gradient of the [N, C, H, W] input.
 template <template <typename> class Parts, typename... Extra>
-at::Tensor ps_backward(const at::Tensor& grad, const at::Tensor& rois, double spatial_scale, int64_t ph, int64_t pw,
-                       int64_t N, int64_t C, int64_t H, int64_t W, bool channels_last,
-                       std::optional<int64_t> sampling_ratio, Extra... extra) {
+Tensor ps_backward(const Tensor& grad, const Tensor& rois, double spatial_scale, int64_t ph, int64_t pw,
+                   int64_t N, int64_t C, int64_t H, int64_t W, bool channels_last,
+                   std::optional<int64_t> sampling_ratio, Extra... extra) {
   PsBackward a(grad, rois, spatial_scale, ph, pw, N, C, H, W, channels_last, sampling_ratio);
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, a.grad.scalar_type(), "roiops_ps_backward", [&] {
+  ROIOPS_DISPATCH(a.grad.scalar_type(), [&] {
     const Parts<scalar_t> parts(a.rois, spatial_scale, ph, pw, H, W, extra...);
     ps_backward_impl<scalar_t>(a, ph, pw, parts);
   });

@@ -12,8 +12,6 @@
 //    tasks are boxes, backward tasks bands of map rows (tiles.h, BackwardSplit).
 // Backward tasks own disjoint slices of grad_input and add boxes in increasing k; the box
 // gradient sums each box's channels in order: deterministic, no atomics.
-#include <ATen/OpMathType.h>
-#include <ATen/Parallel.h>
 
 #include <cmath>
 #include <vector>
@@ -21,7 +19,6 @@
 #include "geometry.h"
 #include "memory.h"
 #include "parallel.h"
-#include "registry.h"
 #include "simd.h"
 #include "tiles.h"
 
@@ -163,9 +160,9 @@ void zero_bins(scalar_t* out, int64_t n, int64_t ph, int64_t pw, int64_t oC, int
 }
 
 template <typename scalar_t>
-void forward_impl(const at::Tensor& input, const at::Tensor& rois, double spatial_scale, int64_t ph, int64_t pw,
-                  at::Tensor& out) {
-  using T = at::opmath_type<scalar_t>;
+void forward_impl(const Tensor& input, const Tensor& rois, double spatial_scale, int64_t ph, int64_t pw,
+                  Tensor& out) {
+  using T = opmath_type<scalar_t>;
   const int64_t K = rois.size(0), N = input.size(0), C = input.size(1), H = input.size(2), W = input.size(3);
   const int64_t sN = input.stride(0), sC = input.stride(1), sH = input.stride(2), sW = input.stride(3);
   const int64_t oK = out.stride(0), oC = out.stride(1), oH = out.stride(2), oW = out.stride(3);
@@ -173,13 +170,13 @@ void forward_impl(const at::Tensor& input, const at::Tensor& rois, double spatia
   const scalar_t* in = input.const_data_ptr<scalar_t>();
   const T* roi = rois.const_data_ptr<T>();
   const T scale = static_cast<T>(spatial_scale);
-  scalar_t* o = out.data_ptr<scalar_t>();
+  scalar_t* o = out.mutable_data_ptr<scalar_t>();
   Scratch<T> row, acc;
 
   if (is_channels_last(input)) {
     // Each box reads its cells in place, all channels at once; only when the boxes are
     // too few to share out do tasks take a block of a box's channels.
-    const int64_t blocks = std::max<int64_t>(1, std::min<int64_t>((8 * at::get_num_threads() + K - 1) / K, C / 32));
+    const int64_t blocks = std::max<int64_t>(1, std::min<int64_t>((8 * num_threads() + K - 1) / K, C / 32));
     const int64_t cb = (C + blocks - 1) / blocks;
     parallel_tasks(K * blocks, [&](int64_t t) {
       const int64_t k = t / blocks, c0 = (t % blocks) * cb, nc = std::min(cb, C - c0);
@@ -276,9 +273,9 @@ ROIOPS_SIMD void backward_cl(const PrPlan<T>& p, const scalar_t* g, int64_t gH, 
 }
 
 template <typename scalar_t>
-void backward_impl(const at::Tensor& grad, const at::Tensor& rois, double spatial_scale, int64_t ph, int64_t pw,
-                   at::Tensor& gi) {
-  using T = at::opmath_type<scalar_t>;
+void backward_impl(const Tensor& grad, const Tensor& rois, double spatial_scale, int64_t ph, int64_t pw,
+                   Tensor& gi) {
+  using T = opmath_type<scalar_t>;
   const int64_t K = rois.size(0), N = gi.size(0), C = gi.size(1), H = gi.size(2), W = gi.size(3);
   if (gi.numel() == 0) return;
   const T* roi = rois.const_data_ptr<T>();
@@ -308,7 +305,7 @@ void backward_impl(const at::Tensor& grad, const at::Tensor& rois, double spatia
   // accumulate in place, half types in opmath planes rounded once at the end.
   const auto by_image = boxes_by_image(batch, N);
   const int64_t cb = channel_block(N, C, kTileChannels), blocks = (C + cb - 1) / cb;
-  scalar_t* gi_p = gi.data_ptr<scalar_t>();
+  scalar_t* gi_p = gi.mutable_data_ptr<scalar_t>();
   Scratch<T> planes;
   parallel_tasks(N * blocks, [&](int64_t t) {
     const int64_t n = t / blocks, c0 = (t % blocks) * cb, nc = std::min(cb, C - c0);
@@ -418,16 +415,16 @@ ROIOPS_SIMD void rois_backward_box(const PrPlan<T>& p, const scalar_t* img, int6
 }
 
 template <typename scalar_t>
-void rois_backward_impl(const at::Tensor& grad, const at::Tensor& input, const at::Tensor& rois, double spatial_scale,
-                        int64_t ph, int64_t pw, at::Tensor& grad_rois) {
-  using T = at::opmath_type<scalar_t>;
+void rois_backward_impl(const Tensor& grad, const Tensor& input, const Tensor& rois, double spatial_scale,
+                        int64_t ph, int64_t pw, Tensor& grad_rois) {
+  using T = opmath_type<scalar_t>;
   const int64_t K = rois.size(0), C = input.size(1), H = input.size(2), W = input.size(3);
   const int64_t sN = input.stride(0), sC = input.stride(1), sH = input.stride(2), sW = input.stride(3);
   const int64_t gK = grad.stride(0), gC = grad.stride(1), gH = grad.stride(2), gW = grad.stride(3);
   const scalar_t* in = input.const_data_ptr<scalar_t>();
   const scalar_t* grad_p = grad.const_data_ptr<scalar_t>();
   const T* roi = rois.const_data_ptr<T>();
-  T* out = grad_rois.data_ptr<T>();
+  T* out = grad_rois.mutable_data_ptr<T>();
   const T scale = static_cast<T>(spatial_scale);
   const bool channels_last = is_channels_last(input);
   const std::vector<T> fy = edge_fractions<T>(ph), fx = edge_fractions<T>(pw);
@@ -467,49 +464,54 @@ void rois_backward_impl(const at::Tensor& grad, const at::Tensor& input, const a
 
 // ---- entry points ---------------------------------------------------------------------
 
-at::Tensor prroi_pool_forward(const at::Tensor& input_, const at::Tensor& rois_, double spatial_scale, int64_t ph,
-                              int64_t pw) {
+ROIOPS_ENTRY
+Tensor prroi_pool_forward(const Tensor& input_, const Tensor& rois_, double spatial_scale, int64_t ph,
+                          int64_t pw) {
   check_forward_args(input_, rois_, 5, spatial_scale, ph, pw);
   const ForwardArgs a(input_, rois_, spatial_scale);
-  const at::Tensor &input = a.input, &rois = a.rois;
-  at::Tensor out = empty_output({rois.size(0), input.size(1), ph, pw}, a.out_options);
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, input.scalar_type(), "roiops_prroi_pool_forward",
-                                  [&] { forward_impl<scalar_t>(input, rois, spatial_scale, ph, pw, out); });
+  const Tensor &input = a.input, &rois = a.rois;
+  Tensor out = empty_output({rois.size(0), input.size(1), ph, pw}, a.out_options);
+  ROIOPS_DISPATCH(input.scalar_type(), [&] { forward_impl<scalar_t>(input, rois, spatial_scale, ph, pw, out); });
   return out;
 }
 
-at::Tensor prroi_pool_backward(const at::Tensor& grad_, const at::Tensor& rois_, double spatial_scale, int64_t ph,
-                               int64_t pw, int64_t N, int64_t C, int64_t H, int64_t W, bool channels_last) {
+ROIOPS_ENTRY
+Tensor prroi_pool_backward(const Tensor& grad_, const Tensor& rois_, double spatial_scale, int64_t ph,
+                           int64_t pw, int64_t N, int64_t C, int64_t H, int64_t W, bool channels_last) {
   check_backward_args(grad_, rois_, 5, N, C, H, W, spatial_scale, ph, pw);
   check_grad_shape(grad_, rois_.size(0), C, ph, pw);
   const BackwardArgs a(grad_, rois_, N, spatial_scale, channels_last);
-  const at::Tensor &grad = a.grad, &rois = a.rois;
-  at::Tensor gi = empty_output({N, C, H, W}, a.grad_options);
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, grad.scalar_type(), "roiops_prroi_pool_backward",
-                                  [&] { backward_impl<scalar_t>(grad, rois, spatial_scale, ph, pw, gi); });
+  const Tensor &grad = a.grad, &rois = a.rois;
+  Tensor gi = empty_output({N, C, H, W}, a.grad_options);
+  ROIOPS_DISPATCH(grad.scalar_type(), [&] { backward_impl<scalar_t>(grad, rois, spatial_scale, ph, pw, gi); });
   return gi;
 }
 
-at::Tensor prroi_pool_rois_backward(const at::Tensor& grad_, const at::Tensor& input_, const at::Tensor& rois_,
-                                    double spatial_scale, int64_t ph, int64_t pw) {
+ROIOPS_ENTRY
+Tensor prroi_pool_rois_backward(const Tensor& grad_, const Tensor& input_, const Tensor& rois_,
+                                double spatial_scale, int64_t ph, int64_t pw) {
   const RoisBackwardArgs a(grad_, input_, rois_, spatial_scale, ph, pw);
-  const at::Tensor &grad = a.grad, &input = a.input, &rois = a.rois;
-  at::Tensor grad_rois = at::empty({rois.size(0), 5}, rois.options());
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, input.scalar_type(), "roiops_prroi_pool_rois_backward", [&] {
+  const Tensor &grad = a.grad, &input = a.input, &rois = a.rois;
+  Tensor grad_rois = empty({rois.size(0), 5}, Options{rois.scalar_type()});
+  ROIOPS_DISPATCH(input.scalar_type(), [&] {
     rois_backward_impl<scalar_t>(grad, input, rois, spatial_scale, ph, pw, grad_rois);
   });
-  return grad_rois.to(rois_.scalar_type());  // in rois' dtype (a no-op for rois of the opmath type)
+  return to_dtype(grad_rois, rois_.scalar_type());  // in rois' dtype (a no-op for rois of the opmath type)
 }
 
-namespace {
-
-// The Python entry points, in roiops._C (registry.h).
-const Registrar registrar([](pybind11::module_& m) {
-  m.def("prroi_pool_forward", &prroi_pool_forward);
-  m.def("prroi_pool_backward", &prroi_pool_backward);
-  m.def("prroi_pool_rois_backward", &prroi_pool_rois_backward);
-});
-
-}  // namespace
-
 }  // namespace roiops
+
+// The schemas (roiops/ops/_declare.py holds them equal to the op's spec) and the CPU kernels.
+STABLE_TORCH_LIBRARY_FRAGMENT(roiops, m) {
+  m.def("prroi_pool(Tensor input, Tensor rois, float spatial_scale, int pooled_height, int pooled_width) -> Tensor");
+  m.def("_prroi_pool_backward(Tensor grad, Tensor rois, float spatial_scale, int pooled_height, int pooled_width, "
+        "int batch_size, int channels, int height, int width, bool channels_last) -> Tensor");
+  m.def("_prroi_pool_rois_backward(Tensor grad, Tensor input, Tensor rois, float spatial_scale, "
+        "int pooled_height, int pooled_width) -> Tensor");
+}
+
+STABLE_TORCH_LIBRARY_IMPL(roiops, CPU, m) {
+  m.impl("prroi_pool", TORCH_BOX(&roiops::prroi_pool_forward));
+  m.impl("_prroi_pool_backward", TORCH_BOX(&roiops::prroi_pool_backward));
+  m.impl("_prroi_pool_rois_backward", TORCH_BOX(&roiops::prroi_pool_rois_backward));
+}

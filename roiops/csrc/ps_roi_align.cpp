@@ -7,8 +7,6 @@
 // starts from +0), then divided by the count; backward adds (grad * w) / count to each
 // neighbour, boxes in increasing k. So float32 and float64 results equal torchvision's
 // bit for bit where the semantics agree.
-#include <ATen/OpMathType.h>
-#include <ATen/Parallel.h>
 
 #include <algorithm>
 #include <climits>
@@ -20,14 +18,13 @@
 #include "memory.h"
 #include "plans.h"
 #include "position_sensitive.h"
-#include "registry.h"
 #include "simd.h"
 
 namespace roiops {
 namespace {
 
 template <typename T>
-BoxPlans<AlignPlan<T>> build_plans(const at::Tensor& rois, double spatial_scale, int64_t ph, int64_t pw,
+BoxPlans<AlignPlan<T>> build_plans(const Tensor& rois, double spatial_scale, int64_t ph, int64_t pw,
                                    int64_t sampling_ratio, int64_t H, int64_t W) {
   const T* roi = rois.const_data_ptr<T>();
   const T scale = static_cast<T>(spatial_scale);
@@ -260,13 +257,13 @@ int64_t total_reads(const BoxPlans<AlignPlan<T>>& plans, int64_t ph, int64_t pw)
 // neighbours (a power-of-2 count on a tile's lanes: times its exact reciprocal).
 template <typename scalar_t>
 struct AlignParts {
-  using T = at::opmath_type<scalar_t>;
+  using T = opmath_type<scalar_t>;
   // A band adds the samples whose y_low is among its rows; their y_high may be the next row.
   static constexpr int64_t kReach = 1;
   const BoxPlans<AlignPlan<T>> plans;
   const int64_t ph, pw;
 
-  AlignParts(const at::Tensor& rois, double spatial_scale, int64_t ph_, int64_t pw_, int64_t H, int64_t W,
+  AlignParts(const Tensor& rois, double spatial_scale, int64_t ph_, int64_t pw_, int64_t H, int64_t W,
              int64_t sampling_ratio)
       : plans(build_plans<T>(rois, spatial_scale, ph_, pw_, sampling_ratio, H, W)), ph(ph_), pw(pw_) {}
 
@@ -332,26 +329,32 @@ struct AlignParts {
 
 }  // namespace
 
-at::Tensor ps_roi_align_forward(const at::Tensor& input, const at::Tensor& rois, double spatial_scale, int64_t ph,
-                                int64_t pw, int64_t sampling_ratio) {
+ROIOPS_ENTRY
+Tensor ps_roi_align_forward(const Tensor& input, const Tensor& rois, double spatial_scale, int64_t ph,
+                            int64_t pw, int64_t sampling_ratio) {
   return ps_forward<AlignParts>(input, rois, spatial_scale, ph, pw, sampling_ratio, sampling_ratio);
 }
 
-at::Tensor ps_roi_align_backward(const at::Tensor& grad, const at::Tensor& rois, double spatial_scale, int64_t ph,
-                                 int64_t pw, int64_t N, int64_t C, int64_t H, int64_t W, int64_t sampling_ratio,
-                                 bool channels_last) {
+ROIOPS_ENTRY
+Tensor ps_roi_align_backward(const Tensor& grad, const Tensor& rois, double spatial_scale, int64_t ph,
+                             int64_t pw, int64_t N, int64_t C, int64_t H, int64_t W, int64_t sampling_ratio,
+                             bool channels_last) {
   return ps_backward<AlignParts>(grad, rois, spatial_scale, ph, pw, N, C, H, W, channels_last, sampling_ratio,
                                  sampling_ratio);
 }
 
-namespace {
-
-// The Python entry points, in roiops._C (registry.h).
-const Registrar registrar([](pybind11::module_& m) {
-  m.def("ps_roi_align_forward", &ps_roi_align_forward);
-  m.def("ps_roi_align_backward", &ps_roi_align_backward);
-});
-
-}  // namespace
-
 }  // namespace roiops
+
+// The schemas (roiops/ops/_declare.py holds them equal to the op's spec) and the CPU kernels.
+STABLE_TORCH_LIBRARY_FRAGMENT(roiops, m) {
+  m.def("ps_roi_align(Tensor input, Tensor rois, float spatial_scale, int pooled_height, int pooled_width, "
+        "int sampling_ratio) -> Tensor");
+  m.def("_ps_roi_align_backward(Tensor grad, Tensor rois, float spatial_scale, int pooled_height, "
+        "int pooled_width, int batch_size, int channels, int height, int width, int sampling_ratio, "
+        "bool channels_last) -> Tensor");
+}
+
+STABLE_TORCH_LIBRARY_IMPL(roiops, CPU, m) {
+  m.impl("ps_roi_align", TORCH_BOX(&roiops::ps_roi_align_forward));
+  m.impl("_ps_roi_align_backward", TORCH_BOX(&roiops::ps_roi_align_backward));
+}

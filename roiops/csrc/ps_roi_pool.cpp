@@ -5,8 +5,6 @@
 // added row by row from 0, divided by the bin's area; backward adds grad / area to each
 // cell, boxes in increasing k. So float32 and float64 results equal torchvision's bit for
 // bit where the semantics agree (bins clipped to the map, see semantics.md).
-#include <ATen/OpMathType.h>
-#include <ATen/Parallel.h>
 
 #include <cmath>
 #include <utility>
@@ -15,7 +13,6 @@
 #include "geometry.h"
 #include "memory.h"
 #include "position_sensitive.h"
-#include "registry.h"
 #include "simd.h"
 
 namespace roiops {
@@ -35,7 +32,7 @@ class PsPoolBins {
   // rois of the kernel's opmath type T. A ROIOPS_SIMD clone: there floor, ceil and round
   // are instructions, not calls.
   template <typename T>
-  ROIOPS_SIMD static PsPoolBins build(const at::Tensor& rois, double spatial_scale, int64_t ph, int64_t pw,
+  ROIOPS_SIMD static PsPoolBins build(const Tensor& rois, double spatial_scale, int64_t ph, int64_t pw,
                                       int64_t H, int64_t W) {
     PsPoolBins b(rois.size(0), ph, pw);
     const T* roi = rois.const_data_ptr<T>();
@@ -231,12 +228,12 @@ ROIOPS_SIMD void add_band_terms(const PsBand& band, const PsPoolBins& bb, const 
 // cells divided by its area; backward adds grad / area to each of them.
 template <typename scalar_t>
 struct PoolParts {
-  using T = at::opmath_type<scalar_t>;
+  using T = opmath_type<scalar_t>;
   static constexpr int64_t kReach = 0;  // a bin reads only its own rows
   const PsPoolBins bins;
   const int64_t ph, pw;
 
-  PoolParts(const at::Tensor& rois, double spatial_scale, int64_t ph_, int64_t pw_, int64_t H, int64_t W)
+  PoolParts(const Tensor& rois, double spatial_scale, int64_t ph_, int64_t pw_, int64_t H, int64_t W)
       : bins(PsPoolBins::build<T>(rois, spatial_scale, ph_, pw_, H, W)), ph(ph_), pw(pw_) {}
 
   int64_t reads() const { return total_reads(bins, ph, pw); }
@@ -298,24 +295,28 @@ struct PoolParts {
 
 }  // namespace
 
-at::Tensor ps_roi_pool_forward(const at::Tensor& input, const at::Tensor& rois, double spatial_scale, int64_t ph,
-                               int64_t pw) {
+ROIOPS_ENTRY
+Tensor ps_roi_pool_forward(const Tensor& input, const Tensor& rois, double spatial_scale, int64_t ph,
+                           int64_t pw) {
   return ps_forward<PoolParts>(input, rois, spatial_scale, ph, pw, std::nullopt);
 }
 
-at::Tensor ps_roi_pool_backward(const at::Tensor& grad, const at::Tensor& rois, double spatial_scale, int64_t ph,
-                                int64_t pw, int64_t N, int64_t C, int64_t H, int64_t W, bool channels_last) {
+ROIOPS_ENTRY
+Tensor ps_roi_pool_backward(const Tensor& grad, const Tensor& rois, double spatial_scale, int64_t ph,
+                            int64_t pw, int64_t N, int64_t C, int64_t H, int64_t W, bool channels_last) {
   return ps_backward<PoolParts>(grad, rois, spatial_scale, ph, pw, N, C, H, W, channels_last, std::nullopt);
 }
 
-namespace {
-
-// The Python entry points, in roiops._C (registry.h).
-const Registrar registrar([](pybind11::module_& m) {
-  m.def("ps_roi_pool_forward", &ps_roi_pool_forward);
-  m.def("ps_roi_pool_backward", &ps_roi_pool_backward);
-});
-
-}  // namespace
-
 }  // namespace roiops
+
+// The schemas (roiops/ops/_declare.py holds them equal to the op's spec) and the CPU kernels.
+STABLE_TORCH_LIBRARY_FRAGMENT(roiops, m) {
+  m.def("ps_roi_pool(Tensor input, Tensor rois, float spatial_scale, int pooled_height, int pooled_width) -> Tensor");
+  m.def("_ps_roi_pool_backward(Tensor grad, Tensor rois, float spatial_scale, int pooled_height, "
+        "int pooled_width, int batch_size, int channels, int height, int width, bool channels_last) -> Tensor");
+}
+
+STABLE_TORCH_LIBRARY_IMPL(roiops, CPU, m) {
+  m.impl("ps_roi_pool", TORCH_BOX(&roiops::ps_roi_pool_forward));
+  m.impl("_ps_roi_pool_backward", TORCH_BOX(&roiops::ps_roi_pool_backward));
+}

@@ -13,8 +13,6 @@
 // bit for bit, "max" finds the same winner as the reference.
 // Backward tasks own disjoint slices of grad_input and add boxes in increasing k:
 // deterministic, no atomics.
-#include <ATen/OpMathType.h>
-#include <ATen/Parallel.h>
 
 #include <algorithm>
 #include <array>
@@ -30,7 +28,6 @@
 #include "memory.h"
 #include "parallel.h"
 #include "plans.h"
-#include "registry.h"
 #include "simd.h"
 #include "tiles.h"
 
@@ -43,7 +40,7 @@ using Plans = BoxPlans<AlignPlan<T>>;
 // Plans of rois' rows; row0 numbers the first one in error messages (rois may be a chunk);
 // sample_table: also the per-sample tables of the max backward.
 template <typename T>
-Plans<T> build_plans(const at::Tensor& rois, double spatial_scale, int64_t ph, int64_t pw, int64_t sampling_ratio,
+Plans<T> build_plans(const Tensor& rois, double spatial_scale, int64_t ph, int64_t pw, int64_t sampling_ratio,
                      bool aligned, int64_t H, int64_t W, bool max_mode, bool sample_table, int64_t row0) {
   const int64_t K = rois.size(0);
   const T* roi = rois.const_data_ptr<T>();
@@ -57,19 +54,19 @@ Plans<T> build_plans(const at::Tensor& rois, double spatial_scale, int64_t ph, i
     // axis plans, with the same products, hence the same bits.
     int64_t left = kSampleTableBudget, last = 0;
     for (; last < K && plans[last].sample_table_size(ph, pw) <= left; ++last) left -= plans[last].sample_table_size(ph, pw);
-    at::parallel_for(0, last, 16, [&](int64_t k0, int64_t k1) {
+    parallel_for(0, last, 16, [&](int64_t k0, int64_t k1) {
       for (int64_t k = k0; k < k1; ++k) {
         if (plans[k].sample_table_size(ph, pw) > 0) plans[k].build_samples(ph, pw);
       }
     });
   }
   for (int64_t k = 0; max_mode && k < K; ++k) {
-    TORCH_CHECK_VALUE(!plans[k].grid_too_large, "roiops: rois row ", row0 + k, ": the adaptive sampling grid of a bin ",
+    ROIOPS_CHECK(!plans[k].grid_too_large, "roiops: rois row ", row0 + k, ": the adaptive sampling grid of a bin ",
                       "exceeds 2^31 - 1 samples, beyond the int32 argmax of mode \"max\"; use a larger output_size ",
                       "or a positive sampling_ratio");
     // max_forward_plane holds a sample row's position in its bin as T.
     constexpr bool kFloat = std::is_same_v<T, float>;
-    TORCH_CHECK_VALUE(!kFloat || plans[k].ys.widest_bin() <= kFloatExact,
+    ROIOPS_CHECK(!kFloat || plans[k].ys.widest_bin() <= kFloatExact,
                       "roiops: rois row ", row0 + k, ": more than 2^24 sample rows of one bin inside the map");
   }
   return plans;
@@ -685,15 +682,15 @@ bool use_tile(const Plans<T>& plans, const std::vector<int64_t>& boxes, int64_t 
 constexpr int64_t kBoxChunk = int64_t(1) << 14;
 
 template <typename scalar_t, bool kMax>
-void forward_impl(const at::Tensor& input, const at::Tensor& rois, double spatial_scale, int64_t ph, int64_t pw,
-                  int64_t sampling_ratio, bool aligned, at::Tensor& out, at::Tensor& argmax, int64_t row0) {
-  using T = at::opmath_type<scalar_t>;
+void forward_impl(const Tensor& input, const Tensor& rois, double spatial_scale, int64_t ph, int64_t pw,
+                  int64_t sampling_ratio, bool aligned, Tensor& out, Tensor& argmax, int64_t row0) {
+  using T = opmath_type<scalar_t>;
   const int64_t K = rois.size(0), N = input.size(0), C = input.size(1), H = input.size(2), W = input.size(3);
   const int64_t sN = input.stride(0), sC = input.stride(1), sH = input.stride(2), sW = input.stride(3);
   const int64_t oK = out.stride(0), oC = out.stride(1), oH = out.stride(2), oW = out.stride(3);
   const scalar_t* in = input.const_data_ptr<scalar_t>();
-  scalar_t* o = out.data_ptr<scalar_t>();
-  int32_t* am = kMax ? argmax.data_ptr<int32_t>() : nullptr;
+  scalar_t* o = out.mutable_data_ptr<scalar_t>();
+  int32_t* am = kMax ? argmax.mutable_data_ptr<int32_t>() : nullptr;
   if (K == 0 || C == 0) return;
   const Plans<T> plans = build_plans<T>(rois, spatial_scale, ph, pw, sampling_ratio, aligned, H, W, kMax, false, row0);
   Scratch<T> tile, acc;
@@ -767,10 +764,10 @@ ROIOPS_SIMD void bins_to_cl(const S* src, int64_t sC, int64_t n_, int64_t e0, in
 // is first transposed to channels-last scratch.
 // gi (of scalar type out_t) is fresh or holds the sums of the boxes before rois (row0 on).
 template <typename scalar_t, typename out_t, bool kMax>
-void backward_impl(const at::Tensor& grad, const at::Tensor& argmax, const at::Tensor& rois, double spatial_scale,
-                   int64_t ph, int64_t pw, int64_t sampling_ratio, bool aligned, at::Tensor& gi, int64_t row0,
+void backward_impl(const Tensor& grad, const Tensor& argmax, const Tensor& rois, double spatial_scale,
+                   int64_t ph, int64_t pw, int64_t sampling_ratio, bool aligned, Tensor& gi, int64_t row0,
                    bool fresh) {
-  using T = at::opmath_type<scalar_t>;
+  using T = opmath_type<scalar_t>;
   const int64_t N = gi.size(0), C = gi.size(1), H = gi.size(2), W = gi.size(3);
   if (gi.numel() == 0) return;
   const Plans<T> plans = build_plans<T>(rois, spatial_scale, ph, pw, sampling_ratio, aligned, H, W, kMax, kMax, row0);
@@ -822,21 +819,21 @@ void backward_impl(const at::Tensor& grad, const at::Tensor& argmax, const at::T
   });
 }
 
-std::tuple<at::Tensor, at::Tensor> forward(const at::Tensor& input_, const at::Tensor& rois_, double spatial_scale,
-                                           int64_t ph, int64_t pw, int64_t sampling_ratio, bool aligned, bool max_mode) {
+std::tuple<Tensor, Tensor> forward(const Tensor& input_, const Tensor& rois_, double spatial_scale,
+                                   int64_t ph, int64_t pw, int64_t sampling_ratio, bool aligned, bool max_mode) {
   check_forward_args(input_, rois_, 5, spatial_scale, ph, pw);
   check_sampling_ratio(sampling_ratio);
   const ForwardArgs a(input_, rois_, spatial_scale);
-  const at::Tensor &input = a.input, &rois = a.rois;
-  at::Tensor out = empty_output({rois.size(0), input.size(1), ph, pw}, a.out_options);
-  at::Tensor argmax =
-      max_mode ? empty_output({rois.size(0), input.size(1), ph, pw}, a.out_options.dtype(at::kInt)) : at::Tensor();
+  const Tensor &input = a.input, &rois = a.rois;
+  Tensor out = empty_output({rois.size(0), input.size(1), ph, pw}, a.out_options);
+  Tensor argmax =
+      max_mode ? empty_output({rois.size(0), input.size(1), ph, pw}, a.out_options.dtype(kInt)) : Tensor();
   const int64_t K = rois.size(0);
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, input.scalar_type(), "roiops_roi_align_forward", [&] {
+  ROIOPS_DISPATCH(input.scalar_type(), [&] {
     for (int64_t k0 = 0; k0 < K; k0 += kBoxChunk) {
       const int64_t n = std::min(kBoxChunk, K - k0);
-      at::Tensor o = out.narrow(0, k0, n), a = max_mode ? argmax.narrow(0, k0, n) : argmax;
-      const at::Tensor r = rois.narrow(0, k0, n);
+      Tensor o = narrow_view(out, 0, k0, n), a = max_mode ? narrow_view(argmax, 0, k0, n) : argmax;
+      const Tensor r = narrow_view(rois, 0, k0, n);
       if (max_mode) {
         forward_impl<scalar_t, true>(input, r, spatial_scale, ph, pw, sampling_ratio, aligned, o, a, k0);
       } else {
@@ -847,28 +844,28 @@ std::tuple<at::Tensor, at::Tensor> forward(const at::Tensor& input_, const at::T
   return {out, argmax};
 }
 
-at::Tensor backward(const at::Tensor& grad_, const at::Tensor& argmax_, const at::Tensor& rois_, double spatial_scale,
-                    int64_t ph, int64_t pw, int64_t N, int64_t C, int64_t H, int64_t W, int64_t sampling_ratio,
-                    bool aligned, bool channels_last, bool max_mode) {
+Tensor backward(const Tensor& grad_, const Tensor& argmax_, const Tensor& rois_, double spatial_scale,
+                int64_t ph, int64_t pw, int64_t N, int64_t C, int64_t H, int64_t W, int64_t sampling_ratio,
+                bool aligned, bool channels_last, bool max_mode) {
   check_backward_args(grad_, rois_, 5, N, C, H, W, spatial_scale, ph, pw);
   check_sampling_ratio(sampling_ratio);
   check_grad_shape(grad_, rois_.size(0), C, ph, pw);
   if (max_mode) check_argmax(argmax_, grad_);
   const BackwardArgs a(grad_, rois_, N, spatial_scale, channels_last);
-  const at::Tensor &grad = a.grad, &rois = a.rois;
+  const Tensor &grad = a.grad, &rois = a.rois;
   // grad and argmax share strides, so one offset serves both.
-  const at::Tensor argmax = max_mode ? in_layout(argmax_, channels_last) : at::Tensor();
-  at::Tensor gi = empty_output({N, C, H, W}, a.grad_options);
+  const Tensor argmax = max_mode ? in_layout(argmax_, channels_last) : Tensor();
+  Tensor gi = empty_output({N, C, H, W}, a.grad_options);
   const int64_t K = rois.size(0);
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, grad.scalar_type(), "roiops_roi_align_backward", [&] {
+  ROIOPS_DISPATCH(grad.scalar_type(), [&] {
     // Each chunk carries on the sums of the chunks before it (the first one zeroes gi),
     // adding boxes in the same order as one pass would.
-    auto chunks = [&](auto out_type, at::Tensor& out) {
+    auto chunks = [&](auto out_type, Tensor& out) {
       using out_t = decltype(out_type);
       for (int64_t k0 = 0; k0 == 0 || k0 < K; k0 += kBoxChunk) {
         const int64_t n = std::min(kBoxChunk, K - k0);
-        const at::Tensor g = grad.narrow(0, k0, n), a = max_mode ? argmax.narrow(0, k0, n) : argmax;
-        const at::Tensor r = rois.narrow(0, k0, n);
+        const Tensor g = narrow_view(grad, 0, k0, n), a = max_mode ? narrow_view(argmax, 0, k0, n) : argmax;
+        const Tensor r = narrow_view(rois, 0, k0, n);
         if (max_mode) {
           backward_impl<scalar_t, out_t, true>(g, a, r, spatial_scale, ph, pw, sampling_ratio, aligned, out, k0, k0 == 0);
         } else {
@@ -876,15 +873,14 @@ at::Tensor backward(const at::Tensor& grad_, const at::Tensor& argmax_, const at
         }
       }
     };
-    using T = at::opmath_type<scalar_t>;
+    using T = opmath_type<scalar_t>;
     if (std::is_same_v<T, scalar_t> || K <= kBoxChunk) {
       chunks(scalar_t{}, gi);
     } else {
       // float16/bfloat16 over several chunks: the sums carry on in T and are rounded once.
-      at::Tensor acc = empty_output(gi.sizes(), gi.options().dtype(c10::CppTypeToScalarType<T>::value)
-                                                    .memory_format(format_of(channels_last)));
+      Tensor acc = empty_output({N, C, H, W}, a.grad_options.dtype(scalar_type_of<T>));
       chunks(T{}, acc);
-      gi.copy_(acc);
+      copy_into(gi, acc);
     }
   });
   return gi;
@@ -896,9 +892,9 @@ at::Tensor backward(const at::Tensor& grad_, const at::Tensor& argmax_, const at
 // themselves); each box's sums over the blocks are then added in block order. Neither
 // depends on the number of threads. Plans are built per chunk of boxes, as forward.
 template <typename scalar_t, bool kMax>
-void rois_backward_impl(const at::Tensor& grad, const at::Tensor& input, const at::Tensor& rois, double spatial_scale,
-                        int64_t ph, int64_t pw, int64_t sampling_ratio, bool aligned, at::Tensor& out, int64_t row0) {
-  using T = at::opmath_type<scalar_t>;
+void rois_backward_impl(const Tensor& grad, const Tensor& input, const Tensor& rois, double spatial_scale,
+                        int64_t ph, int64_t pw, int64_t sampling_ratio, bool aligned, Tensor& out, int64_t row0) {
+  using T = opmath_type<scalar_t>;
   const int64_t K = rois.size(0), N = input.size(0), C = input.size(1), H = input.size(2), W = input.size(3);
   if (K == 0 || C == 0) return;
   const Plans<T> plans = build_plans<T>(rois, spatial_scale, ph, pw, sampling_ratio, aligned, H, W, kMax, false, row0);
@@ -971,22 +967,22 @@ void rois_backward_impl(const at::Tensor& grad, const at::Tensor& input, const a
       }
     }
   }
-  T* o = out.data_ptr<T>();
+  T* o = out.mutable_data_ptr<T>();
   const T scale = static_cast<T>(spatial_scale);
   for (int64_t k = 0; k < K; ++k) box_gradient(plans[k], sums[k], scale, ph, pw, o + 5 * k + 1);
 }
 
-at::Tensor rois_backward(const at::Tensor& grad_, const at::Tensor& input_, const at::Tensor& rois_, double spatial_scale,
-                         int64_t ph, int64_t pw, int64_t sampling_ratio, bool aligned, bool max_mode) {
+Tensor rois_backward(const Tensor& grad_, const Tensor& input_, const Tensor& rois_, double spatial_scale,
+                     int64_t ph, int64_t pw, int64_t sampling_ratio, bool aligned, bool max_mode) {
   const RoisBackwardArgs a(grad_, input_, rois_, spatial_scale, ph, pw, sampling_ratio);
-  const at::Tensor &grad = a.grad, &input = a.input, &rois = a.rois;
-  at::Tensor out = at::zeros({rois.size(0), 5}, rois.options());
+  const Tensor &grad = a.grad, &input = a.input, &rois = a.rois;
+  Tensor out = zeros({rois.size(0), 5}, Options{rois.scalar_type()});
   const int64_t K = rois.size(0);
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, input.scalar_type(), "roiops_roi_align_rois_backward", [&] {
+  ROIOPS_DISPATCH(input.scalar_type(), [&] {
     for (int64_t k0 = 0; k0 < K; k0 += kBoxChunk) {
       const int64_t n = std::min(kBoxChunk, K - k0);
-      at::Tensor o = out.narrow(0, k0, n);
-      const at::Tensor g = grad.narrow(0, k0, n), r = rois.narrow(0, k0, n);
+      Tensor o = narrow_view(out, 0, k0, n);
+      const Tensor g = narrow_view(grad, 0, k0, n), r = narrow_view(rois, 0, k0, n);
       if (max_mode) {
         rois_backward_impl<scalar_t, true>(g, input, r, spatial_scale, ph, pw, sampling_ratio, aligned, o, k0);
       } else {
@@ -994,59 +990,78 @@ at::Tensor rois_backward(const at::Tensor& grad_, const at::Tensor& input_, cons
       }
     }
   });
-  return out.to(rois_.scalar_type());  // in rois' dtype (a no-op for rois of the opmath type)
+  return to_dtype(out, rois_.scalar_type());  // in rois' dtype (a no-op for rois of the opmath type)
 }
 
 }  // namespace
 
-at::Tensor roi_align_forward(const at::Tensor& input, const at::Tensor& rois, double spatial_scale, int64_t ph,
-                             int64_t pw, int64_t sampling_ratio, bool aligned) {
+ROIOPS_ENTRY
+Tensor roi_align_forward(const Tensor& input, const Tensor& rois, double spatial_scale, int64_t ph,
+                         int64_t pw, int64_t sampling_ratio, bool aligned) {
   return std::get<0>(forward(input, rois, spatial_scale, ph, pw, sampling_ratio, aligned, false));
 }
 
-at::Tensor roi_align_backward(const at::Tensor& grad, const at::Tensor& rois, double spatial_scale, int64_t ph,
-                              int64_t pw, int64_t N, int64_t C, int64_t H, int64_t W, int64_t sampling_ratio,
-                              bool aligned, bool channels_last) {
-  return backward(grad, at::Tensor(), rois, spatial_scale, ph, pw, N, C, H, W, sampling_ratio, aligned,
+ROIOPS_ENTRY
+Tensor roi_align_backward(const Tensor& grad, const Tensor& rois, double spatial_scale, int64_t ph,
+                          int64_t pw, int64_t N, int64_t C, int64_t H, int64_t W, int64_t sampling_ratio,
+                          bool aligned, bool channels_last) {
+  return backward(grad, Tensor(), rois, spatial_scale, ph, pw, N, C, H, W, sampling_ratio, aligned,
                   channels_last, false);
 }
 
-std::tuple<at::Tensor, at::Tensor> roi_align_max_forward(const at::Tensor& input, const at::Tensor& rois,
-                                                         double spatial_scale, int64_t ph, int64_t pw,
-                                                         int64_t sampling_ratio, bool aligned) {
+ROIOPS_ENTRY
+std::tuple<Tensor, Tensor> roi_align_max_forward(const Tensor& input, const Tensor& rois,
+                                                 double spatial_scale, int64_t ph, int64_t pw,
+                                                 int64_t sampling_ratio, bool aligned) {
   return forward(input, rois, spatial_scale, ph, pw, sampling_ratio, aligned, true);
 }
 
-at::Tensor roi_align_max_backward(const at::Tensor& grad, const at::Tensor& argmax, const at::Tensor& rois,
-                                  double spatial_scale, int64_t ph, int64_t pw, int64_t N, int64_t C, int64_t H,
-                                  int64_t W, int64_t sampling_ratio, bool aligned, bool channels_last) {
+ROIOPS_ENTRY
+Tensor roi_align_max_backward(const Tensor& grad, const Tensor& argmax, const Tensor& rois,
+                              double spatial_scale, int64_t ph, int64_t pw, int64_t N, int64_t C, int64_t H,
+                              int64_t W, int64_t sampling_ratio, bool aligned, bool channels_last) {
   return backward(grad, argmax, rois, spatial_scale, ph, pw, N, C, H, W, sampling_ratio, aligned, channels_last,
                   true);
 }
 
-at::Tensor roi_align_rois_backward(const at::Tensor& grad, const at::Tensor& input, const at::Tensor& rois,
-                                   double spatial_scale, int64_t ph, int64_t pw, int64_t sampling_ratio, bool aligned) {
+ROIOPS_ENTRY
+Tensor roi_align_rois_backward(const Tensor& grad, const Tensor& input, const Tensor& rois,
+                               double spatial_scale, int64_t ph, int64_t pw, int64_t sampling_ratio, bool aligned) {
   return rois_backward(grad, input, rois, spatial_scale, ph, pw, sampling_ratio, aligned, false);
 }
 
-at::Tensor roi_align_max_rois_backward(const at::Tensor& grad, const at::Tensor& input, const at::Tensor& rois,
-                                       double spatial_scale, int64_t ph, int64_t pw, int64_t sampling_ratio,
-                                       bool aligned) {
+ROIOPS_ENTRY
+Tensor roi_align_max_rois_backward(const Tensor& grad, const Tensor& input, const Tensor& rois,
+                                   double spatial_scale, int64_t ph, int64_t pw, int64_t sampling_ratio,
+                                   bool aligned) {
   return rois_backward(grad, input, rois, spatial_scale, ph, pw, sampling_ratio, aligned, true);
 }
 
-namespace {
-
-// The Python entry points, in roiops._C (registry.h).
-const Registrar registrar([](pybind11::module_& m) {
-  m.def("roi_align_forward", &roi_align_forward);
-  m.def("roi_align_backward", &roi_align_backward);
-  m.def("roi_align_max_forward", &roi_align_max_forward);
-  m.def("roi_align_max_backward", &roi_align_max_backward);
-  m.def("roi_align_rois_backward", &roi_align_rois_backward);
-  m.def("roi_align_max_rois_backward", &roi_align_max_rois_backward);
-});
-
-}  // namespace
-
 }  // namespace roiops
+
+// The schemas (roiops/ops/_declare.py holds them equal to the op's spec) and the CPU kernels.
+STABLE_TORCH_LIBRARY_FRAGMENT(roiops, m) {
+  m.def("roi_align(Tensor input, Tensor rois, float spatial_scale, int pooled_height, int pooled_width, "
+        "int sampling_ratio, bool aligned) -> Tensor");
+  m.def("_roi_align_backward(Tensor grad, Tensor rois, float spatial_scale, int pooled_height, int pooled_width, "
+        "int batch_size, int channels, int height, int width, int sampling_ratio, bool aligned, "
+        "bool channels_last) -> Tensor");
+  m.def("roi_align_max(Tensor input, Tensor rois, float spatial_scale, int pooled_height, int pooled_width, "
+        "int sampling_ratio, bool aligned) -> (Tensor, Tensor)");
+  m.def("_roi_align_max_backward(Tensor grad, Tensor argmax, Tensor rois, float spatial_scale, int pooled_height, "
+        "int pooled_width, int batch_size, int channels, int height, int width, int sampling_ratio, bool aligned, "
+        "bool channels_last) -> Tensor");
+  m.def("_roi_align_rois_backward(Tensor grad, Tensor input, Tensor rois, float spatial_scale, int pooled_height, "
+        "int pooled_width, int sampling_ratio, bool aligned) -> Tensor");
+  m.def("_roi_align_max_rois_backward(Tensor grad, Tensor input, Tensor rois, float spatial_scale, "
+        "int pooled_height, int pooled_width, int sampling_ratio, bool aligned) -> Tensor");
+}
+
+STABLE_TORCH_LIBRARY_IMPL(roiops, CPU, m) {
+  m.impl("roi_align", TORCH_BOX(&roiops::roi_align_forward));
+  m.impl("_roi_align_backward", TORCH_BOX(&roiops::roi_align_backward));
+  m.impl("roi_align_max", TORCH_BOX(&roiops::roi_align_max_forward));
+  m.impl("_roi_align_max_backward", TORCH_BOX(&roiops::roi_align_max_backward));
+  m.impl("_roi_align_rois_backward", TORCH_BOX(&roiops::roi_align_rois_backward));
+  m.impl("_roi_align_max_rois_backward", TORCH_BOX(&roiops::roi_align_max_rois_backward));
+}

@@ -16,8 +16,6 @@
 // rows), all channels in place for channels_last, a 16-channel channels-last tile for
 // NCHW, and add the image's boxes in increasing index: the same sums for any thread
 // count, no atomics.
-#include <ATen/OpMathType.h>
-#include <ATen/Parallel.h>
 
 #include <algorithm>
 #include <array>
@@ -27,7 +25,6 @@
 #include "geometry.h"
 #include "memory.h"
 #include "parallel.h"
-#include "registry.h"
 #include "simd.h"
 #include "tiles.h"
 
@@ -164,9 +161,9 @@ template <typename S>
 struct Cells {
   S* base;
   int64_t rs, cs, y0, x0;
-  // The four neighbours of sample s of p.
+  // The four neighbours of sample s of p. Always inlined: the kernels call it per sample.
   template <typename T>
-  inline void taps(const RotatedPlan<T>& p, int64_t s, int64_t (&o)[4]) const {
+  __attribute__((always_inline)) inline void taps(const RotatedPlan<T>& p, int64_t s, int64_t (&o)[4]) const {
     const int32_t* c = &p.cell[4 * s];
     const int64_t r0 = (c[0] - y0) * rs, r1 = (c[1] - y0) * rs, c0 = (c[2] - x0) * cs, c1 = (c[3] - x0) * cs;
     o[0] = r0 + c0, o[1] = r0 + c1, o[2] = r1 + c0, o[3] = r1 + c1;
@@ -417,7 +414,7 @@ constexpr int64_t kTileBudget = int64_t(16) << 20;
 // Runs f(k0, k1, plans, boxes_of_image) for consecutive chunks of the K boxes: plans[k - k0]
 // of box k, and per image the chunk's boxes in increasing index.
 template <typename T, typename F>
-void for_chunks(const at::Tensor& rois, int64_t N, double spatial_scale, int64_t ph, int64_t pw,
+void for_chunks(const Tensor& rois, int64_t N, double spatial_scale, int64_t ph, int64_t pw,
                 int64_t sampling_ratio, bool aligned, int64_t H, int64_t W, const F& f) {
   const int64_t K = rois.size(0);
   const T* r = rois.const_data_ptr<T>();
@@ -429,7 +426,7 @@ void for_chunks(const at::Tensor& rois, int64_t N, double spatial_scale, int64_t
     while (k1 < K && (k1 == k0 || samples < kSampleBudget)) {
       const int64_t n = std::min(K - k1, kBatch);
       plans.resize(static_cast<size_t>(k1 - k0 + n));
-      at::parallel_for(0, n, 1, [&](int64_t b0, int64_t b1) {
+      parallel_for(0, n, 1, [&](int64_t b0, int64_t b1) {
         for (int64_t b = b0; b < b1; ++b) {
           build_plan(r + 6 * (k1 + b), spatial_scale, ph, pw, sampling_ratio, aligned, H, W, plans[k1 - k0 + b]);
         }
@@ -460,18 +457,18 @@ std::array<int64_t, 4> touched(const std::vector<RotatedPlan<T>>& plans, const s
 
 }  // namespace
 
-at::Tensor roi_align_rotated_forward(const at::Tensor& input_, const at::Tensor& rois_, double spatial_scale,
-                                     int64_t ph, int64_t pw, int64_t sampling_ratio, bool aligned) {
+ROIOPS_ENTRY
+Tensor roi_align_rotated_forward(const Tensor& input_, const Tensor& rois_, double spatial_scale,
+                                 int64_t ph, int64_t pw, int64_t sampling_ratio, bool aligned) {
   check_forward_args(input_, rois_, 6, spatial_scale, ph, pw);
   check_sampling_ratio(sampling_ratio);
   const ForwardArgs a(input_, rois_, spatial_scale);  // angles checked too
-  const at::Tensor &input = a.input, &rois = a.rois;
+  const Tensor &input = a.input, &rois = a.rois;
   const int64_t N = input.size(0), C = input.size(1), H = input.size(2), W = input.size(3);
   const bool channels_last = is_channels_last(input);
-  at::Tensor out = empty_output({rois.size(0), C, ph, pw}, a.out_options);
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, input.scalar_type(), "roiops_roi_align_rotated_forward",
-                                  [&] {
-    using T = at::opmath_type<scalar_t>;
+  Tensor out = empty_output({rois.size(0), C, ph, pw}, a.out_options);
+  ROIOPS_DISPATCH(input.scalar_type(), [&] {
+    using T = opmath_type<scalar_t>;
     const scalar_t* in = input.const_data_ptr<scalar_t>();
     scalar_t* o = out.mutable_data_ptr<scalar_t>();
     const int64_t sN = input.stride(0), sC = input.stride(1), sH = input.stride(2), sW = input.stride(3);
@@ -518,21 +515,21 @@ at::Tensor roi_align_rotated_forward(const at::Tensor& input_, const at::Tensor&
   return out;
 }
 
-at::Tensor roi_align_rotated_backward(const at::Tensor& grad_, const at::Tensor& rois_, double spatial_scale,
-                                      int64_t ph, int64_t pw, int64_t N, int64_t C, int64_t H, int64_t W,
-                                      int64_t sampling_ratio, bool aligned, bool channels_last) {
+ROIOPS_ENTRY
+Tensor roi_align_rotated_backward(const Tensor& grad_, const Tensor& rois_, double spatial_scale,
+                                  int64_t ph, int64_t pw, int64_t N, int64_t C, int64_t H, int64_t W,
+                                  int64_t sampling_ratio, bool aligned, bool channels_last) {
   check_backward_args(grad_, rois_, 6, N, C, H, W, spatial_scale, ph, pw);
   check_sampling_ratio(sampling_ratio);
   check_grad_shape(grad_, rois_.size(0), C, ph, pw);
   const BackwardArgs a(grad_, rois_, N, spatial_scale, channels_last);  // angles checked too
-  const at::Tensor &grad = a.grad, &rois = a.rois;
-  const at::TensorOptions& opts = a.grad_options;
-  at::Tensor gi = empty_output({N, C, H, W}, opts);
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, grad.scalar_type(), "roiops_roi_align_rotated_backward",
-                                  [&] {
-    using T = at::opmath_type<scalar_t>;
+  const Tensor &grad = a.grad, &rois = a.rois;
+  const Options& opts = a.grad_options;
+  Tensor gi = empty_output({N, C, H, W}, opts);
+  ROIOPS_DISPATCH(grad.scalar_type(), [&] {
+    using T = opmath_type<scalar_t>;
     // Sums in T: float16/bfloat16 gradients are rounded once at the end.
-    at::Tensor acc = std::is_same_v<T, scalar_t> ? gi : at::empty_like(gi, opts.dtype(c10::CppTypeToScalarType<T>::value));
+    Tensor acc = std::is_same_v<T, scalar_t> ? gi : empty_output({N, C, H, W}, opts.dtype(scalar_type_of<T>));
     T* a = acc.mutable_data_ptr<T>();
     const scalar_t* g = grad.const_data_ptr<scalar_t>();
     const int64_t sN = acc.stride(0), sC = acc.stride(1), sH = acc.stride(2), sW = acc.stride(3);
@@ -546,7 +543,7 @@ at::Tensor roi_align_rotated_backward(const at::Tensor& grad_, const at::Tensor&
     const int64_t row_bytes = std::max<int64_t>(W * cb_max * static_cast<int64_t>(sizeof(T)), 1);
     const int64_t rows = std::max<int64_t>((channels_last ? kClBandBytes : kBandBytes) / row_bytes, 1);
     const int64_t bands = (H + rows - 1) / rows;
-    if (rois.size(0) == 0 || blocks == 0) acc.zero_();
+    if (rois.size(0) == 0 || blocks == 0) fill_zero(acc);
     for_chunks<T>(rois, N, spatial_scale, ph, pw, sampling_ratio, aligned, H, W,
                   [&](int64_t k0, int64_t, const std::vector<RotatedPlan<T>>& plans,
                       const std::vector<std::vector<int64_t>>& boxes) {
@@ -578,19 +575,23 @@ at::Tensor roi_align_rotated_backward(const at::Tensor& grad_, const at::Tensor&
         if (!in_place) rect_to_planes(tile.data(), cb, r0, r1, 0, W, img, sC, sH);
       });
     });
-    if (!std::is_same_v<T, scalar_t>) gi.copy_(acc);
+    if (!std::is_same_v<T, scalar_t>) copy_into(gi, acc);
   });
   return gi;
 }
 
-namespace {
-
-// The Python entry points, in roiops._C (registry.h).
-const Registrar registrar([](pybind11::module_& m) {
-  m.def("roi_align_rotated_forward", &roi_align_rotated_forward);
-  m.def("roi_align_rotated_backward", &roi_align_rotated_backward);
-});
-
-}  // namespace
-
 }  // namespace roiops
+
+// The schemas (roiops/ops/_declare.py holds them equal to the op's spec) and the CPU kernels.
+STABLE_TORCH_LIBRARY_FRAGMENT(roiops, m) {
+  m.def("roi_align_rotated(Tensor input, Tensor rois, float spatial_scale, int pooled_height, int pooled_width, "
+        "int sampling_ratio, bool aligned) -> Tensor");
+  m.def("_roi_align_rotated_backward(Tensor grad, Tensor rois, float spatial_scale, int pooled_height, "
+        "int pooled_width, int batch_size, int channels, int height, int width, int sampling_ratio, bool aligned, "
+        "bool channels_last) -> Tensor");
+}
+
+STABLE_TORCH_LIBRARY_IMPL(roiops, CPU, m) {
+  m.impl("roi_align_rotated", TORCH_BOX(&roiops::roi_align_rotated_forward));
+  m.impl("_roi_align_rotated_backward", TORCH_BOX(&roiops::roi_align_rotated_backward));
+}

@@ -10,8 +10,6 @@
 // smallest flat index h * W + w among the elements equal to it. This rule does not depend
 // on the order of the scan, which lets the per-plane kernel reduce columns first
 // (vectorised along the row), then across columns.
-#include <ATen/OpMathType.h>
-#include <ATen/Parallel.h>
 
 #include <algorithm>
 #include <array>
@@ -25,7 +23,6 @@
 #include "memory.h"
 #include "parallel.h"
 #include "plans.h"
-#include "registry.h"
 #include "simd.h"
 #include "tiles.h"
 
@@ -33,7 +30,7 @@ namespace roiops {
 namespace {
 
 template <typename T>
-BoxPlans<PoolPlan<T>> build_plans(const at::Tensor& rois, double spatial_scale, int64_t ph, int64_t pw, bool continuous,
+BoxPlans<PoolPlan<T>> build_plans(const Tensor& rois, double spatial_scale, int64_t ph, int64_t pw, bool continuous,
                                   int64_t H, int64_t W) {
   const T* roi = rois.const_data_ptr<T>();
   const T scale = static_cast<T>(spatial_scale);
@@ -55,7 +52,7 @@ inline void column_max(T* __restrict__ colv, int32_t* __restrict__ colr, const s
 // columns by the rule above.
 template <typename scalar_t, typename T>
 ROIOPS_SIMD void forward_plane(const PoolPlan<T>& p, const scalar_t* plane, int64_t W, int64_t ph, int64_t pw, T* colv,
-                   int32_t* colr, scalar_t* out, int32_t* am, int64_t oH, int64_t oW) {
+                               int32_t* colr, scalar_t* out, int32_t* am, int64_t oH, int64_t oW) {
   const int64_t xa = p.w0[0], xb = p.w1[pw - 1], nx = xb - xa;
   for (int64_t i = 0; i < ph; ++i) {
     const int64_t h0 = p.h0[i], h1 = p.h1[i];
@@ -126,15 +123,15 @@ std::array<int64_t, 4> pool_rect(const PoolPlan<T>& p, int64_t ph, int64_t pw) {
 }
 
 template <typename scalar_t>
-void forward_impl(const at::Tensor& input, const at::Tensor& rois, double spatial_scale, int64_t ph, int64_t pw,
-                  bool continuous, at::Tensor& out, at::Tensor& argmax) {
-  using T = at::opmath_type<scalar_t>;
+void forward_impl(const Tensor& input, const Tensor& rois, double spatial_scale, int64_t ph, int64_t pw,
+                  bool continuous, Tensor& out, Tensor& argmax) {
+  using T = opmath_type<scalar_t>;
   const int64_t K = rois.size(0), N = input.size(0), C = input.size(1), H = input.size(2), W = input.size(3);
   const int64_t sN = input.stride(0), sC = input.stride(1), sH = input.stride(2), sW = input.stride(3);
   const int64_t oK = out.stride(0), oC = out.stride(1), oH = out.stride(2), oW = out.stride(3);
   const scalar_t* in = input.const_data_ptr<scalar_t>();
-  scalar_t* o = out.data_ptr<scalar_t>();
-  int32_t* am = argmax.data_ptr<int32_t>();
+  scalar_t* o = out.mutable_data_ptr<scalar_t>();
+  int32_t* am = argmax.mutable_data_ptr<int32_t>();
   if (K == 0 || C == 0) return;
   const auto plans = build_plans<T>(rois, spatial_scale, ph, pw, continuous, H, W);
   std::vector<int64_t> batch(static_cast<size_t>(K));
@@ -262,10 +259,43 @@ bool argmax_rows(const int32_t* box, int64_t sC, int64_t sH, int64_t C, int64_t 
 // (in place, NCHW's scattered writes to 16 planes measured slower).
 // `rows[k * ph + i]` is the range of map rows that bin row i of box k sends gradient to
 // (first > second: none), so that a task reads only the bin rows that reach its band.
+// Adds box k's gradient values whose argmax lies in band rows [y0, y1) (map elements [lo,
+// hi)) into acc (cell (a - lo) at (a - lo) * aW, nc channels): grad and argmax share the
+// strides gC, gH, gW, the box's first element at e0; rows[i] is bin row i's span of map
+// rows. A function of its own, so that the scatter loop compiles alike wherever the band
+// task runs.
+template <typename scalar_t, typename T>
+ROIOPS_SIMD void add_box(const scalar_t* g, const int32_t* am, int64_t e0, int64_t gC, int64_t gH, int64_t gW,
+                         int64_t nc, int64_t ph, int64_t pw, const std::pair<int64_t, int64_t>* rows, int64_t y0,
+                         int64_t y1, int64_t lo, int64_t hi, T* acc, int64_t aW, bool channels_last) {
+  auto one = [&](int64_t e, int64_t c) {
+    const int64_t a = am[e];
+    if (a >= lo && a < hi) acc[(a - lo) * aW + c] += static_cast<T>(g[e]);
+  };
+  auto reaches = [&](int64_t i) {
+    return rows[i].first <= rows[i].second && rows[i].first < y1 && rows[i].second >= y0;
+  };
+  if (channels_last) {  // channels innermost: read in memory order
+    for (int64_t i = 0; i < ph; ++i) {
+      if (!reaches(i)) continue;
+      for (int64_t j = 0; j < pw; ++j) {
+        for (int64_t c = 0; c < nc; ++c) one(e0 + i * gH + j * gW + c, c);
+      }
+    }
+  } else {
+    for (int64_t c = 0; c < nc; ++c) {
+      for (int64_t i = 0; i < ph; ++i) {
+        if (!reaches(i)) continue;
+        for (int64_t j = 0; j < pw; ++j) one(e0 + c * gC + i * gH + j * gW, c);
+      }
+    }
+  }
+}
+
 template <typename scalar_t>
-void backward_impl(const at::Tensor& grad, const at::Tensor& argmax, const std::vector<int64_t>& batch,
-                   const std::vector<std::pair<int64_t, int64_t>>& rows, at::Tensor& gi) {
-  using T = at::opmath_type<scalar_t>;
+void backward_impl(const Tensor& grad, const Tensor& argmax, const std::vector<int64_t>& batch,
+                   const std::vector<std::pair<int64_t, int64_t>>& rows, Tensor& gi) {
+  using T = opmath_type<scalar_t>;
   const int64_t N = gi.size(0), C = gi.size(1), H = gi.size(2), W = gi.size(3);
   const int64_t ph = grad.size(2), pw = grad.size(3);
   if (gi.numel() == 0) return;
@@ -292,60 +322,40 @@ void backward_impl(const at::Tensor& grad, const at::Tensor& argmax, const std::
     const scalar_t* g = grad_p + c0 * gC;
     const int32_t* am = am_p + c0 * gC;
     const int64_t lo = y0 * W, hi = y1 * W;  // argmax values inside the band
-    auto one = [&](int64_t e, int64_t c) {
-      const int64_t a = am[e];
-      if (a >= lo && a < hi) acc[(a - lo) * aW + c] += static_cast<T>(g[e]);
-    };
     const std::vector<int64_t>& list = split.bands.boxes[task.band];
     for (size_t q = 0; q < list.size(); ++q) {
-      const int64_t k = list[q], e0 = k * gK;
+      const int64_t k = list[q];
       if (q + 1 < list.size() && nc < C) {
         prefetch_block(g + list[q + 1] * gK, gC, gH, gW, nc, ph, pw);
         prefetch_block(am + list[q + 1] * gK, gC, gH, gW, nc, ph, pw);
       }
-      auto reaches = [&](int64_t i) {
-        const auto& r = rows[k * ph + i];
-        return r.first <= r.second && r.first < y1 && r.second >= y0;
-      };
-      if (channels_last) {  // channels innermost: read in memory order
-        for (int64_t i = 0; i < ph; ++i) {
-          if (!reaches(i)) continue;
-          for (int64_t j = 0; j < pw; ++j) {
-            for (int64_t c = 0; c < nc; ++c) one(e0 + i * gH + j * gW + c, c);
-          }
-        }
-      } else {
-        for (int64_t c = 0; c < nc; ++c) {
-          for (int64_t i = 0; i < ph; ++i) {
-            if (!reaches(i)) continue;
-            for (int64_t j = 0; j < pw; ++j) one(e0 + c * gC + i * gH + j * gW, c);
-          }
-        }
-      }
+      add_box(g, am, k * gK, gC, gH, gW, nc, ph, pw, &rows[k * ph], y0, y1, lo, hi, acc, aW, channels_last);
     }
   });
 }
 
 }  // namespace
 
-std::tuple<at::Tensor, at::Tensor> roi_pool_forward(const at::Tensor& input_, const at::Tensor& rois_,
-                                                    double spatial_scale, int64_t ph, int64_t pw, bool continuous) {
+ROIOPS_ENTRY
+std::tuple<Tensor, Tensor> roi_pool_forward(const Tensor& input_, const Tensor& rois_,
+                                            double spatial_scale, int64_t ph, int64_t pw, bool continuous) {
   check_forward_args(input_, rois_, 5, spatial_scale, ph, pw);
-  TORCH_CHECK_VALUE(input_.size(2) * input_.size(3) <= INT32_MAX,
+  ROIOPS_CHECK(input_.size(2) * input_.size(3) <= INT32_MAX,
                     "roiops: roi_pool needs H * W < 2^31 (its argmax is the int32 h * W + w), got input height ",
                     input_.size(2), " and width ", input_.size(3));
   const ForwardArgs a(input_, rois_, spatial_scale);
-  const at::Tensor &input = a.input, &rois = a.rois;
-  at::Tensor out = empty_output({rois.size(0), input.size(1), ph, pw}, a.out_options);
-  at::Tensor argmax = empty_output({rois.size(0), input.size(1), ph, pw}, a.out_options.dtype(at::kInt));
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, input.scalar_type(), "roiops_roi_pool_forward", [&] {
+  const Tensor &input = a.input, &rois = a.rois;
+  Tensor out = empty_output({rois.size(0), input.size(1), ph, pw}, a.out_options);
+  Tensor argmax = empty_output({rois.size(0), input.size(1), ph, pw}, a.out_options.dtype(kInt));
+  ROIOPS_DISPATCH(input.scalar_type(), [&] {
     forward_impl<scalar_t>(input, rois, spatial_scale, ph, pw, continuous, out, argmax);
   });
   return {out, argmax};
 }
 
-at::Tensor roi_pool_backward(const at::Tensor& grad_, const at::Tensor& argmax_, const at::Tensor& rois_, int64_t N,
-                             int64_t C, int64_t H, int64_t W, bool channels_last) {
+ROIOPS_ENTRY
+Tensor roi_pool_backward(const Tensor& grad_, const Tensor& argmax_, const Tensor& rois_, int64_t N,
+                         int64_t C, int64_t H, int64_t W, bool channels_last) {
   // The shared checks (geometry.h) of a backward without spatial_scale, its pooled size grad's.
   check_map_tensor(grad_, "grad");
   check_rois_arg(rois_, 5, grad_, "grad");
@@ -357,15 +367,15 @@ at::Tensor roi_pool_backward(const at::Tensor& grad_, const at::Tensor& argmax_,
   // Only batch indices: the coordinates were checked (with spatial_scale, which this op
   // does not receive) by the forward, and the argmax values are checked below.
   const BackwardArgs a(grad_, rois_, N, 1.0, channels_last, /*check_coords=*/false);
-  const at::Tensor &grad = a.grad, &rois = a.rois;
-  const at::Tensor argmax = in_layout(argmax_, channels_last);
+  const Tensor &grad = a.grad, &rois = a.rois;
+  const Tensor argmax = in_layout(argmax_, channels_last);
   // Per box and bin row: the map rows its argmax values point to, each value checked to
   // lie in [-1, H * W) so that no access leaves the map.
   const int64_t K = grad.size(0), ph = grad.size(2), pw = grad.size(3);
   const int32_t* am = argmax.const_data_ptr<int32_t>();
   std::vector<std::pair<int64_t, int64_t>> rows(static_cast<size_t>(K * ph));
   std::vector<char> bad(static_cast<size_t>(K), 0);
-  at::parallel_for(0, K, 16, [&](int64_t k0, int64_t k1) {
+  parallel_for(0, K, 16, [&](int64_t k0, int64_t k1) {
     ArgmaxScratch scratch;
     for (int64_t k = k0; k < k1; ++k) {
       bad[k] = !argmax_rows(am + k * argmax.stride(0), argmax.stride(1), argmax.stride(2), C, ph, pw, H, W,
@@ -373,27 +383,29 @@ at::Tensor roi_pool_backward(const at::Tensor& grad_, const at::Tensor& argmax_,
     }
   });
   for (int64_t k = 0; k < K; ++k) {
-    TORCH_CHECK_VALUE(!bad[k], "roiops: argmax holds an index outside the map (box ", k, ")");
+    ROIOPS_CHECK(!bad[k], "roiops: argmax holds an index outside the map (box ", k, ")");
   }
   std::vector<int64_t> batch(static_cast<size_t>(K));
-  AT_DISPATCH_FLOATING_TYPES(rois.scalar_type(), "roiops_roi_pool_batch", [&] {
+  ROIOPS_DISPATCH_FLOAT(rois.scalar_type(), [&] {
     const scalar_t* rr = rois.const_data_ptr<scalar_t>();
     for (int64_t k = 0; k < K; ++k) batch[k] = static_cast<int64_t>(rr[5 * k]);
   });
-  at::Tensor gi = empty_output({N, C, H, W}, a.grad_options);
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, grad.scalar_type(), "roiops_roi_pool_backward",
-                                  [&] { backward_impl<scalar_t>(grad, argmax, batch, rows, gi); });
+  Tensor gi = empty_output({N, C, H, W}, a.grad_options);
+  ROIOPS_DISPATCH(grad.scalar_type(), [&] { backward_impl<scalar_t>(grad, argmax, batch, rows, gi); });
   return gi;
 }
 
-namespace {
-
-// The Python entry points, in roiops._C (registry.h).
-const Registrar registrar([](pybind11::module_& m) {
-  m.def("roi_pool_forward", &roi_pool_forward);
-  m.def("roi_pool_backward", &roi_pool_backward);
-});
-
-}  // namespace
-
 }  // namespace roiops
+
+// The schemas (roiops/ops/_declare.py holds them equal to the op's spec) and the CPU kernels.
+STABLE_TORCH_LIBRARY_FRAGMENT(roiops, m) {
+  m.def("roi_pool(Tensor input, Tensor rois, float spatial_scale, int pooled_height, int pooled_width, "
+        "bool continuous) -> (Tensor, Tensor)");
+  m.def("_roi_pool_backward(Tensor grad, Tensor argmax, Tensor rois, int batch_size, int channels, int height, "
+        "int width, bool channels_last) -> Tensor");
+}
+
+STABLE_TORCH_LIBRARY_IMPL(roiops, CPU, m) {
+  m.impl("roi_pool", TORCH_BOX(&roiops::roi_pool_forward));
+  m.impl("_roi_pool_backward", TORCH_BOX(&roiops::roi_pool_backward));
+}

@@ -4,8 +4,6 @@
 // the boxes touching it in increasing k.
 #pragma once
 
-#include <ATen/ATen.h>
-
 #include <algorithm>
 #include <array>
 #include <cstdint>
@@ -176,10 +174,10 @@ struct BackwardSplit {
 // A channels-last float/double gradient accumulates in place; otherwise in a tile of the
 // opmath type T, written to gi afterwards.
 template <typename T, typename scalar_t, typename F>
-void for_each_band(const BackwardSplit& split, at::Tensor& gi, bool fresh, const F& body) {
+void for_each_band(const BackwardSplit& split, Tensor& gi, bool fresh, const F& body) {
   const bool channels_last = is_channels_last(gi);
   const int64_t W = gi.size(3), sN = gi.stride(0), sC = gi.stride(1), sH = gi.stride(2), sW = gi.stride(3);
-  scalar_t* out = gi.data_ptr<scalar_t>();
+  scalar_t* out = gi.mutable_data_ptr<scalar_t>();
   Scratch<T> tile;
   parallel_tasks(split.tasks(), [&](int64_t t) {
     const BackwardSplit::Task task = split.task(t);

@@ -62,20 +62,34 @@ def _schema(params: list[tuple[str, str]], outputs: int) -> str:
 
 
 # Every roiops op is defined in this fragment of the "roiops" namespace (the module keeps
-# it alive).
+# it alive), unless the C++ kernels' library has defined it: it loads first.
 _LIB = torch.library.Library("roiops", "FRAGMENT")
+_backend.cpu_library_error()
 
 
 def define(name: str, schema: str, kernel: Callable[..., Any], fake: Callable[..., Any]) -> Any:
     """Defines op ``roiops::<name>`` with ``schema`` (``"(args) -> returns"``): ``kernel``
-    runs it on every device (it picks the kernel set itself), ``fake`` gives its outputs'
-    metadata (FakeTensor, meta, torch.compile and torch.export). Returns the op overload.
+    runs it on every device that has no kernel of its own (the C++ library registers the
+    CPU one; ``kernel`` picks the kernel set itself), ``fake`` gives its outputs' metadata
+    (FakeTensor, meta, torch.compile and torch.export). Returns the op overload.
+
+    An op the C++ library defines (so that C++ programs and AOTInductor reach it without
+    Python) must have exactly this schema: the declaration here is the op's one source.
 
     Not ``torch.library.custom_op``, which registers the same but runs each call through
     its own kernel table and an output aliasing check: host work on every call that these
     ops, whose outputs never alias their inputs, do not need. The kernel is kept from
     Dynamo, as custom_op keeps it, so that code around a graph break never traces it."""
-    _LIB.define(name + schema)
+    qualified = f"{_LIB.ns}::{name}"
+    declared = str(torch._C.parse_schema(qualified + schema))
+    try:
+        built = str(torch._C._get_schema(qualified, ""))
+    except RuntimeError:  # not defined by the library
+        _LIB.define(name + schema)
+    else:
+        if built != declared:
+            raise ImportError(f"roiops: its C++ kernels define {built}, but the op is declared as {declared}: "
+                              "rebuild them from these sources")
     _LIB.impl(name, torch._disable_dynamo(kernel), "CompositeExplicitAutograd")
     torch.library.register_fake(f"{_LIB.ns}::{name}", fake, lib=_LIB)
     return getattr(getattr(torch.ops, _LIB.ns), name).default
