@@ -33,7 +33,7 @@ PINS_T36 := torch==2.13.0 triton==3.6.0 pytest==9.2.0
 
 SOURCES := setup.py pyproject.toml README.md $(wildcard roiops/*.py roiops/*/*.py roiops/csrc/*)
 
-.PHONY: demo test test-triton36 test-oldest test-other-torch build bench bench-report gpu-check clean
+.PHONY: demo test test-triton36 test-oldest test-other-torch build build-oldest bench bench-report gpu-check clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -62,6 +62,14 @@ test: build $(VENV_T36)/.deps $(VENV_OLD)/.built $(VENV_MID)/.built
 	$(MAKE) --no-print-directory test-triton36
 	$(MAKE) --no-print-directory test-other-torch ENV=$(VENV_OLD)
 	$(MAKE) --no-print-directory test-other-torch ENV=$(VENV_MID)
+	$(MAKE) --no-print-directory build-oldest
+
+# The sources also compile against the oldest supported torch's own headers, as a source
+# install there (or the GPU machine's build) does.
+build-oldest: $(VENV_OLD)/.deps
+	rm -rf $(VENV_OLD)/src && mkdir -p $(VENV_OLD)/src
+	git ls-files -co --exclude-standard roiops setup.py pyproject.toml README.md | tar -cf - -T - | tar -xf - -C $(VENV_OLD)/src
+	cd $(VENV_OLD)/src && ../bin/python -m pip wheel -q --no-build-isolation --no-deps --wheel-dir dist .
 
 $(VENV_T36)/bin/python:
 	$(PYTHON) -m venv $(VENV_T36)
@@ -79,8 +87,10 @@ test-triton36: $(VENV_T36)/.deps
 
 $(VENV_OLD)/.deps: PINS_ENV := $(PINS_OLD)
 $(VENV_MID)/.deps: PINS_ENV := $(PINS_MID)
+# setuptools 81: new enough for pyproject.toml's license field (77), as old as torch 2.11
+# and 2.12 require (< 82).
 $(VENV_OLD)/.deps $(VENV_MID)/.deps: %/.deps: %/bin/python Makefile
-	$*/bin/python -m pip install -q --upgrade pip
+	$*/bin/python -m pip install -q --upgrade pip wheel ninja setuptools==81.0.0
 	$*/bin/python -m pip install -q $(PINS_ENV) $(TOOLS)
 	touch $@
 

@@ -12,6 +12,7 @@
 #include <torch/headeronly/core/ScalarType.h>
 #include <torch/headeronly/util/BFloat16.h>
 #include <torch/headeronly/util/Half.h>
+#include <torch/headeronly/util/shim_utils.h>
 
 #include <array>
 #include <cstdint>
@@ -172,6 +173,11 @@ inline bool same_shape(const Tensor& a, const Tensor& b) {
     default: throw std::invalid_argument("roiops: unexpected dtype " + ::roiops::dtype_name(dtype)); \
   }
 
+// A call into libtorch's C interface that must succeed.
+inline void expect_success(AOTITorchError error, const char* call) {
+  if (error != TORCH_SUCCESS) throw std::runtime_error(std::string("roiops: ") + call + " failed");
+}
+
 // ---- Threads --------------------------------------------------------------------------
 //
 // torch's own intra-op pool (torch.set_num_threads sets its size): f(begin, end) runs on
@@ -187,7 +193,7 @@ inline int64_t num_threads() { return static_cast<int64_t>(torch::stable::get_nu
 // The calling thread's index in the pool's current parallel region (0 outside one).
 inline int64_t thread_num() {
   uint32_t t = 0;
-  STABLE_TORCH_ERROR_CODE_CHECK(torch_get_thread_idx(&t));
+  expect_success(torch_get_thread_idx(&t), "torch_get_thread_idx");
   return static_cast<int64_t>(t);
 }
 
@@ -231,7 +237,7 @@ inline Tensor in_format(const Tensor& t, bool channels_last = false) {
 
 inline Tensor as_strided(const Tensor& t, const std::array<int64_t, 4>& sizes, const std::array<int64_t, 4>& strides) {
   AtenTensorHandle out = nullptr;
-  STABLE_TORCH_ERROR_CODE_CHECK(aoti_torch_as_strided(t.get(), sizes.data(), strides.data(), &out));
+  expect_success(aoti_torch_as_strided(t.get(), sizes.data(), strides.data(), &out), "aoti_torch_as_strided");
   return Tensor(out);
 }
 
