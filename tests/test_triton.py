@@ -491,12 +491,13 @@ def _min_max_kernel(a_ptr, b_ptr, out_ptr, BLOCK: tl.constexpr):
     tl.store(out_ptr + BLOCK + i, tl.maximum(a, b))
 
 
-# Triton 3.6's interpreter (torch 2.11's) propagates the NaN; its compiled kernels do not.
-OLD_INTERPRETER = DEVICE == "cpu" and tuple(int(v) for v in triton.__version__.split(".")[:2]) < (3, 7)
+# The interpreters of Triton 3.6 and 3.7 (torch 2.11's and 2.12's) propagate the NaN;
+# their compiled kernels do not.
+OLD_INTERPRETER = DEVICE == "cpu" and tuple(int(v) for v in triton.__version__.split(".")[:2]) < (3, 8)
 
 
-@pytest.mark.skipif(OLD_INTERPRETER, reason="Triton 3.6's interpreter propagates NaN through tl.minimum/maximum, "
-                                            "unlike the compiled kernels that tests/test_ptx.py checks")
+@pytest.mark.skipif(OLD_INTERPRETER, reason="Triton's interpreter before 3.8 propagates NaN through "
+                                            "tl.minimum/maximum, unlike the compiled kernels that tests/test_ptx.py checks")
 @pytest.mark.parametrize("dtype", [F32, F64])
 def test_float_min_max_return_the_number(dtype):
     """tl.minimum / tl.maximum as the kernels call them (PropagateNan.NONE) return the
