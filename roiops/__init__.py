@@ -12,8 +12,9 @@ from types import ModuleType
 
 from . import _backend
 
-if _backend.torch_too_old():
-    raise ImportError(_backend.torch_too_old())
+_WHY = _backend.torch_too_old()
+if _WHY:
+    raise ImportError(_WHY)
 
 from . import _onnx_hook, config  # noqa: E402  (after the torch check: they import the ops)
 from ._backend import use_backend

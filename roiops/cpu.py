@@ -18,8 +18,9 @@ import torch
 from ._backend import cpu_library_error
 from .ops import SPECS
 
-if cpu_library_error():
-    raise ImportError(cpu_library_error())
+_WHY = cpu_library_error()
+if _WHY:
+    raise ImportError(_WHY)
 
 _CPU = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
 
@@ -31,12 +32,9 @@ def _kernel(op: str) -> Callable[..., Any]:
 __all__ = ["first_invalid", "output_cache_bytes"]
 for _spec in SPECS:
     for _k in _spec.kernels:
-        _ops = {f"{_k.name}_forward": _k.name, f"{_k.name}_backward": f"_{_k.name}_backward"}
-        if _k.rois_grad:
-            _ops[f"{_k.name}_rois_backward"] = f"_{_k.name}_rois_backward"
-        for _function, _op in _ops.items():
-            globals()[_function] = _kernel(_op)
-            __all__.append(_function)
+        for _role, _op in _k.ops().items():
+            globals()[f"{_k.name}_{_role}"] = _kernel(_op)
+            __all__.append(f"{_k.name}_{_role}")
 
 
 def first_invalid(rois: torch.Tensor, batch_size: int, spatial_scale: float) -> tuple[int, int]:
