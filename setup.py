@@ -70,7 +70,7 @@ setup(
             # torchvision's arithmetic bit for bit where the formulas agree. Threads come
             # from torch's own pool (torch_api.h), so no OpenMP runtime; -fopenmp-simd
             # still honours the kernels' `#pragma omp simd` (without it GCC unrolls those
-            # loops into scalar code: 2.2x the instructions of RoIAlign's NCHW backward).
+            # loops into scalar code).
             # Hidden visibility: the library exports its module init only (the stable
             # headers' types are hidden too).
             extra_compile_args=["-O3", "-ffp-contract=off", "-fopenmp-simd", "-fvisibility=hidden",
