@@ -12,28 +12,25 @@ TOOLS  := pytest==9.2.0 hypothesis==6.170.15 matplotlib==3.11.2 mypy==2.4.1 onnx
 # file runs under every torch from the oldest one pyproject.toml admits. `make test` runs
 # the whole suite with it installed under two other torch releases, from outside the
 # checkout so that Python imports the installed wheel: the oldest supported torch
-# (.venv-oldest) and one between (.venv-middle). The checkout itself runs with the
-# wheel's compiled library copied beside its sources: the same binary everywhere.
+# (.venv-oldest, whose Triton 3.6 is also the oldest the GPU path supports, so the PTX
+# checks of tests/test_ptx.py run there too) and one between (.venv-middle). The checkout
+# itself runs with the wheel's compiled library copied beside its sources: the same binary
+# everywhere.
 WHEEL_DIR := dist
 VENV_OLD  := .venv-oldest
 # numpy before 2.4 there: the Triton interpreter of torch 2.11 (Triton 3.6) converts
 # one-element arrays to scalars, which numpy 2.4 refuses.
-PINS_OLD  := torch==2.11.0 torchvision==0.26.0 numpy==2.3.5
+PINS_OLD  := torch==2.11.0 torchvision==0.26.0 triton==3.6.0
+NUMPY_OLD := numpy==2.3.5
 VENV_MID  := .venv-middle
-PINS_MID  := torch==2.12.1 torchvision==0.27.1 numpy==2.4.6
-
-# A fourth environment, only for tests/test_ptx.py under Triton 3.6.0, the Triton of
-# torch 2.11 (the oldest torch the GPU path supports). Triton releases compile the same
-# kernels to different PTX (3.6 turns tl.fdiv(..., ieee_rounding=True) into an
-# approximate division, 3.8 does not), and that test proves the PTX exact without a GPU,
-# so it must run under both. torch is there only for meta tensors: the small CPU build.
-# roiops runs from the checkout (the test sets PYTHONPATH).
-VENV_T36 := .venv-triton36
-PINS_T36 := torch==2.13.0 triton==3.6.0 pytest==9.2.0
+PINS_MID  := torch==2.12.1 torchvision==0.27.1 triton==3.7.1
+NUMPY_MID := numpy==2.4.6
+# What those torch releases require besides the CUDA libraries (their METADATA).
+TORCH_DEPS := filelock typing-extensions sympy networkx jinja2 fsspec pillow "cuda-bindings>=13.0.3,<14"
 
 SOURCES := setup.py pyproject.toml README.md $(wildcard roiops/*.py roiops/*/*.py roiops/csrc/*)
 
-.PHONY: demo test test-triton36 test-oldest test-other-torch build build-oldest bench bench-report gpu-check clean
+.PHONY: demo test test-oldest test-other-torch build build-oldest bench bench-report gpu-check clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -57,11 +54,10 @@ build: $(VENV)/.built
 demo: build
 	$(BIN)/roiops demo
 
-test: build $(VENV_T36)/.deps $(VENV_OLD)/.built $(VENV_MID)/.built
+test: build $(VENV_OLD)/.built $(VENV_MID)/.built
 	$(BIN)/python -m pytest -q
-	$(MAKE) --no-print-directory test-triton36
 	$(MAKE) --no-print-directory test-other-torch ENV=$(VENV_OLD)
-	$(MAKE) --no-print-directory test-other-torch ENV=$(VENV_MID)
+	$(MAKE) --no-print-directory test-other-torch ENV=$(VENV_MID) PYTEST_ARGS=--ignore=$(CURDIR)/tests/test_ptx.py
 	$(MAKE) --no-print-directory build-oldest
 
 # The sources also compile against the oldest supported torch's own headers, as a source
@@ -71,27 +67,23 @@ build-oldest: $(VENV_OLD)/.deps
 	git ls-files -co --exclude-standard roiops setup.py pyproject.toml README.md | tar -cf - -T - | tar -xf - -C $(VENV_OLD)/src
 	cd $(VENV_OLD)/src && ../bin/python -m pip wheel -q --no-build-isolation --no-deps --wheel-dir dist .
 
-$(VENV_T36)/bin/python:
-	$(PYTHON) -m venv $(VENV_T36)
-
-$(VENV_T36)/.deps: $(VENV_T36)/bin/python Makefile
-	$(VENV_T36)/bin/python -m pip install -q $(PINS_T36)
-	touch $@
-
-test-triton36: $(VENV_T36)/.deps
-	$(VENV_T36)/bin/python -m pytest -q tests/test_ptx.py
-
 # Another torch release with the wheel built in .venv, installed as is.
 %/bin/python:
 	$(PYTHON) -m venv $*
 
-$(VENV_OLD)/.deps: PINS_ENV := $(PINS_OLD)
-$(VENV_MID)/.deps: PINS_ENV := $(PINS_MID)
+$(VENV_OLD)/.deps: PINS_ENV := $(PINS_OLD) $(NUMPY_OLD)
+$(VENV_MID)/.deps: PINS_ENV := $(PINS_MID) $(NUMPY_MID)
 # setuptools 81: new enough for pyproject.toml's license field (77), as old as torch 2.11
-# and 2.12 require (< 82).
-$(VENV_OLD)/.deps $(VENV_MID)/.deps: %/.deps: %/bin/python Makefile
+# and 2.12 require (< 82). The CUDA libraries these torch builds load at import (4 GB,
+# CUDA 13 for every supported torch on PyPI) are .venv's, linked rather than copied,
+# so that a CI machine's disk holds the three environments: torch, torchvision and Triton
+# go in without their dependencies, which come from TORCH_DEPS.
+$(VENV_OLD)/.deps $(VENV_MID)/.deps: %/.deps: %/bin/python Makefile $(VENV)/.deps
 	$*/bin/python -m pip install -q --upgrade pip wheel ninja setuptools==81.0.0
-	$*/bin/python -m pip install -q $(PINS_ENV) $(TOOLS)
+	$*/bin/python -m pip install -q $(filter numpy%,$(PINS_ENV)) $(TORCH_DEPS) $(TOOLS)
+	$*/bin/python -m pip install -q --no-deps $(filter-out numpy%,$(PINS_ENV))
+	ln -sfn "$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')/nvidia" \
+		"$$($*/bin/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')/nvidia"
 	touch $@
 
 $(VENV_OLD)/.built $(VENV_MID)/.built: %/.built: %/.deps $(VENV)/.built
@@ -101,12 +93,11 @@ $(VENV_OLD)/.built $(VENV_MID)/.built: %/.built: %/.deps $(VENV)/.built
 test-oldest: $(VENV_OLD)/.built
 	$(MAKE) --no-print-directory test-other-torch ENV=$(VENV_OLD)
 
-# tests/test_ptx.py runs under the pinned Triton and under 3.6 (test-triton36), the pair it
+# tests/test_ptx.py runs under the pinned Triton and under 3.6 (.venv-oldest), the pair it
 # is written for; under torch 2.12's Triton 3.7.1 one of its 350 variants does not compile
-# (README, "Supported").
+# (README, "Supported"), so .venv-middle leaves it out.
 test-other-torch:
-	cd $(ENV) && bin/python -m pytest -q -p no:cacheprovider --rootdir=$(CURDIR) $(CURDIR)/tests \
-		--ignore=$(CURDIR)/tests/test_ptx.py
+	cd $(ENV) && bin/python -m pytest -q -p no:cacheprovider --rootdir=$(CURDIR) $(CURDIR)/tests $(PYTEST_ARGS)
 
 bench: build
 	$(BIN)/roiops bench
