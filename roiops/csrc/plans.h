@@ -42,8 +42,17 @@ struct AxisPlan {
         first_out(ArenaAllocator<int64_t>(arena)), min_weight(ArenaAllocator<T>(arena)) {}
 
   void build(T start_, T bin_, int64_t grid_, int64_t pooled, int64_t size_) {
+    start = start_, bin = bin_;
+    build_at(grid_, pooled, size_, bin_ >= 0,
+             [this](int64_t b, int64_t s) { return sample_position(start, bin, b, s, grid); });
+  }
+
+  // The same for bins of any starts: sample s of bin b at at(b, s), monotonic in s,
+  // ascending or descending in every bin (slopes() needs build's bins).
+  template <typename At>
+  void build_at(int64_t grid_, int64_t pooled, int64_t size_, bool ascending, const At& at) {
     grid = grid_;
-    start = start_, bin = bin_, size = size_;
+    size = size_;
     // Each array is sized once: plans are built per box and call, and growing them sample
     // by sample cost more in malloc and free than the samples themselves.
     begin.assign(pooled + 1, 0);
@@ -51,7 +60,6 @@ struct AxisPlan {
     first_out.assign(pooled, -1);
     min_weight.assign(pooled, std::numeric_limits<T>::infinity());
     cell_lo = size, cell_hi = -1;
-    auto at = [&](int64_t b, int64_t s) { return sample_position(start, bin, b, s, grid); };
     // The first s in [0, grid) with pred(s), for pred false then true along s.
     auto first = [&](int64_t b, auto pred) {
       int64_t a = 0, e = grid;
@@ -68,7 +76,7 @@ struct AxisPlan {
       // inside the map, not the grid (which for a huge box can be 2^25 per bin).
       int64_t s0 = 0, s1 = 0;
       if (grid > 0) {
-        if (bin >= 0) {
+        if (ascending) {
           s0 = first(b, [&](T v) { return v >= T(-1); });
           s1 = std::max(s0, first(b, [&](T v) { return v > top; }));
         } else {
@@ -123,6 +131,14 @@ struct AxisPlan {
 
   bool empty() const { return lo.empty(); }
 
+  // Cells [first, second] that the taps of bin b touch; first > second when none.
+  // Positions are monotonic: the extreme cells are those of the bin's first and last samples.
+  std::pair<int64_t, int64_t> bin_cells(int64_t b) const {
+    const int64_t a = begin[b], e = begin[b + 1];
+    if (a == e) return {1, 0};
+    return {std::min(lo[a], lo[e - 1]), std::max(hi[a], hi[e - 1])};
+  }
+
   // Position in lo/hi/l/h of sample s of bin b, or -1 when it lies outside the map.
   int64_t find(int64_t b, int64_t s) const {
     const int64_t t = begin[b] + s - first_in[b];
@@ -142,6 +158,37 @@ struct MaxSample {
 constexpr int64_t kMaxSampleTable = 4096;
 // Entries of all boxes' tables together in one call (128 MiB of MaxSample<float>).
 constexpr int64_t kSampleTableBudget = int64_t(1) << 22;
+
+// The sampling grid of one box (semantics.md "roi_align avg"), in torchvision's arithmetic.
+template <typename T>
+struct BoxGrid {
+  int64_t batch;
+  T x_start, y_start, roi_w, roi_h, bin_h, bin_w;
+  int64_t grid_h, grid_w;
+  T count;
+  // The box was widened to 1 cell along the axis (aligned=False).
+  bool clamped_h, clamped_w;
+
+  BoxGrid(const T* roi, T scale, int64_t ph, int64_t pw, int64_t sampling_ratio, bool aligned) {
+    batch = static_cast<int64_t>(roi[0]);
+    const T offset = aligned ? T(0.5) : T(0);
+    x_start = roi[1] * scale - offset;
+    y_start = roi[2] * scale - offset;
+    roi_w = roi[3] * scale - offset - x_start;
+    roi_h = roi[4] * scale - offset - y_start;
+    clamped_w = !aligned && roi_w < T(1);
+    clamped_h = !aligned && roi_h < T(1);
+    if (!aligned) {
+      roi_w = std::max(roi_w, T(1));
+      roi_h = std::max(roi_h, T(1));
+    }
+    bin_h = roi_h / static_cast<T>(ph);
+    bin_w = roi_w / static_cast<T>(pw);
+    grid_h = sampling_ratio > 0 ? sampling_ratio : static_cast<int64_t>(std::ceil(bin_h));
+    grid_w = sampling_ratio > 0 ? sampling_ratio : static_cast<int64_t>(std::ceil(bin_w));
+    count = static_cast<T>(std::max<int64_t>(grid_h * grid_w, 1));  // grids < 2^26 per axis: no overflow
+  }
+};
 
 // RoIAlign plan of one box, shared by all channels: the taps of its sample rows and
 // columns (a sample's four weights are products of one row and one column tap).
@@ -164,32 +211,26 @@ struct AlignPlan {
 
   void build(const T* roi, T scale, int64_t ph, int64_t pw, int64_t sampling_ratio, bool aligned,
              int64_t height, int64_t width, bool max_mode) {
-    batch = static_cast<int64_t>(roi[0]);
-    const T offset = aligned ? T(0.5) : T(0);
-    const T x_start = roi[1] * scale - offset;
-    const T y_start = roi[2] * scale - offset;
-    T roi_w = roi[3] * scale - offset - x_start;
-    T roi_h = roi[4] * scale - offset - y_start;
-    clamped_w = !aligned && roi_w < T(1);
-    clamped_h = !aligned && roi_h < T(1);
-    if (!aligned) {
-      roi_w = std::max(roi_w, T(1));
-      roi_h = std::max(roi_h, T(1));
-    }
-    const T bin_h = roi_h / static_cast<T>(ph);
-    const T bin_w = roi_w / static_cast<T>(pw);
-    grid_h = sampling_ratio > 0 ? sampling_ratio : static_cast<int64_t>(std::ceil(bin_h));
-    grid_w = sampling_ratio > 0 ? sampling_ratio : static_cast<int64_t>(std::ceil(bin_w));
-    count = static_cast<T>(std::max<int64_t>(grid_h * grid_w, 1));  // grids < 2^26 per axis: no overflow
+    const BoxGrid<T> box(roi, scale, ph, pw, sampling_ratio, aligned);
+    batch = box.batch;
+    grid_h = box.grid_h, grid_w = box.grid_w;
+    count = box.count;
+    clamped_h = box.clamped_h, clamped_w = box.clamped_w;
     samples.clear();
     grid_too_large = max_mode && grid_h > 0 && grid_w > 0 && grid_h * grid_w > kMaxArgmaxGrid;
     if (grid_too_large) {
       grid_h = grid_w = 0;  // an empty plan, never run
       return;
     }
-    ys.build(y_start, bin_h, grid_h, ph, height);
-    xs.build(x_start, bin_w, grid_w, pw, width);
+    ys.build(box.y_start, box.bin_h, grid_h, ph, height);
+    xs.build(box.x_start, box.bin_w, grid_w, pw, width);
   }
+
+  // Inside samples of bin (i, j): sample rows [rows.first, rows.second) of ys, columns of xs.
+  std::pair<int64_t, int64_t> rows(int64_t i, int64_t) const { return {ys.begin[i], ys.begin[i + 1]}; }
+  std::pair<int64_t, int64_t> cols(int64_t, int64_t j) const { return {xs.begin[j], xs.begin[j + 1]}; }
+  // A lower bound of the nonzero weights of bin (i, j)'s taps.
+  T min_weight(int64_t i, int64_t j) const { return ys.min_weight[i] * xs.min_weight[j]; }
 
   // Entries `samples` would take (build_samples), 0 for a plan that gets none.
   int64_t sample_table_size(int64_t ph, int64_t pw) const {
@@ -243,13 +284,22 @@ struct AlignPlan {
     return empty() ? std::make_pair<int64_t, int64_t>(1, 0) : std::make_pair(ys.cell_lo, ys.cell_hi);
   }
 
-  // The same for the taps of bin row i. Positions are monotonic: the extreme rows are
-  // those of the row's first and last samples.
+  // The same for the taps of bin row i.
   std::pair<int64_t, int64_t> bin_rows(int64_t i) const {
-    if (empty() || ys.begin[i] == ys.begin[i + 1]) return {1, 0};
-    const int64_t ya = ys.begin[i], yb = ys.begin[i + 1];
-    return {std::min(ys.lo[ya], ys.lo[yb - 1]), std::max(ys.hi[ya], ys.hi[yb - 1])};
+    return empty() ? std::make_pair<int64_t, int64_t>(1, 0) : ys.bin_cells(i);
   }
+
+  // Bin rows [i0, i1) from the first to the last whose taps reach map rows [y0, y1).
+  std::pair<int64_t, int64_t> bins_in_band(int64_t ph, int64_t y0, int64_t y1) const {
+    int64_t i0 = ph, i1 = 0;
+    for (int64_t i = 0; i < ph; ++i) {
+      const auto [r0, r1] = ys.bin_cells(i);
+      if (r0 <= r1 && r0 < y1 && r1 >= y0) i0 = std::min(i0, i), i1 = i + 1;
+    }
+    return {i0, i1};
+  }
+  // Whether bin (i, j) of those rows may reach the band: a bin's rows follow from i alone.
+  bool reaches(int64_t, int64_t, int64_t, int64_t) const { return true; }
 };
 
 // Caffe (Fast R-CNN, torchvision) or mmdetection (continuous) RoIPool bins of one box.

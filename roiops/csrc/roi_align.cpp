@@ -24,6 +24,7 @@
 #include <utility>
 #include <vector>
 
+#include "align_kernels.h"
 #include "geometry.h"
 #include "memory.h"
 #include "parallel.h"
@@ -72,53 +73,7 @@ Plans<T> build_plans(const Tensor& rois, double spatial_scale, int64_t ph, int64
   return plans;
 }
 
-template <typename T>
-std::vector<int64_t> batches(const Plans<T>& plans) {
-  std::vector<int64_t> b(plans.size());
-  for (size_t k = 0; k < plans.size(); ++k) b[k] = plans[k].batch;
-  return b;
-}
-
 // ---- avg, one box -------------------------------------------------------------------
-
-// Sample values are summed in torchvision's order and arithmetic (semantics.md "roi_align
-// avg"): per bin, samples in row-major order, each w1*v1 + w2*v2 + w3*v3 + w4*v4, the sum divided by
-// the count; samples outside the map add nothing. float32 results are then torchvision's
-// bit for bit, and a 0-weight tap on an infinite value gives NaN as it does there.
-
-// n contiguous channels (cell (y, x) at img + y * sH + x * sW), vectorised along them.
-// Output channel c of bin (i, j) goes to out[i * oH + j * oW + c * oC].
-template <int64_t kN, typename S, typename T, typename scalar_t>
-ROIOPS_SIMD void avg_forward_cl(const AlignPlan<T>& p, const S* img, int64_t sH, int64_t sW, int64_t n_, int64_t ph,
-                                int64_t pw, T* acc_, scalar_t* out, int64_t oH, int64_t oW, int64_t oC) {
-  const int64_t n = kN ? kN : n_;
-  T acc_k[kN ? kN : 1];
-  T* __restrict__ acc = kN ? acc_k : acc_;
-  for (int64_t i = 0; i < ph; ++i) {
-    for (int64_t j = 0; j < pw; ++j) {
-      std::fill(acc, acc + n, T(0));
-      for (int64_t a = p.ys.begin[i]; a < p.ys.begin[i + 1]; ++a) {
-        const T hy = p.ys.h[a], ly = p.ys.l[a];
-        const S* rlo = img + p.ys.lo[a] * sH;
-        const S* rhi = img + p.ys.hi[a] * sH;
-        for (int64_t b = p.xs.begin[j]; b < p.xs.begin[j + 1]; ++b) {
-          const T hx = p.xs.h[b], lx = p.xs.l[b];
-          const T w1 = hy * hx, w2 = hy * lx, w3 = ly * hx, w4 = ly * lx;
-          const S* __restrict__ p1 = rlo + p.xs.lo[b] * sW;
-          const S* __restrict__ p2 = rlo + p.xs.hi[b] * sW;
-          const S* __restrict__ p3 = rhi + p.xs.lo[b] * sW;
-          const S* __restrict__ p4 = rhi + p.xs.hi[b] * sW;
-          for (int64_t c = 0; c < n; ++c) {
-            acc[c] += w1 * static_cast<T>(p1[c]) + w2 * static_cast<T>(p2[c]) + w3 * static_cast<T>(p3[c]) +
-                      w4 * static_cast<T>(p4[c]);
-          }
-        }
-      }
-      scalar_t* o = out + i * oH + j * oW;
-      for (int64_t c = 0; c < n; ++c) o[c * oC] = static_cast<scalar_t>(acc[c] / p.count);
-    }
-  }
-}
 
 // Values of one sample row at the box's inside sample columns, from their gathered
 // neighbours (a = lo row, b = hi row; 1 = lo column, 2 = hi column).
@@ -171,119 +126,6 @@ ROIOPS_SIMD void avg_forward_plane(const AlignPlan<T>& p, const scalar_t* plane,
       }
     }
     for (int64_t j = 0; j < pw; ++j) out[i * oH + j * oW] = static_cast<scalar_t>(sums[j] / p.count);
-  }
-}
-
-// Bin rows [i0, i1) of box p whose taps reach map rows [y0, y1). Taps are monotonic
-// (descending for an inverted box): a bin row's first and last sample bound its rows.
-template <typename T>
-std::pair<int64_t, int64_t> bin_rows_in_band(const AlignPlan<T>& p, int64_t ph, int64_t y0, int64_t y1) {
-  int64_t i0 = ph, i1 = 0;
-  for (int64_t i = 0; i < ph; ++i) {
-    const int64_t a0 = p.ys.begin[i], a1 = p.ys.begin[i + 1] - 1;
-    if (a0 <= a1 && std::min(p.ys.lo[a0], p.ys.lo[a1]) < y1 && std::max(p.ys.hi[a0], p.ys.hi[a1]) >= y0) {
-      i0 = std::min(i0, i), i1 = i + 1;
-    }
-  }
-  return {i0, i1};
-}
-
-// How the terms g * w / count of a bin are evaluated; each way gives the bits of
-// torchvision's (g * w) / count:
-//  - kPow2: times the exact inverse of a power-of-two count;
-//  - kFma: float32 quotient from the rounded reciprocal with one FMA correction
-//    (Markstein's theorem: correctly rounded when no term is subnormal or near it; also
-//    checked against division for every float32 significand and every count up to
-//    65536). A division per term took most of an adaptive backward's time;
-//  - kDivide: the division itself, where kFma is not known to be exact.
-enum class TermDiv { kPow2, kFma, kDivide };
-
-template <typename T>
-struct Divisor {
-  T count, inv;
-  bool pow2, fma;
-  T tiny;  // kFma only where every nonzero |g * w| is at least this (far above subnormal)
-  explicit Divisor(T c)
-      : count(c), inv(T(1) / c), pow2((static_cast<int64_t>(c) & (static_cast<int64_t>(c) - 1)) == 0),
-        fma(float_fma_div_ok<T>(c)), tiny(T(0x1p-100) * c) {}
-};
-
-// dst[c] += g[c] * w / count. The pragma keeps GCC from unrolling a 16-channel loop
-// into scalar code, which it does with the three variants.
-template <TermDiv kHow, typename G, typename T>
-inline void add_term(T* __restrict__ dst, const G* __restrict__ g, T w, T count, T inv, int64_t n) {
-#pragma omp simd
-  for (int64_t c = 0; c < n; ++c) {
-    const T t = static_cast<T>(g[c]) * w;
-    if constexpr (kHow == TermDiv::kPow2) {
-      dst[c] += t * inv;
-    } else if constexpr (kHow == TermDiv::kFma) {
-      const T q = t * inv;
-      dst[c] += std::fma(std::fma(-q, count, t), inv, q);
-    } else {
-      dst[c] += t / count;
-    }
-  }
-}
-
-// kFma for a bin if its gradient is finite and no nonzero term g * w can come near the
-// subnormal range (w_min: a lower bound of the bin's nonzero weights).
-template <typename G, typename T>
-inline TermDiv term_div(const Divisor<T>& d, const G* __restrict__ g, int64_t n, T w_min) {
-  if (d.pow2) return TermDiv::kPow2;
-  if (!d.fma) return TermDiv::kDivide;
-  T g_min = std::numeric_limits<T>::infinity();
-  bool finite = true;
-  for (int64_t c = 0; c < n; ++c) {
-    const T a = std::abs(static_cast<T>(g[c]));
-    finite &= a <= std::numeric_limits<T>::max();
-    g_min = std::min(g_min, a == T(0) ? std::numeric_limits<T>::infinity() : a);
-  }
-  return finite && g_min * w_min >= d.tiny ? TermDiv::kFma : TermDiv::kDivide;
-}
-
-// Backward of one box for n contiguous channels, the adjoint of avg_forward_cl in
-// torchvision's order (per cell: bins, then samples, then taps w1..w4), restricted to
-// map rows [y0, y1) of a band whose row y starts at band + (y - y0) * bH, and to the bin
-// rows [i0, i1) that reach it. g points at the box's gradient (bin (i, j) at
-// g + i * gH + j * gW, channels contiguous).
-template <int64_t kN, typename G, typename T>
-ROIOPS_SIMD void avg_backward_cl(const AlignPlan<T>& p, const G* g, int64_t gH, int64_t gW, int64_t n_, int64_t i0,
-                                 int64_t i1, int64_t pw, T* band, int64_t y0, int64_t y1, int64_t bH, int64_t sW) {
-  const int64_t n = kN ? kN : n_;
-  const Divisor<T> d(p.count);
-  const T count = d.count, inv = d.inv;  // registers: the band's stores could alias d
-  auto bin = [&](auto how, const G* gb, int64_t i, int64_t j) {
-    for (int64_t a = p.ys.begin[i]; a < p.ys.begin[i + 1]; ++a) {
-      const int64_t ylo = p.ys.lo[a], yhi = p.ys.hi[a];
-      T* rlo = ylo >= y0 && ylo < y1 ? band + (ylo - y0) * bH : nullptr;
-      T* rhi = yhi >= y0 && yhi < y1 ? band + (yhi - y0) * bH : nullptr;
-      if (!rlo && !rhi) continue;
-      const T hy = p.ys.h[a], ly = p.ys.l[a];
-      for (int64_t b = p.xs.begin[j]; b < p.xs.begin[j + 1]; ++b) {
-        const T hx = p.xs.h[b], lx = p.xs.l[b];
-        const int64_t xl = p.xs.lo[b] * sW, xh = p.xs.hi[b] * sW;
-        if (rlo) {
-          add_term<how()>(rlo + xl, gb, hy * hx, count, inv, n);
-          add_term<how()>(rlo + xh, gb, hy * lx, count, inv, n);
-        }
-        if (rhi) {
-          add_term<how()>(rhi + xl, gb, ly * hx, count, inv, n);
-          add_term<how()>(rhi + xh, gb, ly * lx, count, inv, n);
-        }
-      }
-    }
-  };
-  for (int64_t i = i0; i < i1; ++i) {
-    for (int64_t j = 0; j < pw; ++j) {
-      const G* gb = g + i * gH + j * gW;
-      if (j + 1 < pw || i + 1 < i1) prefetch_run(j + 1 < pw ? gb + gW : g + (i + 1) * gH, n);
-      switch (term_div(d, gb, n, p.ys.min_weight[i] * p.xs.min_weight[j])) {
-        case TermDiv::kPow2: bin(std::integral_constant<TermDiv, TermDiv::kPow2>{}, gb, i, j); break;
-        case TermDiv::kFma: bin(std::integral_constant<TermDiv, TermDiv::kFma>{}, gb, i, j); break;
-        case TermDiv::kDivide: bin(std::integral_constant<TermDiv, TermDiv::kDivide>{}, gb, i, j); break;
-      }
-    }
   }
 }
 
@@ -658,42 +500,17 @@ BoxSums<T> max_rois_box(const AlignPlan<T>& p, const BoxSlopes<T>& d, const S* i
 
 // ---- drivers ------------------------------------------------------------------------
 
-// Should the NCHW forward of image n go through channels-last tiles? Only if transposing
-// the rectangle around its boxes costs less than the boxes' own reads; otherwise (few
-// boxes on a large map) per-plane kernels run. rect = {y0, y1, x0, x1} around the boxes.
-template <typename T>
-bool use_tile(const Plans<T>& plans, const std::vector<int64_t>& boxes, int64_t H, int64_t W, int64_t cb,
-              std::array<int64_t, 4>& rect) {
-  rect = {H, 0, W, 0};
-  double area = 0;
-  for (const int64_t k : boxes) {
-    const AlignPlan<T>& p = plans[k];
-    if (p.empty()) continue;
-    rect = {std::min(rect[0], p.ys.cell_lo), std::max(rect[1], p.ys.cell_hi + 1), std::min(rect[2], p.xs.cell_lo),
-            std::max(rect[3], p.xs.cell_hi + 1)};
-    area += static_cast<double>(p.ys.cell_hi - p.ys.cell_lo + 1) * static_cast<double>(p.x_span());
-  }
-  return rect[0] < rect[1] && tile_pays(rect, area, H, W, cb, sizeof(T));
-}
-
-// Forward and backward run boxes in chunks, each with its own plans: plan memory (of the
-// order of a kilobyte per box, more than the output row of a box with few channels) stays
-// bounded for any K.
-constexpr int64_t kBoxChunk = int64_t(1) << 14;
-
 template <typename scalar_t, bool kMax>
 void forward_impl(const Tensor& input, const Tensor& rois, double spatial_scale, int64_t ph, int64_t pw,
                   int64_t sampling_ratio, bool aligned, Tensor& out, Tensor& argmax, int64_t row0) {
   using T = opmath_type<scalar_t>;
-  const int64_t K = rois.size(0), N = input.size(0), C = input.size(1), H = input.size(2), W = input.size(3);
-  const int64_t sN = input.stride(0), sC = input.stride(1), sH = input.stride(2), sW = input.stride(3);
+  const int64_t K = rois.size(0), C = input.size(1), H = input.size(2), W = input.size(3);
   const int64_t oK = out.stride(0), oC = out.stride(1), oH = out.stride(2), oW = out.stride(3);
-  const scalar_t* in = input.const_data_ptr<scalar_t>();
   scalar_t* o = out.mutable_data_ptr<scalar_t>();
   int32_t* am = kMax ? argmax.mutable_data_ptr<int32_t>() : nullptr;
   if (K == 0 || C == 0) return;
   const Plans<T> plans = build_plans<T>(rois, spatial_scale, ph, pw, sampling_ratio, aligned, H, W, kMax, false, row0);
-  Scratch<T> tile, acc;
+  Scratch<T> acc;
   Scratch<int32_t> idx;
   // Box k on channels [c0, c0 + nc) of a channels-last view of its image (cell stride vW).
   auto box = [&](auto kN, int64_t k, int64_t c0, int64_t nc, const auto* img, int64_t vH, int64_t vW) {
@@ -705,119 +522,42 @@ void forward_impl(const Tensor& input, const Tensor& rois, double spatial_scale,
       avg_forward_cl<kN>(p, img, vH, vW, nc, ph, pw, acc.get(nc), ok, oH, oW, oC);
     }
   };
-
-  if (is_channels_last(input)) {
-    // Each box reads its cells in place, all channels at once; only when the boxes are
-    // too few to share out do tasks take a block of a box's channels.
-    const int64_t cb = cl_box_channel_block(K, C), blocks = (C + cb - 1) / cb;
-    parallel_tasks(K * blocks, [&](int64_t t) {
-      const int64_t k = t / blocks, c0 = (t % blocks) * cb, nc = std::min(cb, C - c0);
-      box(std::integral_constant<int64_t, 0>{}, k, c0, nc, in + plans[k].batch * sN + c0, sH, sW);
-    });
-    return;
-  }
-  const auto by_image = boxes_by_image(batches(plans), N);
-  const int64_t cb = channel_block(N, C, kTileChannels), blocks = (C + cb - 1) / cb;
-  std::vector<std::array<int64_t, 4>> rect(static_cast<size_t>(N));
-  std::vector<char> tiled(static_cast<size_t>(N), 0);
-  for (int64_t n = 0; n < N; ++n) tiled[n] = use_tile(plans, by_image[n], H, W, cb, rect[n]);
-  parallel_tasks(N * blocks, [&](int64_t t) {
-    const int64_t n = t / blocks, c0 = (t % blocks) * cb, nc = std::min(cb, C - c0);
-    if (tiled[n]) {
-      T* buf = tile.get(H * W * nc);
-      const auto& r = rect[n];
-      planes_to_tile(in + n * sN + c0 * sC, sC, W, nc, r[0], r[1], r[2], r[3], buf);
-      with_width(nc, [&](auto kN) {
-        for (const int64_t k : by_image[n]) box(kN, k, c0, nc, static_cast<const T*>(buf), W * nc, nc);
-      });
-      return;
+  auto plane = [&](int64_t k, int64_t c, const scalar_t* plane) {
+    const AlignPlan<T>& p = plans[k];
+    if constexpr (kMax) {
+      max_forward_plane(p, plane, W, ph, pw, acc.get(7 * static_cast<int64_t>(p.xs.lo.size())), o + k * oK + c * oC,
+                        am + k * oK + c * oC, oH, oW);
+    } else {
+      avg_forward_plane(p, plane, W, ph, pw, acc.get(5 * static_cast<int64_t>(p.xs.lo.size()) + pw), o + k * oK + c * oC, oH, oW);
     }
-    for (int64_t c = c0; c < c0 + nc; ++c) {
-      const scalar_t* plane = in + n * sN + c * sC;  // rows contiguous: sW == 1, sH == W
-      for (const int64_t k : by_image[n]) {
-        const AlignPlan<T>& p = plans[k];
-        if constexpr (kMax) {
-          max_forward_plane(p, plane, W, ph, pw, acc.get(7 * static_cast<int64_t>(p.xs.lo.size())),
-                            o + k * oK + c * oC, am + k * oK + c * oC, oH, oW);
-        } else {
-          avg_forward_plane(p, plane, W, ph, pw, acc.get(5 * static_cast<int64_t>(p.xs.lo.size()) + pw), o + k * oK + c * oC, oH, oW);
-        }
-      }
-    }
-  });
+  };
+  forward_tasks<T, scalar_t>(plans, input, box, plane);
 }
 
-// Bins [e0, e1) of n channels of one box's NCHW grad (or argmax; channel stride sC, bins
-// contiguous) -> channels-last dst, bin e at dst + e * n.
-template <int64_t kN, typename S, typename D>
-ROIOPS_SIMD void bins_to_cl(const S* src, int64_t sC, int64_t n_, int64_t e0, int64_t e1, D* __restrict__ dst) {
-  const int64_t n = kN ? kN : n_;
-  for (int64_t c = 0; c < n; ++c) {
-    for (int64_t e = e0; e < e1; ++e) dst[e * n + c] = static_cast<D>(src[c * sC + e]);
-  }
-}
 
-// Each task owns rows [y0, y1) x channels [c0, c0 + nc) of one image of grad_input and
-// adds its boxes in increasing k (BackwardSplit, tiles.h). channels_last: grad and
-// argmax are read in place, by all the task's channels at once. NCHW: the band is a
-// channels-last tile of a block of channels, and each box's block of grad (and argmax)
-// is first transposed to channels-last scratch.
-// gi (of scalar type out_t) is fresh or holds the sums of the boxes before rois (row0 on).
+// The input gradient of rois' boxes (backward_bands) into gi (of scalar type out_t),
+// fresh or holding the sums of the boxes before rois (row0 on).
 template <typename scalar_t, typename out_t, bool kMax>
 void backward_impl(const Tensor& grad, const Tensor& argmax, const Tensor& rois, double spatial_scale,
                    int64_t ph, int64_t pw, int64_t sampling_ratio, bool aligned, Tensor& gi, int64_t row0,
                    bool fresh) {
   using T = opmath_type<scalar_t>;
-  const int64_t N = gi.size(0), C = gi.size(1), H = gi.size(2), W = gi.size(3);
+  const int64_t H = gi.size(2), W = gi.size(3);
   if (gi.numel() == 0) return;
   const Plans<T> plans = build_plans<T>(rois, spatial_scale, ph, pw, sampling_ratio, aligned, H, W, kMax, kMax, row0);
-  const bool channels_last = is_channels_last(gi);
-  std::vector<std::pair<int64_t, int64_t>> spans(plans.size());
-  for (size_t k = 0; k < plans.size(); ++k) spans[k] = plans[k].row_span();
-  const BackwardSplit split(N, C, H, W, sizeof(T), channels_last, batches(plans), spans);
-  // grad and argmax share strides: box k, bin (i, j), channel c at k * gK + c * gC + i * gH + j * gW.
-  const scalar_t* grad_p = grad.const_data_ptr<scalar_t>();
-  const int32_t* am_p = kMax ? argmax.const_data_ptr<int32_t>() : nullptr;
-  const int64_t gK = grad.stride(0), gC = grad.stride(1), gH = grad.stride(2), gW = grad.stride(3);
-
-  Scratch<T> gt, sel;
-  Scratch<int32_t> at_buf;
-  for_each_band<T, out_t>(split, gi, fresh, [&](const BackwardSplit::Task& task, T* acc, int64_t aW) {
-    const int64_t y0 = task.y0, y1 = task.y1, c0 = task.c0, nc = task.nc;
-    const std::vector<int64_t>& list = split.bands.boxes[task.band];
-    for (size_t q = 0; q < list.size(); ++q) {
-      const int64_t k = list[q];
-      const AlignPlan<T>& p = plans[k];
-      const auto [i0, i1] = bin_rows_in_band(p, ph, y0, y1);
-      const scalar_t* g = grad_p + k * gK + c0 * gC;
-      const int32_t* am = kMax ? am_p + k * gK + c0 * gC : nullptr;
-      if (q + 1 < list.size() && nc < C) {
-        prefetch_block(grad_p + list[q + 1] * gK + c0 * gC, gC, gH, gW, nc, ph, pw);
-        if (kMax) prefetch_block(am_p + list[q + 1] * gK + c0 * gC, gC, gH, gW, nc, ph, pw);
-      }
-      if (channels_last) {
+  Scratch<T> sel;
+  backward_bands<T, scalar_t, out_t>(
+      plans, grad, kMax ? argmax.const_data_ptr<int32_t>() : nullptr, gi, fresh, ph, pw,
+      [&](auto kN, const AlignPlan<T>& p, const auto* g, const int32_t* am, int64_t gH, int64_t gW, int64_t nc,
+          int64_t i0, int64_t i1, T* acc, int64_t y0, int64_t y1, int64_t bH, int64_t aW) {
         if constexpr (kMax) {
-          max_backward_cl(p, g, am, gH, gW, nc, i0, i1, pw, acc, y0, y1, W * aW, aW, sel.get(nc));
+          max_backward_cl(p, g, am, gH, gW, nc, i0, i1, pw, acc, y0, y1, bH, aW, sel.get(nc));
         } else {
-          avg_backward_cl<0>(p, g, gH, gW, nc, i0, i1, pw, acc, y0, y1, W * aW, aW);
-        }
-        continue;
-      }
-      T* gk = gt.get(ph * pw * nc);
-      int32_t* ak = kMax ? at_buf.get(ph * pw * nc) : nullptr;
-      with_width(nc, [&](auto kN) {
-        bins_to_cl<kN>(g, gC, nc, i0 * pw, i1 * pw, gk);
-        if constexpr (kMax) {
-          bins_to_cl<kN>(am, gC, nc, i0 * pw, i1 * pw, ak);
-          max_backward_cl(p, static_cast<const T*>(gk), ak, pw * nc, nc, nc, i0, i1, pw, acc, y0, y1, W * aW, aW,
-                          sel.get(nc));
-        } else {
-          avg_backward_cl<kN>(p, static_cast<const T*>(gk), pw * nc, nc, nc, i0, i1, pw, acc, y0, y1, W * aW, aW);
+          avg_backward_cl<kN>(p, g, gH, gW, nc, i0, i1, pw, acc, y0, y1, bH, aW);
         }
       });
-    }
-  });
 }
+
 
 std::tuple<Tensor, Tensor> forward(const Tensor& input_, const Tensor& rois_, double spatial_scale,
                                    int64_t ph, int64_t pw, int64_t sampling_ratio, bool aligned, bool max_mode) {
@@ -858,55 +598,41 @@ Tensor backward(const Tensor& grad_, const Tensor& argmax_, const Tensor& rois_,
   Tensor gi = empty_output({N, C, H, W}, a.grad_options);
   const int64_t K = rois.size(0);
   ROIOPS_DISPATCH(grad.scalar_type(), [&] {
-    // Each chunk carries on the sums of the chunks before it (the first one zeroes gi),
-    // adding boxes in the same order as one pass would.
-    auto chunks = [&](auto out_type, Tensor& out) {
-      using out_t = decltype(out_type);
-      for (int64_t k0 = 0; k0 == 0 || k0 < K; k0 += kBoxChunk) {
-        const int64_t n = std::min(kBoxChunk, K - k0);
-        const Tensor g = narrow_view(grad, 0, k0, n), a = max_mode ? narrow_view(argmax, 0, k0, n) : argmax;
-        const Tensor r = narrow_view(rois, 0, k0, n);
-        if (max_mode) {
-          backward_impl<scalar_t, out_t, true>(g, a, r, spatial_scale, ph, pw, sampling_ratio, aligned, out, k0, k0 == 0);
-        } else {
-          backward_impl<scalar_t, out_t, false>(g, a, r, spatial_scale, ph, pw, sampling_ratio, aligned, out, k0, k0 == 0);
-        }
-      }
-    };
-    using T = opmath_type<scalar_t>;
-    if (std::is_same_v<T, scalar_t> || K <= kBoxChunk) {
-      chunks(scalar_t{}, gi);
-    } else {
-      // float16/bfloat16 over several chunks: the sums carry on in T and are rounded once.
-      Tensor acc = empty_output({N, C, H, W}, a.grad_options.dtype(scalar_type_of<T>));
-      chunks(T{}, acc);
-      copy_into(gi, acc);
-    }
+    backward_chunks<scalar_t>(
+        gi, K, [&](int64_t k0) { return std::min(K, k0 + kBoxChunk); },
+        [&](auto out_type, Tensor& out, int64_t k0, int64_t k1, bool fresh) {
+          using out_t = decltype(out_type);
+          const Tensor g = narrow_view(grad, 0, k0, k1 - k0), r = narrow_view(rois, 0, k0, k1 - k0);
+          if (max_mode) {
+            backward_impl<scalar_t, out_t, true>(g, narrow_view(argmax, 0, k0, k1 - k0), r, spatial_scale, ph, pw,
+                                                 sampling_ratio, aligned, out, k0, fresh);
+          } else {
+            backward_impl<scalar_t, out_t, false>(g, argmax, r, spatial_scale, ph, pw, sampling_ratio, aligned, out,
+                                                  k0, fresh);
+          }
+        });
   });
   return gi;
 }
 
-// Gradient with respect to rois. channels_last: one task per box, all its channels at
-// once. NCHW: as the forward, tasks of (image, block of kTileChannels channels) whose
-// channels-last tile all the image's boxes read (or, where a tile does not pay, the planes
-// themselves); each box's sums over the blocks are then added in block order. Neither
-// depends on the number of threads. Plans are built per chunk of boxes, as forward.
+// Gradient with respect to rois: each box's sums per channel block (box_tasks), then
+// added in block order, which does not depend on the number of threads. Plans are built
+// per chunk of boxes, as forward.
 template <typename scalar_t, bool kMax>
 void rois_backward_impl(const Tensor& grad, const Tensor& input, const Tensor& rois, double spatial_scale,
                         int64_t ph, int64_t pw, int64_t sampling_ratio, bool aligned, Tensor& out, int64_t row0) {
   using T = opmath_type<scalar_t>;
-  const int64_t K = rois.size(0), N = input.size(0), C = input.size(1), H = input.size(2), W = input.size(3);
+  const int64_t K = rois.size(0), C = input.size(1), H = input.size(2), W = input.size(3);
   if (K == 0 || C == 0) return;
   const Plans<T> plans = build_plans<T>(rois, spatial_scale, ph, pw, sampling_ratio, aligned, H, W, kMax, false, row0);
-  const int64_t sN = input.stride(0), sC = input.stride(1), sH = input.stride(2), sW = input.stride(3);
+  const int64_t sN = input.stride(0), sC = input.stride(1);
   const int64_t gK = grad.stride(0), gC = grad.stride(1), gH = grad.stride(2), gW = grad.stride(3);
   const scalar_t* in = input.const_data_ptr<scalar_t>();
   const scalar_t* grad_p = grad.const_data_ptr<scalar_t>();
-  Scratch<T> acc, best, tile;
+  Scratch<T> acc, best;
   Scratch<scalar_t> plane_best;
   Scratch<int32_t> am;
-  // Box k on channels [c0, c0 + nc) of img, a channels-last view (cells at y * vH + x * vW,
-  // channels contiguous) or, plane_stride > 0, NCHW planes.
+  // Box k on channels [c0, c0 + nc) of img (box_tasks).
   auto box = [&](int64_t k, int64_t c0, int64_t nc, const auto* img, int64_t vC, int64_t vH, int64_t vW,
                  bool planes) {
     const AlignPlan<T>& p = plans[k];
@@ -933,38 +659,16 @@ void rois_backward_impl(const Tensor& grad, const Tensor& input, const Tensor& r
       return avg_rois_box<true>(p, d, img, vC, vH, vW, nc, g, gC, gH, gW, ph, pw, acc.get(8 * nc));
     }
   };
-  std::vector<BoxSums<T>> sums(static_cast<size_t>(K));
-  if (is_channels_last(input)) {
-    parallel_tasks(K, [&](int64_t k) {
-      if (!plans[k].empty()) sums[k] = box(k, 0, C, in + plans[k].batch * sN, 1, sH, sW, false);
-    });
-  } else {
-    const auto by_image = boxes_by_image(batches(plans), N);
-    const int64_t cb = std::min(C, kTileChannels), blocks = (C + cb - 1) / cb;
-    std::vector<std::array<int64_t, 4>> rect(static_cast<size_t>(N));
-    std::vector<char> tiled(static_cast<size_t>(N), 0);
-    for (int64_t n = 0; n < N; ++n) tiled[n] = use_tile(plans, by_image[n], H, W, cb, rect[n]);
-    std::vector<BoxSums<T>> part(static_cast<size_t>(K * blocks));
-    parallel_tasks(N * blocks, [&](int64_t t) {
-      const int64_t n = t / blocks, blk = t % blocks, c0 = blk * cb, nc = std::min(cb, C - c0);
-      const T* buf = nullptr;
-      if (tiled[n]) {
-        T* b = tile.get(H * W * nc);
-        const auto& r = rect[n];
-        planes_to_tile(in + n * sN + c0 * sC, sC, W, nc, r[0], r[1], r[2], r[3], b);
-        buf = b;
-      }
-      for (const int64_t k : by_image[n]) {
-        if (plans[k].empty()) continue;
-        part[k * blocks + blk] = buf ? box(k, c0, nc, buf, 1, W * nc, nc, false)
-                                     : box(k, c0, nc, in + n * sN + c0 * sC, sC, sH, sW, true);
-      }
-    });
-    for (int64_t k = 0; k < K; ++k) {
-      for (int64_t blk = 0; blk < blocks; ++blk) {
-        const BoxSums<T>& q = part[k * blocks + blk];
-        sums[k].y += q.y, sums[k].y_bin += q.y_bin, sums[k].x += q.x, sums[k].x_bin += q.x_bin;
-      }
+  const int64_t blocks = (C + box_task_block(input) - 1) / box_task_block(input);
+  std::vector<BoxSums<T>> part(static_cast<size_t>(K * blocks)), sums(static_cast<size_t>(K));
+  box_tasks<T, scalar_t>(plans, input, [&](int64_t k, int64_t blk, int64_t c0, int64_t nc, const auto* img, int64_t vC,
+                                           int64_t vH, int64_t vW, bool planes) {
+    part[k * blocks + blk] = box(k, c0, nc, img, vC, vH, vW, planes);
+  });
+  for (int64_t k = 0; k < K; ++k) {
+    for (int64_t blk = 0; blk < blocks; ++blk) {
+      const BoxSums<T>& q = part[k * blocks + blk];
+      sums[k].y += q.y, sums[k].y_bin += q.y_bin, sums[k].x += q.x, sums[k].x_bin += q.x_bin;
     }
   }
   T* o = out.mutable_data_ptr<T>();
