@@ -17,14 +17,15 @@ import pytest
 import torch
 
 import roiops
+from cases import Case
 from roiops.ops import SPECS
 
 F64 = torch.float64
 OPS = {spec.name: spec for spec in SPECS}
 # Peers' ops that are one of ours: (our op, options the peer's parameters do not give).
 ALIASES = {
-    # Notes: zero offsets, "this equals roi_align(aligned=True, sampling_ratio=2)".
-    "deform_roi_pool_pack": ("roi_align", {"aligned": True}),
+    # mmcv's Pack layer, its offset head zero at first: the pooling without an offset.
+    "deform_roi_pool_pack": ("deform_roi_pool", {"offset": None}),
     "onnx_RoiAlign": ("roi_align", {}),
 }
 
@@ -131,7 +132,7 @@ def test_peer_vectors(index, entry, backend):
         for options in option_sets:
             xg = x.clone().requires_grad_()
             with roiops.use_backend(backend):
-                out = spec.function(xg, rois, (ph, pw), scale, **options)
+                out = Case(spec.name, spec, options)(xg, rois, (ph, pw), scale)
                 grad = torch.autograd.grad(out.sum(), xg)[0]
             assert out.shape == (len(rois), x.shape[1], ph, pw) and not out.any()
             assert grad.shape == x.shape and not grad.any()
@@ -165,7 +166,7 @@ def test_peer_vectors(index, entry, backend):
             xg = x.clone().requires_grad_()
             rois = t(entry["rois"], dtype).requires_grad_(rois_grad)
             with roiops.use_backend(backend):
-                out = spec.function(xg, rois, (ph, pw), scale, **options)
+                out = Case(spec.name, spec, options)(xg, rois, (ph, pw), scale)
                 grads = torch.autograd.grad(out.sum(), (xg, rois) if rois_grad else (xg,))
             torch.testing.assert_close(out, expected, **tol)
             if expected_grad is not None:

@@ -186,7 +186,9 @@ def good_args(name: str, role: str, spec, device: str = "cpu") -> dict:
                   grad=torch.randn(len(rows), CHANNELS, PH, PW, generator=g),
                   argmax=torch.zeros(len(rows), CHANNELS, PH, PW, dtype=torch.int32), spatial_scale=0.5,
                   pooled_height=PH, pooled_width=PW, sampling_ratio=2, aligned=True, continuous=False,
-                  batch_size=BATCH, channels=c, height=HEIGHT, width=WIDTH, channels_last=False)
+                  batch_size=BATCH, channels=c, height=HEIGHT, width=WIDTH, channels_last=False, gamma=0.1)
+    kernels = next(k for k in spec.kernels if k.name == name)
+    values |= {t: torch.randn(len(rows), n, PH, PW, generator=g) for t, n in kernels.bin_channels.items()}
     values = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in values.items()}
     return {n: values.get(n) for n, _ in parameters(name, role)}  # an extra Tensor? input: None
 
@@ -335,6 +337,15 @@ BAD = [
      r"grad must have the input's dtype torch.float32, got torch.float64|rois must be float64 for a float64 grad"),
     ("grad_other_device", lambda a, r, s: "grad" in a, lambda a: {"grad": a["grad"].to(OTHER)}, ValueError,
      r"grad is on meta but input is on (cpu|cuda:0)|rois is on (cpu|cuda:0) but grad is on meta"),
+    ("offset_a_bin_short", lambda a, r, s: "offset" in a, lambda a: {"offset": a["offset"][..., :2]}, ValueError,
+     r"offset must be \[K, 2, pooled_height, pooled_width\] = \[2, 2, 2, 3\], got \[2, 2, 2, 2\]"),
+    ("offset_int", lambda a, r, s: "offset" in a, lambda a: {"offset": a["offset"].long()}, ValueError,
+     r"offset must be floating point, got torch.int64"),
+    ("offset_float32_map_float64", lambda a, r, s: "offset" in a,
+     lambda a: {**{k: a[k].double() for k in ("input", "grad") if k in a}, "rois": a["rois"].double()}, ValueError,
+     r"offset must be float64 for a float64 (input|grad), got torch.float32"),
+    ("offset_other_device", lambda a, r, s: "offset" in a, lambda a: {"offset": a["offset"].to(OTHER)}, ValueError,
+     r"offset is on meta but (input|grad) is on (cpu|cuda:0)"),
     ("argmax_int64", lambda a, r, s: "argmax" in a, lambda a: {"argmax": a["argmax"].long()}, ValueError,
      r"argmax must be int32, got torch.int64"),
     ("argmax_fewer_bins", lambda a, r, s: "argmax" in a, lambda a: {"argmax": a["argmax"][..., :2]}, ValueError,

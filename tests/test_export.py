@@ -11,6 +11,7 @@ import torch
 from torch.export import Dim
 
 import roiops
+from cases import per_bin_tensors
 from roiops.ops import SPECS
 
 
@@ -33,12 +34,22 @@ class _Model(torch.nn.Module):
             [1.0, 0, 0, 0, 0, 0], [0, 0.5, 0, -1, 0, 0], [0, 0, 0.5, 0, -1, 0], [0, 0.5, 0, 1, 0, 0],
             [0, 0, 0.5, 0, 1, 0]]))
         self.register_buffer("angle", torch.tensor([0.0, 0, 0, 0, 0, 30]))
+        # Per-bin tensors (a deformable offset, [K, n, 2, 2]) made from the boxes, as a head
+        # predicts them.
+        self.register_buffer("to_bins", 0.02 * torch.randn(5, 16, generator=torch.Generator().manual_seed(1)))
 
     def forward(self, x: torch.Tensor, boxes: torch.Tensor) -> torch.Tensor:
         f = self.conv(x)  # 4 channels: 1 x 2 x 2 for a position-sensitive op
         rotated = boxes @ self.to_rotated + self.angle  # the same boxes turned by 30 degrees
-        return torch.cat([spec.function(f, rotated if spec.boxes == "rotated" else boxes, 2, 0.5, **options)
-                          for spec in SPECS for options in spec.options], dim=1)
+        outs = []
+        for spec in SPECS:
+            for options in spec.options:
+                per_bin = per_bin_tensors(spec)
+                extra = [None if n in options else (boxes @ self.to_bins[:, :4 * c]).view(-1, c, 2, 2)
+                         for n, c in per_bin.items()]
+                kw = {k: v for k, v in options.items() if k not in per_bin}
+                outs.append(spec.function(f, rotated if spec.boxes == "rotated" else boxes, *extra, 2, 0.5, **kw))
+        return torch.cat(outs, dim=1)
 
 
 @pytest.fixture(scope="module")

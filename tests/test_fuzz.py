@@ -30,7 +30,8 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 import roiops
-from cases import Case, config_set, contract_args, device_for, num_threads, odd_unit_strides, takes_max, tol
+from cases import (Case, config_set, contract_args, device_for, num_threads, odd_unit_strides, per_bin_tensors,
+                   takes_max, tol)
 from roiops.ops import SPECS
 
 SETTINGS = dict(derandomize=True, database=None, deadline=None, print_blob=True,
@@ -56,10 +57,15 @@ def op_cases(draw, specs, ratios=RATIOS):
     options = {}
     for name in sorted({name for options in spec.options for name in options}):
         hint = hints[name]
-        if hint is bool:
+        if name in per_bin_tensors(spec):  # given (drawn by the case) or None
+            if draw(st.booleans()):
+                options[name] = None
+        elif hint is bool:
             options[name] = draw(st.booleans())
         elif typing.get_origin(hint) is typing.Literal:
             options[name] = draw(st.sampled_from(typing.get_args(hint)))
+        elif hint is float:
+            options[name] = draw(st.sampled_from([0.0, 0.1, 1.0, -2.5]))
         else:
             assert hint is int, (spec.name, name, hint)
             options[name] = draw(st.sampled_from(ratios))

@@ -32,7 +32,7 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(),
 
 import roiops
 import roiops.reference as REF
-from cases import config_set
+from cases import Case, config_set
 from gpu_cases import (BF16, C, F16, F32, F64, LEVEL_IDS, LEVELS, N, as_rotated, both_backwards, close, close_sums,
                        cuda, exact, feature_map, gpu_boxes, random_grad)
 from roiops.ops import SPECS
@@ -179,8 +179,10 @@ def test_public_api_on_cuda_equals_cpu():
 def spec_call(spec, options: dict, size: int = 7):
     """``call(map, boxes, scale)``: the operator's function with ``options``, given the
     axis-aligned boxes (a tensor or a per-image list) in its spec's box format."""
+    case = Case(spec.name, spec, options)
+
     def call(t, b, s):
-        return spec.function(t, as_rotated(b) if spec.boxes == "rotated" else b, size, s, **options)
+        return case(t, as_rotated(b) if spec.boxes == "rotated" else b, size, s)
     return call
 
 

@@ -18,6 +18,7 @@ from torch.export import Dim
 import roiops
 from roiops.ops import SPECS
 from boxes import nasty_boxes, nasty_coordinates, random_boxes
+from cases import Case, per_bin_tensors
 from roiops import _geometry as geometry
 from roiops.compat import torchvision as tv
 
@@ -210,7 +211,7 @@ def test_export_refuses_what_onnx_lacks_naming_the_op(spec):
             self.options = options
 
         def forward(self, x: torch.Tensor, boxes: torch.Tensor) -> torch.Tensor:
-            return spec.function(x, boxes, OUT, SCALE, **self.options)
+            return Case(spec.name, spec, self.options | dict.fromkeys(per_bin_tensors(spec)))(x, boxes, OUT, SCALE)
 
     x, boxes = _example()
     x = x.repeat(1, OUT[0] * OUT[1], 1, 1)  # a multiple of the bins, for a position-sensitive op

@@ -19,6 +19,7 @@ from torch import nn
 
 import roiops
 from boxes import random_boxes
+from cases import per_bin_tensors, per_bin_values
 from roiops.compat import detectron2 as d2
 from roiops.compat import faster_rcnn_pytorch as frp
 from roiops.compat import maskrcnn_benchmark as mrb
@@ -65,7 +66,8 @@ SAME_AS_TORCHVISION = {b.key: b.peer.same_result for spec in SPECS for b in spec
                        if b.peer is not None and b.peer.module == "torchvision"}
 # A drop-in's arguments after the map and the boxes, by parameter name.
 FILL = {"output_size": 2, "out_size": 2, "aligned_height": 2, "aligned_width": 2, "pooled_height": 2,
-        "pooled_width": 2, "outh": 2, "outw": 2, "spatial_scale": 0.5, "sampling_ratio": 2}
+        "pooled_width": 2, "outh": 2, "outw": 2, "spatial_scale": 0.5, "sampling_ratio": 2, "offset": None,
+        "output_channels": 8}
 
 
 def _public(module, kind):
@@ -240,10 +242,18 @@ def _forms(rotated: bool, lists: bool) -> tuple[str, ...]:
     return (boxes, f"{boxes} list") if lists else (boxes,)
 
 
+def _leaf(spec, options: dict) -> tuple[tuple, dict]:
+    """The operator's arguments after the map and the boxes (its per-bin tensors for
+    _rois()' boxes, output size 2, scale 0.5) and its keyword options."""
+    tensors = per_bin_tensors(spec)
+    extra = [None if n in options else per_bin_values(_rois(), 2, c, _maps()) for n, c in tensors.items()]
+    return (*extra, 2, 0.5), {k: v for k, v in options.items() if k not in tensors}
+
+
 # (function, its arguments after the map and the boxes, its keyword arguments, box form):
 # every operator with each of its option sets (a position-sensitive one reads the 8
 # channels as 2 x 2 x 2), FPN RoIAlign, and every function of the drop-ins.
-LEAVES = [pytest.param(spec.function, (2, 0.5), options, form, id=f"roiops.{spec.name}-{i}-{form}")
+LEAVES = [pytest.param(spec.function, *_leaf(spec, options), form, id=f"roiops.{spec.name}-{i}-{form}")
           for spec in SPECS for i, options in enumerate(spec.options)
           for form in _forms(spec.boxes == "rotated", True)]
 LEAVES.append(pytest.param(roiops.multi_scale_roi_align, (3, [0.5, 0.25], 2), {}, "levels", id="multi_scale_roi_align"))
@@ -283,13 +293,14 @@ def test_every_public_function_is_one_fx_node(fn, args, kwargs, form):
 # which takes the levels and image sizes, nor LevelMapper); faster-rcnn.pytorch's
 # RoIAlignAvg and RoIAlignMax pool the aligned output once more, as that project's do.
 LAYERS = [cls for cls in dict.fromkeys(cls for module in COMPAT for cls in _public(module, type))
-          if issubclass(cls, nn.Module) and len(inspect.signature(cls.forward).parameters) == 3]
+          if issubclass(cls, nn.Module) and len(inspect.signature(cls.forward).parameters) == 3
+          and not list(cls(**_fill(cls)).parameters())]  # a layer with weights (a Pack) is more than its op
 POOLED_AFTER = (frp.RoIAlignAvg, frp.RoIAlignMax)
 
 
 @pytest.mark.parametrize("layer", [
     tv.RoIAlign(5, 1.0, -1), tv.PSRoIAlign(2, 1.0, 2),
-    *(spec.module(2, 0.5, **options) for spec in SPECS for options in spec.options),
+    *(spec.module(2, 0.5, **_leaf(spec, options)[1]) for spec in SPECS for options in spec.options),
     *(cls(**_fill(cls)) for cls in LAYERS)], ids=lambda m: f"{type(m).__module__}.{type(m).__name__}")
 def test_layers_trace_to_one_node_per_op(layer):
     """torchvision's own op tester: a module holding the layer traces to its inputs and
@@ -363,7 +374,8 @@ def test_position_sensitive_ops_check_the_boxes_before_the_channels():
 
 
 # The drop-ins of detectron2 and mmcv whose peer asserts the boxes' shape.
-ASSERTING = (d2.ROIAlign, d2.ROIAlignRotated, d2.roi_align, mmcv.roi_align, mmcv.RoIAlign, mmcv.roi_pool, mmcv.RoIPool)
+ASSERTING = (d2.ROIAlign, d2.ROIAlignRotated, d2.roi_align, mmcv.roi_align, mmcv.RoIAlign, mmcv.roi_pool, mmcv.RoIPool,
+             mmcv.deform_roi_pool, mmcv.DeformRoIPool, mmcv.DeformRoIPoolPack, mmcv.ModulatedDeformRoIPoolPack)
 
 
 def test_detectron2_and_mmcv_drop_ins_assert_the_box_shape_as_their_peers():
@@ -399,11 +411,11 @@ def _quantized_cases(rotated: bool = False):
 def test_quantized_tensors_are_refused_clearly(spec):
     for x, boxes, name in _quantized_cases(spec.boxes == "rotated"):
         with pytest.raises(ValueError, match=f"{name} is a quantized tensor .*PyTorch deprecates.*dequantize"):
-            spec.function(x, boxes, 2, 0.5)
+            spec.function(x, boxes, *[None] * len(per_bin_tensors(spec)), 2, 0.5)
     qx = torch.quantize_per_tensor(_maps(), 0.05, 0, torch.qint8)
     rois = _rotated(_rois()) if spec.boxes == "rotated" else _rois()
     with pytest.raises(NotImplementedError, match="quantized") as error:
-        spec.function(qx, rois, 2)
+        spec.function(qx, rois, *[None] * len(per_bin_tensors(spec)), 2)
     assert isinstance(error.value, ValueError)
     for layer in (d2.ROIAlign(2, 0.5, 2), tv.RoIAlign(2, 0.5, 2), mmcv.RoIAlign(2, 0.5)):
         with pytest.raises(ValueError, match="input is a quantized tensor"):
