@@ -23,12 +23,14 @@ in a backward):
    here on: the only Python exception a C++ kernel can raise for a refused argument);
 3. rois: ``[K, 5]`` (``[K, 6]`` rotated); floating point, float64 for a float64 map
    (other floating dtypes are converted to the opmath type); on the map's device;
-   extra tensor inputs on the map's device;
+   extra tensor inputs on the map's device; per-bin tensors (``Kernels.bin_channels``)
+   floating point with the dtype rule of rois;
 4. a backward's ``batch_size`` and ``channels`` >= 0; the map's height and width in
    [1, 2^24];
 5. the pooled size in [1, 65536] (roi_pool's backward: grad's last two sizes);
    ``spatial_scale`` in [2^-64, 2^64]; ``sampling_ratio`` <= 1024;
 6. position-sensitive ops: channels a multiple of ``pooled_height * pooled_width``;
+   per-bin tensors ``[K, n, pooled_height, pooled_width]``;
 7. ``grad`` of the forward output's shape ``[K, C_out, pooled_height, pooled_width]``
    (a box gradient's: floating point, the input's dtype, on its device);
 8. a saved ``argmax``: grad's shape, int32, on grad's device.
@@ -49,7 +51,6 @@ from torch import Tensor
 
 from ._geometry import MAX_MAP_SIDE, MAX_OUTPUT_SIZE, MAX_SAMPLING_RATIO, MAX_SCALE, MIN_SCALE
 
-ROLES = ("forward", "backward", "rois_backward")
 
 _KERNEL_DTYPES = frozenset((torch.float16, torch.bfloat16, torch.float32, torch.float64))
 _INT32_MAX = 2**31 - 1
@@ -72,7 +73,7 @@ def parameters(name: str, role: str) -> list[tuple[str, str]]:
     if role == "backward":
         return [("grad", "Tensor"), *((s, "Tensor") for s in k.saved), ("rois", "Tensor"), *tensors,
                 *((n, types[n]) for n in k.backward)]
-    if role == "rois_backward" and k.rois_grad:
+    if role in k.ops() and role not in ("forward", "backward"):  # a gradient that reads the input
         return [("grad", "Tensor"), ("input", "Tensor"), ("rois", "Tensor"), *tensors, *args]
     raise ValueError(f"roiops: op {name} has no kernel role {role!r}")
 
@@ -90,8 +91,9 @@ def _declaration(name: str) -> tuple[Any, Any]:
 
 def kernel_check(name: str, role: str = "forward", *, empty_map: bool = False,
                  int64_argmax: bool = False) -> Callable[..., None]:
-    """The check of kernel function ``<name>_<role>`` (role ``"forward"``, ``"backward"`` or
-    ``"rois_backward"``): ``check(*args)`` with the function's arguments in its order
+    """The check of kernel function ``<name>_<role>`` (role ``"forward"``, ``"backward"``, or
+    a gradient that reads the input: ``"rois_backward"``, ``"<t>_backward"`` for an extra
+    tensor t): ``check(*args)`` with the function's arguments in its order
     raises for what the kernel must refuse (the module docstring), else returns None.
     Built once, when a kernel module is imported: a call reads no declaration.
 
@@ -116,10 +118,11 @@ def kernel_check(name: str, role: str = "forward", *, empty_map: bool = False,
     at_pooled = (pos["pooled_height"], pos["pooled_width"]) if "pooled_height" in pos else None
     at_scale, at_ratio = pos.get("spatial_scale"), pos.get("sampling_ratio")
     at_argmax = pos.get("argmax")
-    at_grad = pos["grad"] if role == "rois_backward" else None
+    at_grad = pos["grad"] if "input" in pos and role != "forward" else None
     sizes = operator.itemgetter(*(pos[n] for n in ("batch_size", "channels", "height", "width"))) \
         if role == "backward" else None
     extra = tuple((pos[n], n) for n, _ in k.tensors)
+    per_bin = tuple((pos[n], n, c) for n, c in k.bin_channels.items())
     out_channels = k.out_channels
     position_sensitive = spec.position_sensitive
     plane_argmax = k.plane_argmax and role == "forward"
@@ -149,6 +152,10 @@ def kernel_check(name: str, role: str = "forward", *, empty_map: bool = False,
             t = args[i]
             if t is not None and t.device != device:
                 raise ValueError(f"roiops: {n} is on {t.device} but {main_name} is on {device}")
+        for i, n, _ in per_bin:
+            t = args[i]
+            if t is not None and t.dtype != dtype and (t.dtype != torch.float32 or dtype == torch.float64):
+                _per_bin_dtype(n, t.dtype, main_name, dtype)
         # 4. sizes
         if sizes is None:
             _, C, H, W = x.shape
@@ -176,6 +183,11 @@ def kernel_check(name: str, role: str = "forward", *, empty_map: bool = False,
         if position_sensitive and C % (ph * pw):
             raise ValueError(f"roiops: input channels ({C}) must be a multiple of pooled_height * pooled_width "
                              f"({ph} * {pw})")
+        for i, n, c in per_bin:
+            t = args[i]
+            if t is not None and t.shape != (rois.shape[0], c, ph, pw):
+                raise ValueError(f"roiops: {n} must be [K, {c}, pooled_height, pooled_width] = "
+                                 f"{[rois.shape[0], c, ph, pw]}, got {list(t.shape)}")
         if plane_argmax and H * W > _INT32_MAX:
             raise ValueError(f"roiops: roi_pool needs H * W < 2^31 (its argmax is the int32 h * W + w), got input "
                              f"height {H} and width {W}")
@@ -247,6 +259,13 @@ def _rois_dtype(rois: Tensor, main_name: str, dtype: torch.dtype) -> None:
     if dtype == torch.float64:
         raise ValueError(f"roiops: rois must be float64 for a float64 {main_name}, got {rois.dtype}")
     # Any other floating dtype is converted to float32 by the kernels.
+
+
+def _per_bin_dtype(name: str, got: torch.dtype, main_name: str, dtype: torch.dtype) -> None:
+    if not got.is_floating_point:
+        raise ValueError(f"roiops: {name} must be floating point, got {got}")
+    if dtype == torch.float64:
+        raise ValueError(f"roiops: {name} must be float64 for a float64 {main_name}, got {got}")
 
 
 def _map_size(height: int, width: int) -> None:

@@ -66,6 +66,33 @@ def sampling_ratio(value: object) -> int:
     return ratio
 
 
+def finite(name: str, value: object) -> float:
+    number = _as_float(value)
+    if number is None or not math.isfinite(number):
+        raise ValueError(f"{name} must be a finite number, got {value!r}")
+    return number
+
+
+def per_bin(name: str, value: object, input: Tensor, rois: Tensor, h: int, w: int, channels: int) -> Tensor | None:
+    """None, or ``Tensor[K, channels, h, w]`` of values per box and bin (a deformable offset)
+    on the input's device -> contiguous in the kernels' coordinate type (differentiably)."""
+    if value is None:
+        return None
+    if not isinstance(value, Tensor):
+        raise TypeError(f"{name} must be a Tensor or None, got {type(value).__name__}")
+    if value.layout != torch.strided:
+        raise ValueError(f"{name} must be a dense (strided) tensor, got layout {value.layout}")
+    if not value.is_floating_point():
+        raise ValueError(f"{name} must be floating point, got {value.dtype}")
+    if value.device != input.device:
+        raise ValueError(f"{name} is on {value.device} but input is on {input.device}")
+    shape = (rois.shape[0], channels, h, w)
+    if tuple(value.shape) != shape:
+        raise ValueError(f"{name} must be [K, {channels}, h, w] = {list(shape)} (K boxes, output_size (h, w)), "
+                         f"got {list(value.shape)}")
+    return dense(value, _coord_type(input))
+
+
 def choice(name: str, value: object, allowed: tuple[str, ...]) -> str:
     if value not in allowed:
         raise ValueError(f"{name} must be one of {', '.join(map(repr, allowed))}, got {value!r}")

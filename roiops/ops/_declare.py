@@ -7,12 +7,15 @@ The kernel contract (docs/architecture.md): op ``roiops::<name>`` calls
 calls ``<kernels>.<name>_backward(grad, *saved, rois, *tensors, *backward)``, where
 ``tensors`` are the op's extra tensor inputs (``Kernels.tensors``), ``saved`` the forward's
 extra outputs (an argmax) and ``backward`` names forward arguments or the input's
-``batch_size, channels, height, width, channels_last``; it returns the input's gradient,
-then one per differentiable extra tensor. An op declared with ``rois_grad`` also has
-``roiops::_<name>_rois_backward``, which calls ``<kernels>.<name>_rois_backward(grad,
-input, rois, *tensors, *args)`` (the forward's arguments) and returns the gradient with
-respect to ``rois`` (zero in the batch-index column); autograd uses it when ``rois``
-requires grad.
+``batch_size, channels, height, width, channels_last``; it returns the input's gradient.
+An op declared with ``rois_grad`` also has ``roiops::_<name>_rois_backward``, which calls
+``<kernels>.<name>_rois_backward(grad, input, rois, *tensors, *args)`` (the forward's
+arguments) and returns the gradient with respect to ``rois`` (zero in the batch-index
+column); autograd uses it when ``rois`` requires grad. Likewise each differentiable extra
+tensor ``t`` has ``roiops::_<name>_<t>_backward`` and ``<kernels>.<name>_<t>_backward``,
+with the same arguments, returning ``t``'s gradient (``t``'s shape and dtype; an empty
+``[0]`` tensor when ``t`` is None). These read the input, which autograd saves only when
+one of them runs.
 """
 
 from __future__ import annotations
@@ -158,8 +161,6 @@ def register(spec: Kernels) -> Callable[..., Any]:
     arg_names = [n for _, n in spec.args]
     tensors = [("Tensor?", n) for n, _ in spec.tensors]
     n_tensors = len(spec.tensors)
-    # Positions in the forward's inputs of the extra tensors that get a gradient.
-    grad_tensors = [2 + i for i, (_, differentiable) in enumerate(spec.tensors) if differentiable]
     n_inputs = 2 + n_tensors + len(spec.args)
     forward_kernel, backward_kernel = f"{spec.name}_forward", f"{spec.name}_backward"
 
@@ -181,21 +182,22 @@ def register(spec: Kernels) -> Callable[..., Any]:
 
     def backward_fake(grad: Tensor, *args: Any) -> Any:
         named = dict(zip(spec.backward, args[first_arg:]))
-        gi = empty_grad(grad, named["batch_size"], named["channels"], named["height"], named["width"],
-                        named["channels_last"])
-        if not grad_tensors:
-            return gi
-        extra = args[len(spec.saved) + 1:first_arg]
-        return (gi, *(torch.empty_like(extra[i - 2]) for i in grad_tensors))
+        return empty_grad(grad, named["batch_size"], named["channels"], named["height"], named["width"],
+                          named["channels_last"])
 
     fwd = define(spec.name, _schema([("Tensor", "input"), ("Tensor", "rois"), *tensors, *spec.args],
                                     1 + len(spec.saved)),
                  forward, forward_fake)
     bwd = define(f"_{spec.name}_backward",
                  _schema([("Tensor", "grad"), *(("Tensor", s) for s in spec.saved), ("Tensor", "rois"), *tensors,
-                          *((types[n], n) for n in spec.backward)], 1 + len(grad_tensors)),
+                          *((types[n], n) for n in spec.backward)], 1),
                  backward, backward_fake)
-    rois_bwd = _register_rois_backward(spec, tensors) if spec.rois_grad else None
+    # The gradients that read the input, by position among the forward's inputs: the boxes'
+    # and each differentiable extra tensor's.
+    reading = {2 + i: _register_reading_backward(spec, tensors, name, i)
+               for i, (name, differentiable) in enumerate(spec.tensors) if differentiable}
+    if spec.rois_grad:
+        reading[1] = _register_reading_backward(spec, tensors, "rois")
 
     input_grad = backward_call(bwd, backward)
 
@@ -210,12 +212,12 @@ def register(spec: Kernels) -> Callable[..., Any]:
         # Otherwise autograd hands backward zero tensors the size of the int outputs (an
         # argmax as large as the output), allocated and filled for nothing.
         ctx.set_materialize_grads(False)
-        # The input is kept only for a box gradient, which reads it.
-        ctx.box_grad = rois_bwd is not None and ctx.needs_input_grad[1]
-        ctx.save_for_backward(rois, input if ctx.box_grad else None, *inputs[2:2 + n_tensors],
+        # The input is kept only for the gradients that read it.
+        ctx.reading = [i for i in reading if ctx.needs_input_grad[i] and inputs[i] is not None]
+        ctx.save_for_backward(rois, input if ctx.reading else None, *inputs[2:2 + n_tensors],
                               *(output[1:] if spec.saved else ()))
         ctx.args = tuple(inputs[i] if isinstance(i, int) else from_input[i] for i in sources)
-        ctx.forward_args = inputs[2 + n_tensors:] if ctx.box_grad else ()
+        ctx.forward_args = inputs[2 + n_tensors:] if ctx.reading else ()
         ctx.backend = _backend.current()
 
     def gradient(ctx: Any, grad: Tensor | None, *_int_outputs: Any) -> tuple[Tensor | None, ...]:
@@ -232,16 +234,10 @@ def register(spec: Kernels) -> Callable[..., Any]:
         rois, input, *rest = ctx.saved_tensors
         extra, saved = rest[:n_tensors], rest[n_tensors:]
         grads: list[Tensor | None] = [None] * n_inputs
-        if ctx.needs_input_grad[0] or any(ctx.needs_input_grad[i] for i in grad_tensors):
-            result = input_grad(grad, *saved, rois, *extra, *ctx.args)
-            if grad_tensors:
-                grads[0] = result[0]
-                for i, g in zip(grad_tensors, result[1:]):
-                    grads[i] = g if extra[i - 2] is not None else None
-            else:
-                grads[0] = result
-        if ctx.box_grad and rois_bwd is not None:
-            grads[1] = rois_bwd(grad, input, rois, *extra, *ctx.forward_args)
+        if ctx.needs_input_grad[0]:
+            grads[0] = input_grad(grad, *saved, rois, *extra, *ctx.args)
+        for i in ctx.reading:
+            grads[i] = reading[i](grad, input, rois, *extra, *ctx.forward_args)
         return tuple(grads)
 
     register_autograd(fwd, gradient, setup_context)
@@ -283,19 +279,25 @@ def register(spec: Kernels) -> Callable[..., Any]:
     return call_with_tensors
 
 
-def _register_rois_backward(spec: Kernels, tensors: list[tuple[str, str]]) -> Callable[..., Tensor]:
-    """Defines ``roiops::_<name>_rois_backward(grad, input, rois, *tensors, *args) ->
-    grad_rois``; returns its call (:func:`backward_call`)."""
-    kernel = f"{spec.name}_rois_backward"
+def _register_reading_backward(spec: Kernels, tensors: list[tuple[str, str]], of: str,
+                               at: int | None = None) -> Callable[..., Tensor]:
+    """Defines ``roiops::_<name>_<of>_backward(grad, input, rois, *tensors, *args)``, the
+    gradient of ``rois`` or of extra tensor ``of`` (the ``at``-th); returns its call
+    (:func:`backward_call`)."""
+    kernel = f"{spec.name}_{of}_backward"
 
-    def rois_backward(grad: Tensor, input: Tensor, rois: Tensor, *args: Any) -> Tensor:
+    def of_backward(grad: Tensor, input: Tensor, rois: Tensor, *args: Any) -> Tensor:
         return getattr(_backend.kernels_of(grad), kernel)(grad, input, rois, *args)
 
-    op = define(f"_{spec.name}_rois_backward",
+    def fake(grad: Tensor, input: Tensor, rois: Tensor, *args: Any) -> Tensor:
+        like = rois if at is None else args[at]
+        return grad.new_empty(0) if like is None else torch.empty_like(like, memory_format=torch.contiguous_format)
+
+    op = define(f"_{spec.name}_{of}_backward",
                 _schema([("Tensor", "grad"), ("Tensor", "input"), ("Tensor", "rois"), *tensors, *spec.args], 1),
-                rois_backward, lambda grad, input, rois, *args: torch.empty_like(rois))
+                of_backward, fake)
     refuse_double_backward(op, spec.title or spec.name)
-    return backward_call(op, rois_backward)
+    return backward_call(op, of_backward)
 
 
 _R = TypeVar("_R")

@@ -28,17 +28,22 @@ class Kernels:
     differentiable). ``backward``: the backward's arguments after grad, the saved outputs,
     rois and the extra tensors, in the kernels' order: forward argument names, or the
     input's ``batch_size, channels, height, width, channels_last``. The backward returns
-    the gradient of ``input``, followed by one per differentiable extra tensor. ``title``:
+    the gradient of ``input``; a differentiable extra tensor ``t`` gets its own from
+    ``<name>_<t>_backward``, which reads the input (as ``rois_grad``'s). ``title``:
     how errors name the op. ``out_channels``: the output's channels from the input's and
     the pooled size (position-sensitive ops read ``ph * pw`` input channels per output
     channel), the input's by default. ``rois_grad``: the output is differentiable with
     respect to the box coordinates (the kernels provide ``<name>_rois_backward``).
     ``variants``: argument sets the contract tests run each registered op with, keyed by
-    ``"forward"``, ``"backward"``, ``"rois_backward"``: a dict of argument values over the
+    role (``"forward"``, ``"backward"``, ``"rois_backward"``, ``"<t>_backward"``): a dict of argument values over the
     tests' defaults. ``onnx``: None when ``roiops.onnx`` translates the forward, else what
     ONNX lacks, for the error that refuses the export (``"Precise RoI Pooling"``).
     ``plane_argmax``: the saved argmax is the int32 index ``h * W + w`` of a map cell, so
-    the kernels refuse a map with ``H * W >= 2^31``."""
+    the kernels refuse a map with ``H * W >= 2^31``. ``bin_channels``: extra tensors that
+    hold values per box and bin, shaped ``[K, n, pooled_height, pooled_width]`` with ``n``
+    given here by name (a deformable offset: 2); the public function takes each, after
+    the boxes, as a positional argument of its name, and its dtype follows the rule of
+    the boxes'."""
 
     name: str
     args: tuple[tuple[str, str], ...]
@@ -51,12 +56,15 @@ class Kernels:
     variants: Mapping[str, tuple[dict[str, Any], ...]] = field(default_factory=dict)
     onnx: str | None = None
     plane_argmax: bool = False
+    bin_channels: Mapping[str, int] = field(default_factory=dict)
 
     def ops(self) -> dict[str, str]:
         """The registered ops' names, by role: ``forward``, ``backward`` and, with a box
-        gradient, ``rois_backward``."""
+        gradient, ``rois_backward``, and ``<t>_backward`` for each differentiable extra
+        tensor ``t``."""
         names = {"forward": self.name, "backward": f"_{self.name}_backward"}
-        return names | ({"rois_backward": f"_{self.name}_rois_backward"} if self.rois_grad else {})
+        reading = ["rois"] * self.rois_grad + [n for n, differentiable in self.tensors if differentiable]
+        return names | {f"{n}_backward": f"_{self.name}_{n}_backward" for n in reading}
 
 
 @dataclass(frozen=True)

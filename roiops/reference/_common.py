@@ -119,8 +119,8 @@ class AlignBox:
         self.count = max(grid_h * grid_w, 1)
         if self.empty:
             return
-        self.y = _axis_samples(y_start, bin_h, ph, grid_h, height)
-        self.x = _axis_samples(x_start, bin_w, pw, grid_w, width)
+        self.y = axis_samples(y_start, bin_h, ph, grid_h, height)
+        self.x = axis_samples(x_start, bin_w, pw, grid_w, width)
         self.my, self.mx = self.y.m, self.x.m
 
     def corners(self):
@@ -159,15 +159,18 @@ class _Axis:
         self.s0, self.first_out, self.m = s0, first_out, m
 
 
-def _axis_samples(start: Tensor, bin_size: Tensor, pooled: int, grid: int, size: int) -> _Axis:
+def axis_samples(start: Tensor, bin_size: Tensor, pooled: int, grid: int, size: int,
+                 bins: Tensor | None = None) -> _Axis:
     """The samples of one axis inside ``[-1, size]``, found without visiting the others.
 
     A sample's position is monotonic in its index s (each rounding step of the formula is),
     so the inside samples of a bin are one run ``[s0, s1)``: both ends are found by
-    bisection over the bins at once.
+    bisection over the bins at once. ``start`` is the bins' common start, or with ``bins``
+    (each entry's bin index, ``[pooled]``) one start per entry: entries are then bins that
+    each start elsewhere (deformable pooling); a non-finite start has no inside sample.
     """
     device = start.device
-    b = torch.arange(pooled, device=device)
+    b = torch.arange(pooled, device=device) if bins is None else bins
     rising = bool(bin_size >= 0)
 
     def first(pred):  # per bin, the first s in [0, grid) with pred(position), or grid
@@ -195,7 +198,7 @@ def _axis_samples(start: Tensor, bin_size: Tensor, pooled: int, grid: int, size:
     slot = torch.arange(m, device=device)
     valid = slot[None, :] < n[:, None]  # [pooled, m]
     s = torch.minimum(s0[:, None] + slot[None, :], (s1[:, None] - 1).clamp(min=0))
-    pos = sample_position(start, bin_size, grid, b[:, None], s)
+    pos = sample_position(start if start.dim() == 0 else start[:, None], bin_size, grid, b[:, None], s)
     low, high, l, h, _ = bilinear_taps(pos, size)
     dl = bilinear_slope(pos, size)
     dbin = sample_position_slope(grid, b[:, None], s, start).expand(pooled, m)
