@@ -269,6 +269,20 @@ def bilinear_slopes(v1, v2, v3, v4, ly, hy, lx, hx, slides_y, slides_x):
 
 
 @triton.jit
+def tap_slopes(x_base, m, oylo, oyhi, oxlo, oxhi, ly, hy, lx, hx, slides_y, slides_x, CF: tl.constexpr):
+    """bilinear_slopes of one sample per bin of a tile: its taps read at x_base (per
+    channel) plus their offsets (per bin) where m, in the type of the weights (axis_taps'
+    ly, hy, lx, hx, per bin); slides_y, slides_x: axis_slides as tile axes."""
+    T = ly.dtype
+    v1 = tl.load(x_base + along_p(oylo + oxlo, CF), mask=m, other=0.0).to(T)
+    v2 = tl.load(x_base + along_p(oylo + oxhi, CF), mask=m, other=0.0).to(T)
+    v3 = tl.load(x_base + along_p(oyhi + oxlo, CF), mask=m, other=0.0).to(T)
+    v4 = tl.load(x_base + along_p(oyhi + oxhi, CF), mask=m, other=0.0).to(T)
+    return bilinear_slopes(v1, v2, v3, v4, along_p(ly, CF), along_p(hy, CF), along_p(lx, CF), along_p(hx, CF),
+                           m & slides_y, m & slides_x)
+
+
+@triton.jit
 def corner_slopes(c1, c2, scale, bin, idx, gridf, pooled, ALIGNED: tl.constexpr):
     """d/dc1 and d/dc2 of the coordinate of sample idx of bin `bin` (sample_pos, grid gridf)
     along an axis of `pooled` bins whose box corners are c1 < c2 (align_geometry): the

@@ -31,8 +31,8 @@ from .._kernel_checks import kernel_check
 from ._align import align_box, align_tile, pool_bins
 from ._common import (LAUNCH_OPTS, box_forward, box_grid, cdiv, check_device, f64_bits, from_atomic, gather_grid,
                       grad_input, kernel, next_pow2, opmath, tile_budget, tile_mask, use_deterministic)
-from ._jit import (INF, add_marked, axis_slides, bilinear_slopes, box_program, div_rn, load_roi, map_spans, mark_box,
-                   may_touch, pixel_tile, sample_taps, scale_of, scatter_samples, store_tile, tile_axis_weights,
+from ._jit import (INF, add_marked, axis_slides, box_program, div_rn, load_roi, map_spans, mark_box, may_touch,
+                   pixel_tile, sample_taps, scale_of, scatter_samples, store_tile, tap_slopes, tile_axis_weights,
                    touched_cells, with_flag)
 from ._jit import along_c as _c  # per-channel vector -> tile axis
 from ._jit import along_p as _p  # per-bin / per-pixel vector -> tile axis
@@ -65,15 +65,27 @@ def _bin_starts(off_ptr, k, p, P, live, sx, sy, i, j, bw, bh, ux, uy, OFFSET: tl
 
 
 @triton.jit
-def _deform_tile(rois_ptr, off_ptr, k, pb, cb, scale, gamma, N, C, ph, pw, sampling_ratio, OFFSET: tl.constexpr,
-                 BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr, CF: tl.constexpr):
-    """align_tile of box k (aligned, avg) with its bins' starts: (ok, b, bw, bh, gwf, ghf, gw,
-    gh, count, ux, uy, p, pm, i, j, c, cm, tile_m, ybase, xbase, live)."""
+def _deform_tile(rois_ptr, off_ptr, scale_bits, gamma_bits, n_pblocks, N, C, ph, pw, sampling_ratio,
+                 OFFSET: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr, CF: tl.constexpr):
+    """The per-box kernels' prologue: box_program, then align_tile of box k (aligned, avg)
+    with its bins' starts: (k as int64, pb, cb, ok, b, bw, bh, gwf, ghf, gw, gh, count, ux, uy,
+    p, pm, i, j, c, cm, tile_m, ybase, xbase, live)."""
+    T = rois_ptr.dtype.element_ty
+    k, pb, cb = box_program(n_pblocks)
+    k = k.to(tl.int64)
+    scale = scale_of(scale_bits, T)
     ok, b, sx, sy, bw, bh, gwf, ghf, gw, gh, count, p, pm, i, j, c, cm, tile_m = align_tile(
         rois_ptr, k, pb, cb, k >= 0, scale, N, C, ph, pw, sampling_ratio, True, False, BLOCK_P, BLOCK_C, CF)
-    ux, uy = _offset_units(rois_ptr, k, N, scale, sx, sy, gamma)
+    ux, uy = _offset_units(rois_ptr, k, N, scale, sx, sy, scale_of(gamma_bits, T))
     ybase, xbase, live = _bin_starts(off_ptr, k, p, ph * pw, with_flag(pm, ok), sx, sy, i, j, bw, bh, ux, uy, OFFSET)
-    return ok, b, bw, bh, gwf, ghf, gw, gh, count, ux, uy, p, pm, i, j, c, cm, tile_m, ybase, xbase, live
+    return k, pb, cb, ok, b, bw, bh, gwf, ghf, gw, gh, count, ux, uy, p, pm, i, j, c, cm, tile_m, ybase, xbase, live
+
+
+@triton.jit
+def _tile_grad(grad_ptr, k, c64, i, j, tile_m, sgK, sgC, sgH, sgW, CF: tl.constexpr):
+    """grad at a per-box tile's (bin, channel) elements, 0 outside tile_m."""
+    return tl.load(grad_ptr + k * sgK + _c(c64 * sgC, CF) + _p(i.to(tl.int64) * sgH + j.to(tl.int64) * sgW, CF),
+                   mask=tile_m, other=0.0)
 
 
 @kernel
@@ -83,12 +95,9 @@ def _deform_fwd_kernel(
     sxN, sxC, sxH, sxW, soK, soC, soH, soW,
     OFFSET: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr, CF: tl.constexpr,
 ):
-    T = rois_ptr.dtype.element_ty
-    k, pb, cb = box_program(n_pblocks)
-    k = k.to(tl.int64)
-    ok, b, bw, bh, gwf, ghf, gw, gh, count, ux, uy, p, pm, i, j, c, cm, tile_m, ybase, xbase, live = _deform_tile(
-        rois_ptr, off_ptr, k, pb, cb, scale_of(scale_bits, T), scale_of(gamma_bits, T), N, C, ph, pw,
-        sampling_ratio, OFFSET, BLOCK_P, BLOCK_C, CF)
+    (k, pb, cb, ok, b, bw, bh, gwf, ghf, gw, gh, count, ux, uy, p, pm, i, j, c, cm, tile_m, ybase, xbase,
+     live) = _deform_tile(rois_ptr, off_ptr, scale_bits, gamma_bits, n_pblocks, N, C, ph, pw, sampling_ratio, OFFSET,
+                          BLOCK_P, BLOCK_C, CF)
     x_base = x_ptr + b * sxN + _c(c.to(tl.int64) * sxC, CF)
     acc, _ = pool_bins(x_base, tile_m, live, ybase, xbase, bh, bw, ghf, gwf, gh, gw, H, W, sxH, sxW,
                        False, BLOCK_P, BLOCK_C, CF)
@@ -106,14 +115,11 @@ def _deform_bwd_atomic_kernel(
 ):
     """Adds (grad / count) * w of every sample of a tile's bins to its four taps."""
     T = rois_ptr.dtype.element_ty
-    k, pb, cb = box_program(n_pblocks)
-    k = k.to(tl.int64)
-    ok, b, bw, bh, gwf, ghf, gw, gh, count, ux, uy, p, pm, i, j, c, cm, tile_m, ybase, xbase, live = _deform_tile(
-        rois_ptr, off_ptr, k, pb, cb, scale_of(scale_bits, T), scale_of(gamma_bits, T), N, C, ph, pw,
-        sampling_ratio, OFFSET, BLOCK_P, BLOCK_C, CF)
+    (k, pb, cb, ok, b, bw, bh, gwf, ghf, gw, gh, count, ux, uy, p, pm, i, j, c, cm, tile_m, ybase, xbase,
+     live) = _deform_tile(rois_ptr, off_ptr, scale_bits, gamma_bits, n_pblocks, N, C, ph, pw, sampling_ratio, OFFSET,
+                          BLOCK_P, BLOCK_C, CF)
     c64 = c.to(tl.int64)
-    g = tl.load(grad_ptr + k * sgK + _c(c64 * sgC, CF) + _p(i.to(tl.int64) * sgH + j.to(tl.int64) * sgW, CF),
-                mask=tile_m, other=0.0).to(T)
+    g = _tile_grad(grad_ptr, k, c64, i, j, tile_m, sgK, sgC, sgH, sgW, CF).to(T)
     scatter_samples(gi_ptr + b * siN + _c(c64 * siC, CF), div_rn(g, count), count, live, tile_m, ybase, xbase,
                     bh, bw, ghf, gwf, H, W, siH, siW, CF, False)
 
@@ -130,14 +136,11 @@ def _deform_offset_grad_kernel(
     [K, channel blocks, 2, ph, pw]); the programs of block (0, 0) also store the box's
     gamma * width and gamma * height in units[k] (0 for a bad row)."""
     T = rois_ptr.dtype.element_ty
-    k, pb, cb = box_program(n_pblocks)
-    k = k.to(tl.int64)
-    ok, b, bw, bh, gwf, ghf, gw, gh, count, ux, uy, p, pm, i, j, c, cm, tile_m, ybase, xbase, live = _deform_tile(
-        rois_ptr, off_ptr, k, pb, cb, scale_of(scale_bits, T), scale_of(gamma_bits, T), N, C, ph, pw,
-        sampling_ratio, True, BLOCK_P, BLOCK_C, CF)
+    (k, pb, cb, ok, b, bw, bh, gwf, ghf, gw, gh, count, ux, uy, p, pm, i, j, c, cm, tile_m, ybase, xbase,
+     live) = _deform_tile(rois_ptr, off_ptr, scale_bits, gamma_bits, n_pblocks, N, C, ph, pw, sampling_ratio, True,
+                          BLOCK_P, BLOCK_C, CF)
     c64 = c.to(tl.int64)
-    g = tl.load(grad_ptr + k * sgK + _c(c64 * sgC, CF) + _p(i.to(tl.int64) * sgH + j.to(tl.int64) * sgW, CF),
-                mask=tile_m, other=0.0).to(T)
+    g = _tile_grad(grad_ptr, k, c64, i, j, tile_m, sgK, sgC, sgH, sgW, CF).to(T)
     x_base = x_ptr + b * sxN + _c(c64 * sxC, CF)
     fy, ey, ny, fx, ex, nx = map_spans(live, ybase, xbase, bh, bw, ghf, gwf, H, W)
     ax = _p(tl.zeros([BLOCK_P], dtype=T), CF) + _c(tl.zeros([BLOCK_C], dtype=T), CF)
@@ -149,12 +152,8 @@ def _deform_offset_grad_kernel(
         for dx in range(0, tl.max(nx, axis=0)):
             x, oxlo, oxhi, lx, hx, inx = sample_taps(xbase, fx + dx, bw, gwf, W, sxW)
             m = tile_m & _p(on_y & inx & (dx < nx), CF)
-            v1 = tl.load(x_base + _p(oylo + oxlo, CF), mask=m, other=0.0).to(T)
-            v2 = tl.load(x_base + _p(oylo + oxhi, CF), mask=m, other=0.0).to(T)
-            v3 = tl.load(x_base + _p(oyhi + oxlo, CF), mask=m, other=0.0).to(T)
-            v4 = tl.load(x_base + _p(oyhi + oxhi, CF), mask=m, other=0.0).to(T)
-            dvdy, dvdx = bilinear_slopes(v1, v2, v3, v4, _p(ly, CF), _p(hy, CF), _p(lx, CF), _p(hx, CF),
-                                         m & slides_y, m & _p(axis_slides(x, W), CF))
+            dvdy, dvdx = tap_slopes(x_base, m, oylo, oyhi, oxlo, oxhi, ly, hy, lx, hx, slides_y,
+                                    _p(axis_slides(x, W), CF), CF)
             ax += dvdx
             ay += dvdy
     q = div_rn(g, count)
