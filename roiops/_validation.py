@@ -68,7 +68,7 @@ def sampling_ratio(value: object) -> int:
 
 def finite(name: str, value: object) -> float:
     number = _as_float(value)
-    if number is None or not math.isfinite(number):
+    if number is None or not -math.inf < number < math.inf:  # comparisons: a traced float may be symbolic
         raise ValueError(f"{name} must be a finite number, got {value!r}")
     return number
 

@@ -98,20 +98,64 @@ def odd_unit_strides(x: torch.Tensor, dims: list[int] | None = None) -> torch.Te
 # ----------------------------------------------------------------------------- operators
 
 
+def per_bin_tensors(spec: OpSpec) -> dict[str, int]:
+    """The op's per-bin tensor arguments (``Kernels.bin_channels``): name -> channels."""
+    return {n: c for k in spec.kernels for n, c in k.bin_channels.items()}
+
+
+def per_bin_values(boxes: Any, output_size: Any, channels: int, like: torch.Tensor, seed: int = 0) -> torch.Tensor:
+    """A per-bin tensor ``[K, channels, h, w]`` for these boxes: values ~ N(0, 0.5^2) as a
+    deformable head predicts them, the same for every dtype and device (drawn in float64 on
+    the CPU), in the kernels' coordinate type of ``like``."""
+    if isinstance(boxes, torch.Tensor):
+        k = boxes.shape[0]
+    elif isinstance(boxes, (list, tuple)) and all(isinstance(b, torch.Tensor) for b in boxes):
+        k = sum(b.shape[0] for b in boxes)
+    else:  # bad boxes, which the call refuses first
+        k = 1
+    h, w = (output_size, output_size) if isinstance(output_size, int) else output_size
+    h, w = (h, w) if all(isinstance(n, int) and n > 0 for n in (h, w)) else (1, 1)  # refused first
+    g = torch.Generator().manual_seed(seed)
+    values = 0.5 * torch.randn(k, channels, h, w, generator=g, dtype=torch.float64)
+    if not isinstance(like, torch.Tensor):  # a bad input, which the call refuses first
+        return values.float()
+    return values.to(like.device, torch.float64 if like.dtype == torch.float64 else torch.float32)
+
+
 @dataclass(frozen=True, eq=False)
 class Case:
     """One public operator with one set of its options (``OpSpec.options``, or its
-    ``box_grad`` options), as the generic tests run it."""
+    ``box_grad`` options), as the generic tests run it. An op's per-bin tensors (a
+    deformable offset) are positional arguments after the boxes: a case passes
+    :func:`per_bin_values` for the call's boxes, or None where its options name the tensor
+    with the value None."""
 
     id: str
     spec: OpSpec
     options: dict[str, Any] = field(default_factory=dict)
 
-    def __call__(self, input: Any, boxes: Any, output_size: Any, spatial_scale: float) -> torch.Tensor:
-        return self.spec.function(input, boxes, output_size, spatial_scale, **self.options)
+    def __call__(self, input: Any, boxes: Any, output_size: Any, spatial_scale: float, **given: Any) -> torch.Tensor:
+        """The op on these arguments; ``given`` replace the case's per-bin tensors and options
+        by name."""
+        tensors = per_bin_tensors(self.spec)
+        extra = {k: given[k] for k in tensors if k in given}
+        if len(extra) < len(tensors):
+            extra = self.tensors(input, boxes, output_size) | extra
+        keywords = self.keywords | {k: o for k, o in given.items() if k not in tensors}
+        return self.spec.function(input, boxes, *extra.values(), output_size, spatial_scale, **keywords)
+
+    @property
+    def keywords(self) -> dict[str, Any]:
+        """The options that are keyword arguments (and the Module's)."""
+        return {k: v for k, v in self.options.items() if k not in per_bin_tensors(self.spec)}
+
+    def tensors(self, input: Any, boxes: Any, output_size: Any) -> dict[str, torch.Tensor | None]:
+        """The per-bin tensor arguments of a call on these boxes, by name."""
+        return {n: None if n in self.options else per_bin_values(boxes, output_size, c, input)
+                for n, c in per_bin_tensors(self.spec).items()}
 
     def module(self, output_size: Any, spatial_scale: float) -> torch.nn.Module:
-        return self.spec.module(output_size, spatial_scale, **self.options)
+        return self.spec.module(output_size, spatial_scale, **self.keywords)
 
     @property
     def box_grad(self) -> bool:
@@ -301,6 +345,9 @@ def _registered_by(select: Callable[[OpSpec, Kernels], bool]) -> tuple[str, ...]
 VARIANTS: dict[str, list[dict[str, Any]]] = {
     op: list(k.variants[role]) for spec in SPECS for k in spec.kernels for role, op in k.ops().items()
     if role in k.variants}
+# Per-bin tensor arguments of each registered op (Kernels.bin_channels): name -> channels.
+PER_BIN: dict[str, dict[str, int]] = {op: dict(k.bin_channels) for spec in SPECS for k in spec.kernels
+                                      for op in k.ops().values() if k.bin_channels}
 # Registered ops whose rois are [K, 6] (batch_index, cx, cy, w, h, theta in radians): the
 # generic tests give them rotated boxes.
 ROTATED_OPS = _registered_by(lambda spec, k: spec.boxes == "rotated")

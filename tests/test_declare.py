@@ -29,11 +29,13 @@ def toy_shifted_backward(grad, rois, offset, spatial_scale, pooled_height, poole
                          width, channels_last):
     grad_input = grad.new_zeros(batch_size, channels, height, width)
     grad_input[:, :, :pooled_height, :pooled_width].index_add_(0, rois[:, 0].long(), grad)
-    grad_offset = None
-    if offset is not None:
-        grad_offset = torch.zeros_like(offset)
-        grad_offset[:, :1] = spatial_scale * grad.sum(1, keepdim=True)
-    return grad_input, grad_offset
+    return grad_input
+
+
+def toy_shifted_offset_backward(grad, input, rois, offset, spatial_scale, pooled_height, pooled_width):
+    grad_offset = torch.zeros_like(offset)
+    grad_offset[:, :1] = spatial_scale * grad.sum(1, keepdim=True)
+    return grad_offset
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +47,8 @@ def toy():
         call = _declare.register(TOY)
     finally:
         _declare._LIB = saved
-    kernels = SimpleNamespace(toy_shifted_forward=toy_shifted_forward, toy_shifted_backward=toy_shifted_backward)
+    kernels = SimpleNamespace(toy_shifted_forward=toy_shifted_forward, toy_shifted_backward=toy_shifted_backward,
+                              toy_shifted_offset_backward=toy_shifted_offset_backward)
     patch = pytest.MonkeyPatch()
     patch.setattr(_backend, "kernels_of", lambda t: kernels)
     yield call, torch.ops.roiops_declare_test
@@ -60,7 +63,8 @@ def _inputs():
     return x, rois, offset
 
 
-def test_schema_has_the_extra_tensor_in_forward_and_backward(toy):
+def test_schema_has_the_extra_tensor_in_forward_and_backwards(toy):
+    """The offset's gradient is an op of its own, which reads the input (as a box gradient)."""
     _, ops = toy
     assert str(ops.toy_shifted.default._schema) == (
         "roiops_declare_test::toy_shifted(Tensor input, Tensor rois, Tensor? offset, float spatial_scale, "
@@ -68,7 +72,10 @@ def test_schema_has_the_extra_tensor_in_forward_and_backward(toy):
     assert str(ops._toy_shifted_backward.default._schema) == (
         "roiops_declare_test::_toy_shifted_backward(Tensor grad, Tensor rois, Tensor? offset, float spatial_scale, "
         "int pooled_height, int pooled_width, int batch_size, int channels, int height, int width, "
-        "bool channels_last) -> (Tensor, Tensor)")
+        "bool channels_last) -> Tensor")
+    assert str(ops._toy_shifted_offset_backward.default._schema) == (
+        "roiops_declare_test::_toy_shifted_offset_backward(Tensor grad, Tensor input, Tensor rois, Tensor? offset, "
+        "float spatial_scale, int pooled_height, int pooled_width) -> Tensor")
 
 
 @pytest.mark.parametrize("path", ["direct", "dispatcher"])
@@ -97,4 +104,6 @@ def test_opcheck_and_fake(toy):
     torch.library.opcheck(ops.toy_shifted.default, (x, rois, offset, 0.5, 3, 4))
     grad = torch.randn(2, 3, 3, 4, dtype=torch.float64)
     torch.library.opcheck(ops._toy_shifted_backward.default, (grad, rois, offset.detach(), 0.5, 3, 4, 2, 3, 5, 6, False),
+                          test_utils=("test_schema", "test_faketensor"))
+    torch.library.opcheck(ops._toy_shifted_offset_backward.default, (grad, x.detach(), rois, offset.detach(), 0.5, 3, 4),
                           test_utils=("test_schema", "test_faketensor"))

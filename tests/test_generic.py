@@ -21,10 +21,10 @@ import torch
 from torch._dynamo.testing import CompileCounterWithBackend
 
 import roiops
-from cases import (BOX_GRAD_CASES, CASES, DTYPES, F32, F64, POSITION_SENSITIVE_OPS, ROTATED_OPS, SCALE, VARIANTS, C,
+from cases import (BOX_GRAD_CASES, CASES, DTYPES, F32, F64, PER_BIN, POSITION_SENSITIVE_OPS, ROTATED_OPS, SCALE, VARIANTS, C,
                    H, N, RecordOps, W, backend_used, backward_paths, boxes_for, close, config_set, contract_args,
-                   device_for, feature, forward_kernels, num_threads, odd_unit_strides, params, per_image, run, schema,
-                   spec_params, takes_max, tol)
+                   device_for, feature, forward_kernels, num_threads, odd_unit_strides, params, per_bin_tensors,
+                   per_bin_values, per_image, run, schema, spec_params, takes_max, tol)
 
 SIZE = (2, 3)
 
@@ -153,26 +153,18 @@ def _on(backend, fn):
     return within
 
 
-def _extra_tensors(case):
-    """The case's options that are extra tensor inputs declared differentiable
-    (Kernels.tensors: the public function takes each as the option of its name)."""
-    names = [name for k in case.spec.kernels for name, differentiable in k.tensors if differentiable]
-    return {n: case.options[n] for n in names if isinstance(case.options.get(n), torch.Tensor)}
-
-
 @pytest.mark.parametrize("backend", ["reference", "cpu", "triton"])
 @pytest.mark.parametrize("case", params(CASES))
 def test_gradcheck_input(case, backend, monkeypatch):
-    """float64 gradcheck of the input's gradient (and of any differentiable extra tensor),
-    NCHW and channels_last (2 output channels: truly channels_last), over random boxes and
-    nasty ones."""
+    """float64 gradcheck of the input's gradient (and of any per-bin tensor's, a deformable
+    offset), NCHW and channels_last (2 output channels: truly channels_last), over random
+    boxes and nasty ones."""
     dev = device_for(backend)
     boxes = case.boxes(dtype=F64, seed=4, count=3, width=14, height=12)[:9].to(dev)
-    extra = {n: t.detach().to(dev, F64).requires_grad_() for n, t in _extra_tensors(case).items()}
-    options = {k: v for k, v in case.options.items() if k not in extra}
-    fn = _on(backend, lambda t, *e: case.spec.function(t, boxes, SIZE, SCALE, **options, **dict(zip(extra, e))))
     shape = (N, case.channels(1, SIZE), 6, 7)
     x = feature(F64, seed=3, shape=shape).to(dev)
+    extra = {n: t.requires_grad_() for n, t in case.tensors(x, boxes, SIZE).items() if t is not None}
+    fn = _on(backend, lambda t, *e: case(t, boxes, SIZE, SCALE, **dict(zip(extra, e))))
     xcl = feature(F64, True, seed=3, shape=(N, 2 * shape[1], 6, 7)).to(dev)
     # The reference and Triton's interpreter, the slowest: one layout, each in turn.
     maps = (x, xcl) if backend == "cpu" else (xcl,) if CASES.index(case) % 2 else (x,)
@@ -218,7 +210,8 @@ def _op_sample(op, variant):
     grad = torch.randn(len(rois), variant.get("out_channels", C), 2, 3, generator=torch.Generator().manual_seed(2))
     values = dict(input=x, rois=rois, grad=grad, spatial_scale=SCALE, pooled_height=2, pooled_width=3,
                   sampling_ratio=2, aligned=True, continuous=False, batch_size=N, channels=C, height=H, width=W,
-                  channels_last=False)
+                  channels_last=False, gamma=0.1)
+    values.update({name: per_bin_values(rois, (2, 3), c, x) for name, c in PER_BIN.get(op, {}).items()})
     values.update(variant)
     if any(a.name == "argmax" for a in schema(op).arguments):
         forward = op[1:-len("_backward")]
@@ -227,6 +220,8 @@ def _op_sample(op, variant):
     # takes the input, has no gradient of its own.
     if not schema(op).name.endswith("_backward"):
         values["input"] = x.requires_grad_()
+        for name in PER_BIN.get(op, {}):
+            values[name] = values[name].requires_grad_()
         if variant.get("rois_grad"):
             values["rois"] = values["rois"].requires_grad_()
     return contract_args(op, **values)
@@ -323,7 +318,13 @@ def test_compile_fullgraph_dynamic_boxes(case, backend, fresh_dynamo):
     (the GPU's atomic backward would differ in last bits from run to run: the
     deterministic one)."""
     counter = CompileCounterWithBackend("aot_eager")
-    compiled = torch.compile(call(case), backend=counter, fullgraph=True, dynamic=True)
+    names = list(per_bin_tensors(case.spec))  # made outside the compiled function, per box count
+    op = torch.compile(lambda x, b, *e: case(x, b, SIZE, SCALE, **dict(zip(names, e))), backend=counter,
+                       fullgraph=True, dynamic=True)
+
+    def compiled(x, b):
+        return op(x, b, *case.tensors(x, b, SIZE).values())
+
     x = feature(channels=case.channels(C, SIZE))
     frames = []
     with config_set(deterministic_backward=True):
@@ -338,16 +339,21 @@ def test_compile_fullgraph_dynamic_boxes(case, backend, fresh_dynamo):
 
 @pytest.mark.parametrize("case", params(CASES))
 def test_export_dynamic_boxes(case):
+    names = list(per_bin_tensors(case.spec))
+
     class Head(torch.nn.Module):
-        def forward(self, x, boxes):
-            return case(x, boxes, SIZE, SCALE)
+        def forward(self, x, boxes, extra):
+            return case(x, boxes, SIZE, SCALE, **dict(zip(names, extra)))
 
     x = feature(channels=case.channels(C, SIZE))
     boxes, more = case.boxes(count=COUNTS[0]), case.boxes(seed=1, count=COUNTS[1])
+    extra = tuple(case.tensors(x, boxes, SIZE).values())
     k = torch.export.Dim("k", min=2, max=1000)
-    program = torch.export.export(Head(), (x, boxes), dynamic_shapes=({}, {0: k}))
+    program = torch.export.export(Head(), (x, boxes, extra),
+                                  dynamic_shapes=({}, {0: k}, tuple(None if t is None else {0: k} for t in extra)))
     assert f"roiops.{forward_kernels(case).name}.default" in str(program.graph)
-    assert torch.equal(program.module()(x, more), case(x, more, SIZE, SCALE))
+    got = program.module()(x, more, tuple(case.tensors(x, more, SIZE).values()))
+    assert torch.equal(got, case(x, more, SIZE, SCALE))
 
 
 # ----------------------------------------------------------------------------- the Module
@@ -365,15 +371,15 @@ def test_module(case):
     assert repr(m) == f"{case.spec.module.__name__}({', '.join(f'{n}={v!r}' for n, v in shown.items())})"
     assert type(m).function is case.spec.function
     x, boxes = feature(channels=case.channels(C, (3, 2))), case.boxes()
-    got = run(lambda t, b: m(t, b), x, boxes)
+    got = run(lambda t, b: m(t, b, *case.tensors(t, b, (3, 2)).values()), x, boxes)
     want = run(lambda t, b: case(t, b, (3, 2), 0.25), x, boxes)
     assert_same(got, want)
     lists, ordered = per_image(boxes)
-    assert torch.equal(m(x, lists), case(x, ordered, (3, 2), 0.25))
+    assert torch.equal(m(x, lists, *case.tensors(x, lists, (3, 2)).values()), case(x, ordered, (3, 2), 0.25))
     with pytest.raises(ValueError, match="output_size"):
-        case.spec.module(0, 1.0, **case.options)
+        case.spec.module(0, 1.0, **case.keywords)
     with pytest.raises(ValueError, match="spatial_scale"):
-        case.spec.module(2, 0.0, **case.options)
+        case.spec.module(2, 0.0, **case.keywords)
 
 
 # ----------------------------------------------------------------------------- threads
@@ -443,16 +449,17 @@ def test_bad_arguments(case):
         if isinstance(input, torch.Tensor) and input.dim() == 4 and input.dtype == torch.float32:
             input = input.repeat(1, case.channels(1, 2), 1, 1)  # position-sensitive: 2 x 2 bins per channel
         with pytest.raises(error, match=match):
-            case.spec.function(input, boxes, **{"output_size": 2, **kwargs})
+            case.spec.function(input, boxes, *case.tensors(input, boxes, 2).values(), **{"output_size": 2, **kwargs})
 
 
 @pytest.mark.parametrize("case", spec_params())
 def test_bad_option_values(case):
     """Each option refuses a value outside its type, named: a choice outside its Literal,
-    a flag that is not a bool, an int that is not one; the function and the Module alike."""
+    a flag that is not a bool, an int that is not one, a number that is not finite; the
+    function and the Module alike."""
     hints = typing.get_type_hints(case.spec.function)
     x, boxes = feature(channels=case.channels(C, 2)), case.boxes()
-    options = list(inspect.signature(case.spec.function).parameters)[4:]
+    options = list(inspect.signature(case.spec.function).parameters)[4 + len(per_bin_tensors(case.spec)):]
     assert options == list(inspect.signature(case.spec.module.__init__).parameters)[3:]
     for name in options:
         hint = hints[name]
@@ -460,11 +467,13 @@ def test_bad_option_values(case):
             bad, match = "nope", f"{name} must be one of {', '.join(map(repr, typing.get_args(hint)))}, got 'nope'"
         elif hint is bool:
             bad, match = 1, f"{name} must be a bool, got 1"
+        elif hint is float:
+            bad, match = float("nan"), f"{name} must be a finite number, got nan"
         else:
             assert hint is int, (name, hint)
             bad, match = 1.5, f"{name} must be an int"
         with pytest.raises(ValueError, match=match):
-            case.spec.function(x, boxes, 2, SCALE, **{name: bad})
+            case(x, boxes, 2, SCALE, **{name: bad})
         with pytest.raises(ValueError, match=match):
             case.spec.module(2, SCALE, **{name: bad})
 

@@ -6,7 +6,9 @@ Port with one import::
     # becomes
     from roiops.compat.mmcv import RoIAlign, RoIPool, roi_align, roi_pool
 
-(``PrRoIPool``/``prroi_pool`` and ``RoIAlignRotated``/``roi_align_rotated`` likewise.)
+(``PrRoIPool``/``prroi_pool``, ``RoIAlignRotated``/``roi_align_rotated`` and the deformable
+RoI pooling layers ``DeformRoIPool``/``deform_roi_pool``, ``DeformRoIPoolPack`` and
+``ModulatedDeformRoIPoolPack`` likewise.)
 
 Same signatures, defaults (``sampling_ratio=0`` adaptive, ``aligned=True``), ``rois[K, 5]``
 boxes and reprs. Semantics:
@@ -28,6 +30,16 @@ boxes and reprs. Semantics:
 - ``prroi_pool``/``PrRoIPool``: Precise RoI Pooling, :func:`roiops.prroi_pool`; as in mmcv,
   ``rois`` that require grad receive their gradient (zero in the batch-index column).
   mmcv runs it on CUDA in float32 only; roiops on CPU and GPU in every floating dtype.
+- ``deform_roi_pool``/``DeformRoIPool``: :func:`roiops.deform_roi_pool` (``offset=None``:
+  no offset). The input's gradient is mmcv's; the offset's is the derivative of the
+  forward, which differs from mmcv's where a sample is held by the map's border
+  (docs/semantics.md). mmcv runs it on GPUs only; roiops on CPU and GPU, in every
+  floating dtype, with an offset of any floating dtype.
+- ``DeformRoIPoolPack``/``ModulatedDeformRoIPoolPack``: pooling without offset, a fully
+  connected head that predicts the offset (and, modulated, a second one that predicts a
+  sigmoid mask multiplying the output), pooling again. Parameter names and shapes are
+  mmcv's (``offset_fc.0/2/4``, ``mask_fc.0/2``; last layers zero at initialisation), so a
+  state_dict saved from mmcv's layers loads unchanged.
 
 ``RoIAlign`` and ``RoIAlignRotated`` also take mmcv's deprecated keywords ``out_size`` and
 ``sample_num`` (for ``output_size`` and ``sampling_ratio``), with mmcv's
@@ -50,8 +62,8 @@ from .. import _validation as v
 from ..ops._declare import fx_leaf
 from ._util import box_assertions
 
-__all__ = ["PrRoIPool", "RoIAlign", "RoIAlignRotated", "RoIPool", "prroi_pool", "roi_align", "roi_align_rotated",
-           "roi_pool"]
+__all__ = ["DeformRoIPool", "DeformRoIPoolPack", "ModulatedDeformRoIPoolPack", "PrRoIPool", "RoIAlign",
+           "RoIAlignRotated", "RoIPool", "deform_roi_pool", "prroi_pool", "roi_align", "roi_align_rotated", "roi_pool"]
 
 OutputSize = Union[int, tuple[int, int], list[int]]
 _Init = TypeVar("_Init", bound=Callable[..., None])
@@ -217,3 +229,98 @@ class PrRoIPool(_SizeAndScale):
     """
 
     function = prroi_pool
+
+
+@fx_leaf
+@box_assertions
+def deform_roi_pool(input: Tensor, rois: Tensor, offset: Tensor | None, output_size: OutputSize,
+                    spatial_scale: float = 1.0, sampling_ratio: int = 0, gamma: float = 0.1) -> Tensor:
+    """``mmcv.ops.deform_roi_pool``: ``rois[K, 5]``, ``offset[K, 2, h, w]`` or None on
+    ``input[N, C, H, W]`` -> ``Tensor[K, C, h, w]``."""
+    return F.deform_roi_pool(input, rois, offset, output_size, spatial_scale, _sampling_ratio(sampling_ratio), gamma)
+
+
+class DeformRoIPool(nn.Module):
+    """``mmcv.ops.DeformRoIPool(output_size, spatial_scale=1.0, sampling_ratio=0, gamma=0.1)``;
+    ``forward(input, rois, offset=None)``."""
+
+    def __init__(self, output_size: OutputSize, spatial_scale: float = 1.0, sampling_ratio: int = 0,
+                 gamma: float = 0.1) -> None:
+        super().__init__()
+        self.output_size = _pair(output_size)
+        self.spatial_scale = v.spatial_scale(float(spatial_scale))
+        self.sampling_ratio = _sampling_ratio(sampling_ratio)
+        self.gamma = v.finite("gamma", float(gamma))
+
+    def forward(self, input: Tensor, rois: Tensor, offset: Tensor | None = None) -> Tensor:
+        return deform_roi_pool(input, rois, offset, self.output_size, self.spatial_scale, self.sampling_ratio,
+                               self.gamma)
+
+
+def _head(*sizes: int, last: nn.Module | None = None) -> nn.Sequential:
+    """Linear layers of these sizes with ReLU between them (mmcv's indices: 0, 2, 4, ...), the
+    last one zero, so that the head starts by predicting 0."""
+    layers: list[nn.Module] = []
+    for i, (a, b) in enumerate(zip(sizes, sizes[1:])):
+        layers += [nn.Linear(a, b)] + ([nn.ReLU(inplace=True)] if i < len(sizes) - 2 else [])
+    nn.init.zeros_(layers[-1].weight)
+    nn.init.zeros_(layers[-1].bias)
+    return nn.Sequential(*layers, *([last] if last is not None else []))
+
+
+class DeformRoIPoolPack(DeformRoIPool):
+    """``mmcv.ops.DeformRoIPoolPack(output_size, output_channels, deform_fc_channels=1024,
+    spatial_scale=1.0, sampling_ratio=0, gamma=0.1)``: pools the boxes, predicts each bin's
+    offset from the result (``offset_fc``: three linear layers), and pools again with it.
+
+    Example::
+
+        >>> layer = DeformRoIPoolPack(7, 256, spatial_scale=1 / 4)   # mmdetection's dpool
+        >>> layer(features, rois).shape                               # [K, 256, 7, 7]
+    """
+
+    def __init__(self, output_size: OutputSize, output_channels: int, deform_fc_channels: int = 1024,
+                 spatial_scale: float = 1.0, sampling_ratio: int = 0, gamma: float = 0.1) -> None:
+        super().__init__(output_size, spatial_scale, sampling_ratio, gamma)
+        self.output_channels = _positive("output_channels", output_channels)
+        self.deform_fc_channels = _positive("deform_fc_channels", deform_fc_channels)
+        h, w = self.output_size
+        self.offset_fc = _head(h * w * self.output_channels, self.deform_fc_channels, self.deform_fc_channels,
+                               h * w * 2)
+
+    def forward(self, input: Tensor, rois: Tensor) -> Tensor:  # type: ignore[override]
+        pooled = self._pooled(input, rois)
+        offset = self.offset_fc(pooled.reshape(rois.size(0), -1)).view(rois.size(0), 2, *self.output_size)
+        return super().forward(input, rois, offset)
+
+    def _pooled(self, input: Tensor, rois: Tensor) -> Tensor:
+        if input.dim() == 4 and input.size(1) != self.output_channels:
+            raise ValueError(f"input has {input.size(1)} channels but the layer was built for output_channels="
+                             f"{self.output_channels}")
+        return super().forward(input, rois)
+
+
+class ModulatedDeformRoIPoolPack(DeformRoIPoolPack):
+    """``mmcv.ops.ModulatedDeformRoIPoolPack(output_size, output_channels,
+    deform_fc_channels=1024, spatial_scale=1.0, sampling_ratio=0, gamma=0.1)``: as
+    :class:`DeformRoIPoolPack`, its output multiplied by a mask per box and bin that a
+    second head predicts (``mask_fc``: two linear layers and a sigmoid; 0.5 at first)."""
+
+    def __init__(self, output_size: OutputSize, output_channels: int, deform_fc_channels: int = 1024,
+                 spatial_scale: float = 1.0, sampling_ratio: int = 0, gamma: float = 0.1) -> None:
+        super().__init__(output_size, output_channels, deform_fc_channels, spatial_scale, sampling_ratio, gamma)
+        h, w = self.output_size
+        self.mask_fc = _head(h * w * self.output_channels, self.deform_fc_channels, h * w, last=nn.Sigmoid())
+
+    def forward(self, input: Tensor, rois: Tensor) -> Tensor:  # type: ignore[override]
+        pooled = self._pooled(input, rois)
+        flat = pooled.reshape(rois.size(0), -1)
+        offset = self.offset_fc(flat).view(rois.size(0), 2, *self.output_size)
+        mask = self.mask_fc(flat).view(rois.size(0), 1, *self.output_size)
+        return DeformRoIPool.forward(self, input, rois, offset) * mask
+
+
+def _positive(name: str, value: object) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise ValueError(f"{name} must be a positive int, got {value!r}")
+    return value

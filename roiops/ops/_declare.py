@@ -331,13 +331,16 @@ _CHECKS: dict[str, Callable[[Any], Any]] = {
 
 
 def _normalizer(name: str, annotation: Any) -> Callable[[Any], Any]:
-    """The check of an option: by its name, or by its type (a Literal's choices, a flag)."""
+    """The check of an option: by its name, or by its type (a Literal's choices, a flag, a
+    finite number)."""
     if name in _CHECKS:
         return _CHECKS[name]
     if get_origin(annotation) is Literal:
         return lambda value: v.choice(name, value, get_args(annotation))
     if annotation is bool:
         return lambda value: v.flag(name, value)
+    if annotation is float:
+        return lambda value: v.finite(name, value)
     raise TypeError(f"no check for option {name!r}: {annotation!r}")
 
 
