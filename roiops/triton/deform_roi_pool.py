@@ -8,16 +8,17 @@ a bin moved far off the map costs nothing, and a bin whose start is not finite h
 samples (value 0, no gradient). Without an offset the forward is RoIAlign's, bit for bit.
 
 The input gradient's deterministic path is RoIAlign's gather (_align_gather.py) with bins
-in place of rows and columns: a prepass marks, per box, the 8x8 tiles of the map its bins'
-samples can reach; a program per tile and block of channels walks its marked boxes in
-increasing index and their bins in order, adding (grad / count) times the bin's separable
-weights over the tile (row weights x column weights, each summed over the bin's samples
-that reach it), and writes its tile once: no float atomics, bit-identical runs.
+in place of rows and columns: a prepass marks, per box, the tiles of the map (8x8 on a
+GPU) that its bins' samples can reach; a program per tile and block of channels walks its
+marked boxes in increasing index and their bins in order, adding (grad / count) times the
+bin's separable weights over the tile (row weights x column weights, each summed over
+the bin's samples that reach it), and writes its tile once: no float atomics,
+bit-identical runs.
 
-The offset gradient is summed per (box, block of bins, block of channels) program over
-its channels and samples into its own slice of a [K, channel blocks, 2, ph, pw] buffer,
-which torch adds over the channel blocks in a fixed order and scales by gamma times the
-box's width and height: no float atomics on either path.
+The offset gradient (deform_roi_pool_offset_backward, which reads the input) is summed by
+per-box tiles over their channels and samples into a [K, channel blocks, 2, ph, pw]
+buffer, which torch adds over the channel blocks in a fixed order and scales by gamma
+times the box's width and height: no float atomics.
 """
 
 from __future__ import annotations
