@@ -54,6 +54,11 @@ EXPECTED_VARIANTS |= {"_prroi_fwd_kernel": 8, "_prroi_bwd_atomic_kernel": 8,
                       "_prroi_bwd_gather_kernel": 8,  # CF is fixed; layouts differ in unit strides
                       "_prroi_tiles_kernel": 2,       # only rois: float32/float64
                       "_prroi_rois_bwd_kernel": 8}
+EXPECTED_VARIANTS |= {"_deform_fwd_kernel": 16,         # x with/without offset
+                      "_deform_bwd_atomic_kernel": 16,  # x with/without offset
+                      "_deform_bwd_gather_kernel": 16,  # x with/without offset (CF is fixed)
+                      "_deform_tiles_kernel": 4,        # only rois and offset: float32/float64 x with/without
+                      "_deform_offset_grad_kernel": 8}
 
 # ----------------------------------------------------------------------------- the rules
 
@@ -324,6 +329,18 @@ def _calls(launchers: dict, torch) -> list:
         "prroi_pool_backward": lambda f, dt, cl, deterministic: f(
             g(dt, cl), rois(dt), 0.25, P, P, N, C, H, W, cl, deterministic=deterministic),
         "prroi_pool_rois_backward": lambda f, dt, cl: f(g(dt, cl), x(dt, cl), rois(dt), 0.25, P, P),
+    }
+
+    def offset(dt, given):  # deformable offsets, in the map's dtype (the launchers convert them)
+        return meta((K, 2, P, P), dt) if given else None
+
+    recipes |= {
+        "deform_roi_pool_forward": lambda f, dt, cl, given: f(x(dt, cl), rois(dt), offset(dt, given), 0.25, P, P, 2,
+                                                             0.1),
+        "deform_roi_pool_backward": lambda f, dt, cl, given, deterministic: f(
+            g(dt, cl), rois(dt), offset(dt, given), 0.25, P, P, N, C, H, W, 2, 0.1, cl, deterministic=deterministic),
+        "deform_roi_pool_offset_backward": lambda f, dt, cl: f(
+            g(dt, cl), x(dt, cl), rois(dt), offset(dt, True), 0.25, P, P, 2, 0.1),
     }
     missing = sorted(set(launchers) - set(recipes))
     if missing:

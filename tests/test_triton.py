@@ -438,6 +438,80 @@ def test_flat_nchw_tiles_split_channels(op, monkeypatch):
             assert_close(a, e, F64)
 
 
+# ----------------------------------------------------------------------------- deform_roi_pool
+
+def make_offset(k, ph, pw, dtype, seed, scale=0.3):
+    g = torch.Generator().manual_seed(seed)
+    return (scale * torch.randn(k, 2, ph, pw, generator=g, dtype=torch.float64)).to(dtype).to(DEVICE)
+
+
+@pytest.mark.parametrize("dtype,cl,sr", [(F32, False, 2), (F32, True, 0), (F64, False, 0), (F16, True, 2),
+                                         (BF16, False, 0)])
+def test_deform_roi_pool_without_offset_is_roi_align(dtype, cl, sr):
+    """No offset, or a zero one: roi_align(aligned=True)'s forward bit for bit (same
+    kernels' arithmetic), and its input gradient on both backward paths."""
+    x = make_input(dtype, cl, seed=30)
+    rois = make_rois(dtype, seed=31, nasty=(0, 5))
+    expected = rt.roi_align_forward(x, rois, SCALE, 3, 2, sr, True)
+    for offset in (None, torch.zeros(len(rois), 2, 3, 2, dtype=rois.dtype, device=DEVICE)):
+        assert torch.equal(rt.deform_roi_pool_forward(x, rois, offset, SCALE, 3, 2, sr, 0.1), expected)
+    g = grad_like(expected, seed=32)
+    ref_gi = rt.roi_align_backward(g, rois, SCALE, 3, 2, N, C, H, W, sr, True, cl, deterministic=False)
+    for det in (False, True):
+        gi = rt.deform_roi_pool_backward(g, rois, None, SCALE, 3, 2, N, C, H, W, sr, 0.1, cl, deterministic=det)
+        assert_layout(gi, cl)
+        assert_close(gi, ref_gi, dtype)
+
+
+@pytest.mark.parametrize("cl", [False, True])
+def test_deform_roi_pool_offsets_anywhere(cl, monkeypatch):
+    """Bins moved any finite distance (1e30 cells), to a non-finite place, or by a huge
+    box's offsets: only samples near the map (or the gather's tile) are visited, a bin off
+    the map or not finite is 0 and gets no gradient, and everything matches the
+    reference; on small tiles that split a box's bins and channels. The deterministic
+    gradients are bit-identical from run to run."""
+    import signal
+
+    def too_slow(*_):
+        raise TimeoutError("a sampling loop ran over samples far outside the map")
+
+    monkeypatch.setattr(rt_common, "INTERP_TILE", 8)
+    x = make_input(F32, cl, seed=33)
+    s = 2.0 ** 14
+    rois = torch.cat([make_rois(F32, seed=34, k=4), torch.tensor([[0, -s, -s, s, s], [1, 0.0, 0.0, s, s / 2]],
+                                                                  device=DEVICE)])
+    offset = make_offset(len(rois), 3, 2, F32, seed=35)
+    offset[0, 0, 0, 0] = float("nan")
+    offset[1, 1, 1, 1] = float("inf")
+    offset[2, :, 2, 1] = 1e30
+    offset[3, 0, 0, 1] = -1e20
+    xc, rc, oc = cpu(x), cpu(rois), cpu(offset)
+    previous = signal.signal(signal.SIGALRM, too_slow)
+    signal.alarm(300)
+    try:
+        out = rt.deform_roi_pool_forward(x, rois, offset, SCALE, 3, 2, 0, 0.1)
+        ref = REF.deform_roi_pool_forward(xc, rc, oc, SCALE, 3, 2, 0, 0.1)
+        assert_layout(out, cl)
+        assert_close(out, ref, F32)
+        assert not cpu(out)[[0, 1, 2, 3], :, [0, 1, 2, 0], [0, 1, 1, 1]].any()
+        g = grad_like(out, seed=36)
+        ref_gi = REF.deform_roi_pool_backward(cpu(g), rc, oc, SCALE, 3, 2, N, C, H, W, 0, 0.1, cl)
+        for det in (False, True):
+            gi = rt.deform_roi_pool_backward(g, rois, offset, SCALE, 3, 2, N, C, H, W, 0, 0.1, cl, deterministic=det)
+            assert_layout(gi, cl)
+            assert_close(gi, ref_gi, F32)
+        det_gi = rt.deform_roi_pool_backward(g, rois, offset, SCALE, 3, 2, N, C, H, W, 0, 0.1, cl, deterministic=True)
+        assert torch.equal(det_gi, gi)
+        go = rt.deform_roi_pool_offset_backward(g, x, rois, offset, SCALE, 3, 2, 0, 0.1)
+        assert go.is_contiguous() and go.dtype == F32
+        assert_close(go, REF.deform_roi_pool_offset_backward(cpu(g), xc, rc, oc, SCALE, 3, 2, 0, 0.1), F32)
+        assert not cpu(go)[[0, 1, 2, 3], :, [0, 1, 2, 0], [0, 1, 1, 1]].any()
+        assert torch.equal(go, rt.deform_roi_pool_offset_backward(g, x, rois, offset, SCALE, 3, 2, 0, 0.1))
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+
+
 # ----------------------------------------------------------------------------- determinism
 
 @pytest.mark.parametrize("cl", [False, True])

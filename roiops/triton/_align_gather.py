@@ -31,7 +31,7 @@ from ._align import align_box
 from ._common import (LAUNCH_OPTS, cdiv, gather_blocks, gather_grid, grad_input, kernel, level_args, level_starts,
                       next_pow2, tile_mask)
 from ._jit import (add_marked, axis_taps, box_level, div_rn, level_map, mark_box, may_touch, pick, pixel_tile,
-                   sample_pos, sample_span, scale_of, store_tile, touched_cells)
+                   sample_pos, scale_of, store_tile, tile_axis_weights, touched_cells)
 from ._jit import along_c as _c  # per-channel vector -> tile axis
 from ._jit import along_p as _p  # per-bin / per-pixel vector -> tile axis
 
@@ -56,12 +56,7 @@ def _gather_box(
             if may_touch(ya, ya + bh, r_lo, r_hi, Hf):
                 if not MAX_MODE:
                     # Row weights of this bin row, summed over its samples.
-                    wy = tl.zeros([TILE_H * TILE_W], dtype=T)
-                    fy, ey = sample_span(ya, bh, ghf, r_lo - 1.0, r_hi + 1.0)
-                    for iy in range(fy, ey):
-                        y = sample_pos(ya, iy, bh, ghf)
-                        ylo, yhi, ly, hy, iny = axis_taps(y, H)
-                        wy += tl.where(iny, tl.where(r == ylo, hy, 0.0) + tl.where(r == yhi, ly, 0.0), 0.0)
+                    wy = tile_axis_weights(r, ya, bh, ghf, r_lo, r_hi, H)
                 for j in range(0, pw):
                     xa = sx + j * bw
                     if may_touch(xa, xa + bw, s_lo, s_hi, Wf):
@@ -83,13 +78,7 @@ def _gather_box(
                                    + tl.where(_p(s, CF) == _c(xhi, CF), _c(lx, CF), 0.0))
                             acc += (wy2 * wx2) * _c(g, CF)
                         else:
-                            wx = tl.zeros([TILE_H * TILE_W], dtype=T)
-                            fx, ex = sample_span(xa, bw, gwf, s_lo - 1.0, s_hi + 1.0)
-                            for ix in range(fx, ex):
-                                x = sample_pos(xa, ix, bw, gwf)
-                                xlo, xhi, lx, hx, inx = axis_taps(x, W)
-                                wx += tl.where(inx, tl.where(s == xlo, hx, 0.0) + tl.where(s == xhi, lx, 0.0),
-                                               0.0)
+                            wx = tile_axis_weights(s, xa, bw, gwf, s_lo, s_hi, W)
                             acc += div_rn(_c(g, CF) * _p(wy * wx, CF), count)
     return acc
 

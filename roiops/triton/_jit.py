@@ -106,11 +106,23 @@ def map_spans(live, ybase, xbase, bh, bw, ghf, gwf, H, W):
 
 
 @triton.jit
+def tap_share(g, w, count, DIVIDE: tl.constexpr):
+    """What a sample gives a tap of weight w: g * w / count (RoIAlign's order), or g * w
+    where g is already divided (deformable RoI pooling divides first, as mmcv)."""
+    if DIVIDE:
+        r = div_rn(g * w, count)
+    else:
+        r = g * w
+    return r
+
+
+@triton.jit
 def scatter_samples(gi_base, g, count, live, tile_m, ybase, xbase, bh, bw, ghf, gwf, H, W, siH, siW,
-                    CF: tl.constexpr):
-    """The atomic RoIAlign backward of a [bins x channels] tile: adds g * weight / count to
-    the four taps of each sample that can touch the map (map_spans; bins not `live` have
-    none), at gi_base (per element) plus the tap's offset, for the elements in tile_m."""
+                    CF: tl.constexpr, DIVIDE: tl.constexpr = True):
+    """The atomic RoIAlign backward of a [bins x channels] tile: adds g * weight / count
+    (tap_share) to the four taps of each sample that can touch the map (map_spans; bins
+    not `live` have none), at gi_base (per element) plus the tap's offset, for the
+    elements in tile_m."""
     G = gi_base.dtype.element_ty
     fy, ey, ny, fx, ex, nx = map_spans(live, ybase, xbase, bh, bw, ghf, gwf, H, W)
     for dy in range(0, tl.max(ny, axis=0)):
@@ -119,14 +131,28 @@ def scatter_samples(gi_base, g, count, live, tile_m, ybase, xbase, bh, bw, ghf, 
         for dx in range(0, tl.max(nx, axis=0)):
             _, oxlo, oxhi, lx, hx, inx = sample_taps(xbase, fx + dx, bw, gwf, W, siW)
             m = tile_m & along_p(iny & inx & (dx < nx), CF)
-            tl.atomic_add(gi_base + along_p(oylo + oxlo, CF), div_rn(g * along_p(hy * hx, CF), count).to(G),
+            tl.atomic_add(gi_base + along_p(oylo + oxlo, CF), tap_share(g, along_p(hy * hx, CF), count, DIVIDE).to(G),
                           mask=m, sem="relaxed")
-            tl.atomic_add(gi_base + along_p(oylo + oxhi, CF), div_rn(g * along_p(hy * lx, CF), count).to(G),
+            tl.atomic_add(gi_base + along_p(oylo + oxhi, CF), tap_share(g, along_p(hy * lx, CF), count, DIVIDE).to(G),
                           mask=m, sem="relaxed")
-            tl.atomic_add(gi_base + along_p(oyhi + oxlo, CF), div_rn(g * along_p(ly * hx, CF), count).to(G),
+            tl.atomic_add(gi_base + along_p(oyhi + oxlo, CF), tap_share(g, along_p(ly * hx, CF), count, DIVIDE).to(G),
                           mask=m, sem="relaxed")
-            tl.atomic_add(gi_base + along_p(oyhi + oxhi, CF), div_rn(g * along_p(ly * lx, CF), count).to(G),
+            tl.atomic_add(gi_base + along_p(oyhi + oxhi, CF), tap_share(g, along_p(ly * lx, CF), count, DIVIDE).to(G),
                           mask=m, sem="relaxed")
+
+
+@triton.jit
+def tile_axis_weights(cells, start, bin, gridf, lo, hi, size):
+    """Per cell of `cells` (a tile's rows or columns, lo to hi inclusive, as coordinates),
+    the bilinear weights it gets along one axis from the samples of a bin (start, bin,
+    gridf: sample_pos), summed over those that can reach the tile (sample_span)."""
+    w = tl.zeros_like(cells).to(start.dtype)
+    first, end = sample_span(start, bin, gridf, lo - 1.0, hi + 1.0)
+    for t in range(first, end):
+        v = sample_pos(start, t, bin, gridf)
+        vlo, vhi, l, h, inside = axis_taps(v, size)
+        w += tl.where(inside, tl.where(cells == vlo, h, 0.0) + tl.where(cells == vhi, l, 0.0), 0.0)
+    return w
 
 
 @triton.jit
@@ -243,6 +269,20 @@ def bilinear_slopes(v1, v2, v3, v4, ly, hy, lx, hx, slides_y, slides_x):
 
 
 @triton.jit
+def tap_slopes(x_base, m, oylo, oyhi, oxlo, oxhi, ly, hy, lx, hx, slides_y, slides_x, CF: tl.constexpr):
+    """bilinear_slopes of one sample per bin of a tile: its taps read at x_base (per
+    channel) plus their offsets (per bin) where m, in the type of the weights (axis_taps'
+    ly, hy, lx, hx, per bin); slides_y, slides_x: axis_slides as tile axes."""
+    T = ly.dtype
+    v1 = tl.load(x_base + along_p(oylo + oxlo, CF), mask=m, other=0.0).to(T)
+    v2 = tl.load(x_base + along_p(oylo + oxhi, CF), mask=m, other=0.0).to(T)
+    v3 = tl.load(x_base + along_p(oyhi + oxlo, CF), mask=m, other=0.0).to(T)
+    v4 = tl.load(x_base + along_p(oyhi + oxhi, CF), mask=m, other=0.0).to(T)
+    return bilinear_slopes(v1, v2, v3, v4, along_p(ly, CF), along_p(hy, CF), along_p(lx, CF), along_p(hx, CF),
+                           m & slides_y, m & slides_x)
+
+
+@triton.jit
 def corner_slopes(c1, c2, scale, bin, idx, gridf, pooled, ALIGNED: tl.constexpr):
     """d/dc1 and d/dc2 of the coordinate of sample idx of bin `bin` (sample_pos, grid gridf)
     along an axis of `pooled` bins whose box corners are c1 < c2 (align_geometry): the
@@ -264,11 +304,13 @@ def corner_slopes(c1, c2, scale, bin, idx, gridf, pooled, ALIGNED: tl.constexpr)
 def touched_cells(a, b, size):
     """(first, last, any) cells of an axis of `size` cells that samples between coordinates
     a and b (either order) can interpolate from: a sample at v reaches cells floor(v) and
-    floor(v) + 1, and one more each side covers the rounding of its position."""
+    floor(v) + 1, and one more each side covers the rounding of its position. Both stay in
+    [-1, size] (a deformable bin may lie any finite distance off the map), so they convert
+    to int32 exactly."""
     lo = tl.minimum(a, b)
     hi = tl.maximum(a, b)
-    first = tl.maximum(tl.floor(lo) - 1.0, 0.0)
-    last = tl.minimum(tl.floor(hi) + 2.0, size - 1.0)
+    first = tl.minimum(tl.maximum(tl.floor(lo) - 1.0, 0.0), size)
+    last = tl.maximum(tl.minimum(tl.floor(hi) + 2.0, size - 1.0), -1.0)
     return first.to(tl.int32), last.to(tl.int32), first <= last
 
 

@@ -23,7 +23,7 @@ from ._align import align_tile, argmax_taps, pool_bins
 from .._kernel_checks import kernel_check
 from ._common import box_grid, check_device, f64_bits, kernel, opmath, tile_budget
 from ._jit import (axis_slides, bilinear_slopes, box_program, corner_slopes, div_rn, load_roi, map_spans, sample_taps,
-                   scale_of, with_flag)
+                   scale_of, tap_slopes, with_flag)
 from ._jit import along_c as _c  # per-channel vector -> tile axis
 from ._jit import along_p as _p  # per-bin / per-pixel vector -> tile axis
 
@@ -93,12 +93,8 @@ def _align_rois_bwd_kernel(
                 ix = fx + dx
                 x, oxlo, oxhi, lx, hx, inx = sample_taps(xbase, ix, bw, gwf, W, sxW)
                 m = tile_m & _p(on_y & inx & (dx < nx), CF)
-                v1 = tl.load(x_base + _p(oylo + oxlo, CF), mask=m, other=0.0).to(T)
-                v2 = tl.load(x_base + _p(oylo + oxhi, CF), mask=m, other=0.0).to(T)
-                v3 = tl.load(x_base + _p(oyhi + oxlo, CF), mask=m, other=0.0).to(T)
-                v4 = tl.load(x_base + _p(oyhi + oxhi, CF), mask=m, other=0.0).to(T)
-                dvdy, dvdx = bilinear_slopes(v1, v2, v3, v4, _p(ly, CF), _p(hy, CF), _p(lx, CF), _p(hx, CF),
-                                             m & slides_y, m & _p(axis_slides(x, W), CF))
+                dvdy, dvdx = tap_slopes(x_base, m, oylo, oyhi, oxlo, oxhi, ly, hy, lx, hx, slides_y,
+                                        _p(axis_slides(x, W), CF), CF)
                 dx1, dx2 = corner_slopes(x1, x2, scale, j, ix, gwf, pw, ALIGNED)
                 ry += dvdy
                 ax1 += dvdx * _p(dx1, CF)
