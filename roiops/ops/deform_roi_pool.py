@@ -24,7 +24,8 @@ _KERNELS = Kernels(
     title="deform_roi_pool", tensors=(("offset", True),), bin_channels={"offset": 2}, onnx="deformable RoI pooling",
     variants={"forward": (dict(sampling_ratio=2, gamma=0.1), dict(sampling_ratio=0, gamma=0.5)),
               "backward": (dict(sampling_ratio=2, gamma=0.1, channels_last=False),
-                           dict(sampling_ratio=0, gamma=0.5, channels_last=True))})
+                           dict(sampling_ratio=0, gamma=0.5, channels_last=True)),
+              "offset_backward": (dict(sampling_ratio=2, gamma=0.1), dict(sampling_ratio=0, gamma=-0.5))})
 _deform_roi_pool = register(_KERNELS)
 
 
