@@ -192,8 +192,8 @@ Plans<T> build_plans(const Tensor& rois, const T* offset, int64_t k0, int64_t k1
 // ---- offset gradient, one box ---------------------------------------------------------
 
 // One sample's terms dv/dx and dv/dy of n channels (taps p1..p4, channel stride cs) added
-// to ax and ay. Contiguous float/double channels go by vectors of 8 (lane by lane the
-// scalar operations, so the same bits): GCC left the plain loop scalar in the tile path.
+// to ax and ay. Contiguous float/double channels go by vectors (lane by lane the scalar
+// operations, so the same bits): GCC left the plain loop scalar in the tile path.
 template <typename S, typename T>
 __attribute__((always_inline)) inline void offset_terms(T* __restrict__ ax, T* __restrict__ ay,
                                                         const S* __restrict__ p1, const S* __restrict__ p2,
@@ -204,10 +204,19 @@ __attribute__((always_inline)) inline void offset_terms(T* __restrict__ ax, T* _
   const T x1 = dx * hy, x2 = dx * ly, y1 = dy * hx, y2 = dy * lx;
   int64_t c = 0;
   if constexpr (std::is_same_v<S, T>) {
-    for (; cs == 1 && c + 8 <= n; c += 8) {
-      const lanes8<T> v1 = load8(p1 + c), v2 = load8(p2 + c), v3 = load8(p3 + c), v4 = load8(p4 + c);
-      store8(ax + c, load8(ax + c) + (x1 * (v2 - v1) + x2 * (v4 - v3)));
-      store8(ay + c, load8(ay + c) + (y1 * (v3 - v1) + y2 * (v4 - v2)));
+    // 32-byte vectors (8 floats, 4 doubles): GCC builds 8-double ones from scalars through the stack.
+    typedef T vec __attribute__((vector_size(32)));
+    constexpr int64_t kL = 32 / sizeof(T);
+    const auto load = [](const T* p) {
+      vec v;
+      __builtin_memcpy(&v, p, sizeof v);
+      return v;
+    };
+    const auto store = [](T* p, vec v) { __builtin_memcpy(p, &v, sizeof v); };
+    for (; cs == 1 && c + kL <= n; c += kL) {
+      const vec v1 = load(p1 + c), v2 = load(p2 + c), v3 = load(p3 + c), v4 = load(p4 + c);
+      store(ax + c, load(ax + c) + (x1 * (v2 - v1) + x2 * (v4 - v3)));
+      store(ay + c, load(ay + c) + (y1 * (v3 - v1) + y2 * (v4 - v2)));
     }
   }
   for (; c < n; ++c) {
