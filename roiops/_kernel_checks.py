@@ -29,6 +29,7 @@ in a backward):
 5. the pooled size in [1, 65536] (roi_pool's backward: grad's last two sizes);
    ``spatial_scale`` in [2^-64, 2^64]; ``sampling_ratio`` <= 1024;
 6. position-sensitive ops: channels a multiple of ``pooled_height * pooled_width``;
+   an op with ``channel_groups``: that argument in [1, 2^16], dividing the channels;
 7. ``grad`` of the forward output's shape ``[K, C_out, pooled_height, pooled_width]``
    (a box gradient's: floating point, the input's dtype, on its device);
 8. a saved ``argmax``: grad's shape, int32, on grad's device.
@@ -47,7 +48,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ._geometry import MAX_MAP_SIDE, MAX_OUTPUT_SIZE, MAX_SAMPLING_RATIO, MAX_SCALE, MIN_SCALE
+from ._geometry import MAX_MAP_SIDE, MAX_ORIENTATIONS, MAX_OUTPUT_SIZE, MAX_SAMPLING_RATIO, MAX_SCALE, MIN_SCALE
 
 ROLES = ("forward", "backward", "rois_backward")
 
@@ -122,6 +123,7 @@ def kernel_check(name: str, role: str = "forward", *, empty_map: bool = False,
     extra = tuple((pos[n], n) for n, _ in k.tensors)
     out_channels = k.out_channels
     position_sensitive = spec.position_sensitive
+    at_groups = pos[k.channel_groups] if k.channel_groups else None
     plane_argmax = k.plane_argmax and role == "forward"
     min_side = 0 if empty_map else 1
     argmax_dtypes = (torch.int32, torch.int64) if int64_argmax else (torch.int32,)
@@ -176,6 +178,8 @@ def kernel_check(name: str, role: str = "forward", *, empty_map: bool = False,
         if position_sensitive and C % (ph * pw):
             raise ValueError(f"roiops: input channels ({C}) must be a multiple of pooled_height * pooled_width "
                              f"({ph} * {pw})")
+        if at_groups is not None:
+            _check_groups(k.channel_groups, args[at_groups], C)
         if plane_argmax and H * W > _INT32_MAX:
             raise ValueError(f"roiops: roi_pool needs H * W < 2^31 (its argmax is the int32 h * W + w), got input "
                              f"height {H} and width {W}")
@@ -247,6 +251,13 @@ def _rois_dtype(rois: Tensor, main_name: str, dtype: torch.dtype) -> None:
     if dtype == torch.float64:
         raise ValueError(f"roiops: rois must be float64 for a float64 {main_name}, got {rois.dtype}")
     # Any other floating dtype is converted to float32 by the kernels.
+
+
+def _check_groups(name: str, groups: int, channels: int) -> None:
+    if not 1 <= groups <= MAX_ORIENTATIONS:
+        raise ValueError(f"roiops: {name} must be in [1, {MAX_ORIENTATIONS}], got {groups}")
+    if channels % groups:
+        raise ValueError(f"roiops: channels ({channels}) must be a multiple of {name} ({groups})")
 
 
 def _map_size(height: int, width: int) -> None:

@@ -16,8 +16,8 @@ import torch
 from torch import Tensor
 
 from . import _backend, config
-from ._geometry import (MAX_ARGMAX_GRID, MAX_COORDINATE, MAX_LEVELS, MAX_MAP_SIDE, MAX_OUTPUT_SIZE, MAX_SAMPLING_RATIO,
-                        MAX_SCALE, MIN_SCALE, align_axis, dense)
+from ._geometry import (MAX_ARGMAX_GRID, MAX_COORDINATE, MAX_LEVELS, MAX_MAP_SIDE, MAX_ORIENTATIONS, MAX_OUTPUT_SIZE,
+                        MAX_SAMPLING_RATIO, MAX_SCALE, MIN_SCALE, align_axis, dense)
 
 BoxesType = Union[Tensor, Sequence[Tensor]]
 OutputSize = Union[int, tuple[int, int], list[int]]
@@ -64,6 +64,21 @@ def sampling_ratio(value: object) -> int:
     if ratio is None or ratio > MAX_SAMPLING_RATIO:
         raise ValueError(f"sampling_ratio must be an int <= {MAX_SAMPLING_RATIO} (<= 0 for adaptive), got {value!r}")
     return ratio
+
+
+def orientations(value: object) -> int:
+    count = _as_int(value)
+    if count is None or not 1 <= count <= MAX_ORIENTATIONS:
+        raise ValueError(f"num_orientations must be an int in [1, {MAX_ORIENTATIONS}], got {value!r}")
+    return count
+
+
+def orientation_fields(input: Tensor, count: int) -> None:
+    """Rotation-invariant pooling reads fields of ``count`` orientation channels."""
+    c = input.shape[1]
+    if c % count != 0:
+        raise ValueError(f"input has {c} channels, not a multiple of num_orientations = {count}: the channels must "
+                         f"be fields of num_orientations orientations each (channel c' * num_orientations + o)")
 
 
 def choice(name: str, value: object, allowed: tuple[str, ...]) -> str:

@@ -38,7 +38,9 @@ class Kernels:
     tests' defaults. ``onnx``: None when ``roiops.onnx`` translates the forward, else what
     ONNX lacks, for the error that refuses the export (``"Precise RoI Pooling"``).
     ``plane_argmax``: the saved argmax is the int32 index ``h * W + w`` of a map cell, so
-    the kernels refuse a map with ``H * W >= 2^31``."""
+    the kernels refuse a map with ``H * W >= 2^31``. ``channel_groups``: an int argument
+    that must lie in [1, 2^16] and divide the map's channels (the orientations of a
+    rotation-invariant op's channel fields)."""
 
     name: str
     args: tuple[tuple[str, str], ...]
@@ -51,6 +53,7 @@ class Kernels:
     variants: Mapping[str, tuple[dict[str, Any], ...]] = field(default_factory=dict)
     onnx: str | None = None
     plane_argmax: bool = False
+    channel_groups: str = ""
 
     def ops(self) -> dict[str, str]:
         """The registered ops' names, by role: ``forward``, ``backward`` and, with a box
