@@ -43,7 +43,8 @@ constexpr int64_t kMaxPooled = int64_t(1) << 16;
 // A fixed sampling_ratio costs ratio^2 samples per bin however small the box: bounded so
 // that one bin is at most 2^20 samples (practical values are 0 to 8).
 constexpr int64_t kMaxSamplingRatio = 1024;
-// Orientations per channel field of rotation-invariant RoIAlign: exact in float32.
+// Orientations per channel field of rotation-invariant RoIAlign (ReDet uses 8): angle * O
+// stays exact in double for float angles.
 constexpr int64_t kMaxOrientations = int64_t(1) << 16;
 // "max" stores the winner of a bin as the int32 iy * grid_w + ix: a bin's grid must have
 // at most this many samples (an adaptive grid of a huge box with a small output may not).
