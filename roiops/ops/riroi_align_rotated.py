@@ -74,9 +74,9 @@ def riroi_align_rotated(
     scale = v.spatial_scale(spatial_scale)
     ratio = v.sampling_ratio(sampling_ratio)
     count = v.orientations(num_orientations)
-    v.orientation_fields(input, count)
     clockwise = v.flag("clockwise", clockwise)
     rois = v.rotated_rois(input, boxes, scale, False, clockwise)
+    v.orientation_fields(input, count)
     return _riroi_align_rotated(input, rois, scale, h, w, ratio, count, clockwise)
 
 
@@ -103,7 +103,7 @@ class RiRoIAlignRotated(RoIModule):
 SPEC = OpSpec(
     riroi_align_rotated, RiRoIAlignRotated, (_KERNELS,), boxes="rotated",
     options=(dict(sampling_ratio=2, num_orientations=8, clockwise=False),
-             dict(sampling_ratio=0, num_orientations=3, clockwise=True)),
+             dict(sampling_ratio=0, num_orientations=2, clockwise=True)),
     bench=(Bench("riroi_align_rotated", "RiRoIAlign rotated",
                  lambda w, x, b: riroi_align_rotated(x, b, w.size, w.scale, w.sampling_ratio, 8, True),
                  Peer("roiops",
