@@ -14,6 +14,7 @@
 #include "memory.h"
 #include "parallel.h"
 #include "rotated.h"
+#include "simd.h"
 
 namespace roiops {
 namespace {
@@ -46,40 +47,46 @@ std::vector<Orientation<T>> orientations(const Tensor& rois, int64_t O, bool clo
   return out;
 }
 
-// dst[k, c' O + o] = r * src[k, c' O + i0(o)] + l * src[k, c' O + i1(o)] in T, for K dense
-// [C, P] blocks (NCHW: channel-major; channels_last: bin-major). Forward (adjoint false):
-// i0 = (o - ind) mod O, i1 = i0 + 1; its adjoint: i0 = (o + ind) mod O, i1 = i0 - 1 (mod O),
-// which sends each output's r and l parts back to the orientations it read.
+// One box's [C, P] block (NCHW: channel-major; channels_last: bin-major): dst channel c =
+// r * src channel j0[c] + l * src channel j1[c], in T. Inner loops run along contiguous
+// bins (NCHW) or channels (channels_last, a gather of the two source channels).
+template <typename T, typename S, typename D>
+ROIOPS_SIMD void blend_box(const S* __restrict__ src, D* __restrict__ dst, int64_t C, int64_t P, bool channels_last,
+                           T r, T l, const int64_t* __restrict__ j0, const int64_t* __restrict__ j1) {
+  if (channels_last) {
+    for (int64_t p = 0; p < P; ++p) {
+      const S* sp = src + p * C;
+      D* dp = dst + p * C;
+      for (int64_t c = 0; c < C; ++c)
+        dp[c] = static_cast<D>(r * static_cast<T>(sp[j0[c]]) + l * static_cast<T>(sp[j1[c]]));
+    }
+    return;
+  }
+  for (int64_t c = 0; c < C; ++c) {
+    const S *s0 = src + j0[c] * P, *s1 = src + j1[c] * P;
+    D* dc = dst + c * P;
+    for (int64_t p = 0; p < P; ++p) dc[p] = static_cast<D>(r * static_cast<T>(s0[p]) + l * static_cast<T>(s1[p]));
+  }
+}
+
+// dst[k, c' O + o] = r * src[k, c' O + i0] + l * src[k, c' O + i1] for K dense [C, P]
+// blocks. Forward (adjoint false): i0 = (o - ind) mod O, i1 = i0 + 1; its adjoint:
+// i0 = (o + ind) mod O, i1 = i0 - 1 (mod O), which sends each output's r and l parts back
+// to the orientations it read.
 template <typename T, typename S, typename D>
 void blend(const S* src, D* dst, int64_t K, int64_t C, int64_t P, int64_t O, bool channels_last,
            const std::vector<Orientation<T>>& orient, bool adjoint) {
   parallel_tasks(K, [&](int64_t k) {
     const Orientation<T> b = orient[static_cast<size_t>(k)];
-    std::vector<int64_t> i0(static_cast<size_t>(O)), i1(static_cast<size_t>(O));
-    for (int64_t o = 0; o < O; ++o) {
-      i0[o] = adjoint ? (o + b.ind) % O : (o - b.ind + O) % O;
-      i1[o] = adjoint ? (i0[o] + O - 1) % O : (i0[o] + 1) % O;
-    }
-    const S* s = src + k * C * P;
-    D* d = dst + k * C * P;
-    if (channels_last) {
-      for (int64_t p = 0; p < P; ++p) {
-        const S* sp = s + p * C;
-        D* dp = d + p * C;
-        for (int64_t c0 = 0; c0 < C; c0 += O) {
-          for (int64_t o = 0; o < O; ++o) {
-            dp[c0 + o] = static_cast<D>(b.r * static_cast<T>(sp[c0 + i0[o]]) + b.l * static_cast<T>(sp[c0 + i1[o]]));
-          }
-        }
-      }
-      return;
-    }
+    // The two source channels of each output channel.
+    std::vector<int64_t> j0(static_cast<size_t>(C)), j1(static_cast<size_t>(C));
     for (int64_t c = 0; c < C; ++c) {
-      const int64_t o = c % O, c0 = c - o;
-      const S *s0 = s + (c0 + i0[o]) * P, *s1 = s + (c0 + i1[o]) * P;
-      D* dc = d + c * P;
-      for (int64_t p = 0; p < P; ++p) dc[p] = static_cast<D>(b.r * static_cast<T>(s0[p]) + b.l * static_cast<T>(s1[p]));
+      const int64_t o = c % O, i0 = adjoint ? (o + b.ind) % O : (o - b.ind + O) % O;
+      const int64_t i1 = adjoint ? (i0 + O - 1) % O : (i0 + 1) % O;
+      j0[c] = c - o + i0;
+      j1[c] = c - o + i1;
     }
+    blend_box(src + k * C * P, dst + k * C * P, C, P, channels_last, b.r, b.l, j0.data(), j1.data());
   });
 }
 
