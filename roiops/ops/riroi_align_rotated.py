@@ -104,11 +104,11 @@ SPEC = OpSpec(
     riroi_align_rotated, RiRoIAlignRotated, (_KERNELS,), boxes="rotated",
     options=(dict(sampling_ratio=2, num_orientations=8, clockwise=False),
              dict(sampling_ratio=0, num_orientations=2, clockwise=True)),
-    bench=(Bench("riroi_align_rotated", "RiRoIAlign rotated",
+    bench=(Bench("riroi_align_rotated", "rotation-invariant RiRoIAlign",
                  lambda w, x, b: riroi_align_rotated(x, b, w.size, w.scale, w.sampling_ratio, 8, True),
                  Peer("roiops",
                       lambda r, w, x, b: r.roi_align_rotated(x, b, w.size, w.scale, w.sampling_ratio, False, True,
                                                              "radians"),
                       same_result=False, note="its own roi_align_rotated(aligned=False) on the same boxes"),
-                 (Workload("redet head", 2, 256, 200, 336, 1 / 4, 1000, 7, aligned=False),),
+                 (Workload("redet head", 2, 256, 200, 336, 1 / 4, 1000, 7),),
                  boxes="rotated", channel_multiple=lambda w: 8),))
