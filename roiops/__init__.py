@@ -2,8 +2,8 @@
 
 Public API: :func:`roi_align`, :func:`roi_pool`, :func:`multi_scale_roi_align`, :class:`RoIAlign`, :class:`RoIPool`,
 :func:`ps_roi_align`, :func:`ps_roi_pool`, :class:`PSRoIAlign`, :class:`PSRoIPool`,
-:func:`roi_align_rotated`, :class:`RoIAlignRotated`, :func:`prroi_pool`, :class:`PrRoIPool`,
-:func:`deform_roi_pool`, :class:`DeformRoIPool`,
+:func:`roi_align_rotated`, :class:`RoIAlignRotated`, :func:`riroi_align_rotated`, :class:`RiRoIAlignRotated`,
+:func:`prroi_pool`, :class:`PrRoIPool`, :func:`deform_roi_pool`, :class:`DeformRoIPool`,
 :func:`use_backend`, :mod:`roiops.config`, :mod:`roiops.compat` (peers' signatures) and
 :mod:`roiops.reference` (the pure-PyTorch oracle). Semantics: docs/semantics.md.
 """
@@ -27,6 +27,7 @@ from .ops.deform_roi_pool import DeformRoIPool, deform_roi_pool
 from .ops.prroi_pool import PrRoIPool, prroi_pool
 from .ops.ps_roi_align import PSRoIAlign, ps_roi_align
 from .ops.ps_roi_pool import PSRoIPool, ps_roi_pool
+from .ops.riroi_align_rotated import RiRoIAlignRotated, riroi_align_rotated
 from .ops.roi_align import RoIAlign, roi_align
 from .ops.roi_align_rotated import RoIAlignRotated, roi_align_rotated
 from .ops.roi_pool import RoIPool, roi_pool

@@ -16,6 +16,7 @@ grids reuses them as they are.
 
 from __future__ import annotations
 
+import math
 from typing import Any, Protocol, TypeVar
 
 import torch
@@ -30,6 +31,7 @@ MAX_SAMPLING_RATIO = 1024  # a fixed ratio costs ratio^2 samples per bin, whatev
 MAX_ARGMAX_GRID = 2**31 - 1  # samples per bin in mode "max": its argmax is int32 iy * grid_w + ix
 MIN_SCALE, MAX_SCALE = 2.0**-64, 2.0**64  # the kernels use spatial_scale as a float32
 MAX_LEVELS = 5  # feature maps of a multi-level op: pick() in triton/_jit.py selects among five arguments
+MAX_ORIENTATIONS = 2**16  # per channel field of rotation-invariant RoIAlign: angle * O exact in float64 for float32
 
 
 # ---- layout
@@ -245,6 +247,29 @@ def align_size(size: A, pooled: int | A, sampling_ratio: int, aligned: bool,
     bin_size = ops.div(size, pooled)
     grid = sampling_ratio if sampling_ratio > 0 else ops.ceil(bin_size)
     return size, bin_size, grid, stretched
+
+
+# ---- rotation-invariant RoIAlign (docs/semantics.md, "riroi_align_rotated")
+
+def orientation_blend(theta: Tensor, num_orientations: int, clockwise: bool) -> tuple[Tensor, Tensor, Tensor]:
+    """Each box's orientation bin and blend weights from its sampling angle ``theta`` (the
+    boxes' column 5 as the kernels get it, negated when ``clockwise``): ``(ind, r, l)``,
+    ``ind`` int64 in ``[0, O)``, ``r`` and ``l`` in theta's dtype.
+
+    f = t * O / (2 pi) of the orientation angle t (theta, or -theta when clockwise: exact)
+    in float64, its non-finite values made finite (NaN 0, +-inf the largest float64);
+    ind = floor(f) mod O (fmod is exact), l = f - floor(f) (exact), r = 1 - l, each
+    rounded once to theta's dtype. The division is by a tensor: torch divides by a Python
+    scalar as a multiplication by its reciprocal on CUDA, which is not the quotient's bits."""
+    t = theta.double()
+    if clockwise:
+        t = -t
+    f = torch.nan_to_num(torch.div(t * num_orientations, torch.full_like(t, 2 * math.pi)), nan=0.0)
+    whole = torch.floor(f)
+    frac = f - whole
+    ind = torch.fmod(whole, num_orientations)
+    ind = torch.where(ind < 0, ind + num_orientations, ind).long()
+    return ind, (1.0 - frac).to(theta.dtype), frac.to(theta.dtype)
 
 
 # ---- precise RoI pooling (docs/semantics.md, "prroi_pool")

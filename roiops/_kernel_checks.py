@@ -31,6 +31,7 @@ in a backward):
    ``spatial_scale`` in [2^-64, 2^64]; ``sampling_ratio`` <= 1024;
 6. position-sensitive ops: channels a multiple of ``pooled_height * pooled_width``;
    per-bin tensors ``[K, n, pooled_height, pooled_width]``;
+   an op with ``channel_groups``: that argument in [1, 2^16], dividing the channels;
 7. ``grad`` of the forward output's shape ``[K, C_out, pooled_height, pooled_width]``
    (a box gradient's: floating point, the input's dtype, on its device);
 8. a saved ``argmax``: grad's shape, int32, on grad's device.
@@ -49,7 +50,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ._geometry import MAX_MAP_SIDE, MAX_OUTPUT_SIZE, MAX_SAMPLING_RATIO, MAX_SCALE, MIN_SCALE
+from ._geometry import MAX_MAP_SIDE, MAX_ORIENTATIONS, MAX_OUTPUT_SIZE, MAX_SAMPLING_RATIO, MAX_SCALE, MIN_SCALE
 
 
 _KERNEL_DTYPES = frozenset((torch.float16, torch.bfloat16, torch.float32, torch.float64))
@@ -125,6 +126,7 @@ def kernel_check(name: str, role: str = "forward", *, empty_map: bool = False,
     per_bin = tuple((pos[n], n, c) for n, c in k.bin_channels.items())
     out_channels = k.out_channels
     position_sensitive = spec.position_sensitive
+    at_groups = pos[k.channel_groups] if k.channel_groups else None
     plane_argmax = k.plane_argmax and role == "forward"
     min_side = 0 if empty_map else 1
     argmax_dtypes = (torch.int32, torch.int64) if int64_argmax else (torch.int32,)
@@ -188,6 +190,8 @@ def kernel_check(name: str, role: str = "forward", *, empty_map: bool = False,
             if t is not None and t.shape != (rois.shape[0], c, ph, pw):
                 raise ValueError(f"roiops: {n} must be [K, {c}, pooled_height, pooled_width] = "
                                  f"{[rois.shape[0], c, ph, pw]}, got {list(t.shape)}")
+        if at_groups is not None:
+            _check_groups(k.channel_groups, args[at_groups], C)
         if plane_argmax and H * W > _INT32_MAX:
             raise ValueError(f"roiops: roi_pool needs H * W < 2^31 (its argmax is the int32 h * W + w), got input "
                              f"height {H} and width {W}")
@@ -266,6 +270,13 @@ def _per_bin_dtype(name: str, got: torch.dtype, main_name: str, dtype: torch.dty
         raise ValueError(f"roiops: {name} must be floating point, got {got}")
     if dtype == torch.float64:
         raise ValueError(f"roiops: {name} must be float64 for a float64 {main_name}, got {got}")
+
+
+def _check_groups(name: str, groups: int, channels: int) -> None:
+    if not 1 <= groups <= MAX_ORIENTATIONS:
+        raise ValueError(f"roiops: {name} must be in [1, {MAX_ORIENTATIONS}], got {groups}")
+    if channels % groups:
+        raise ValueError(f"roiops: channels ({channels}) must be a multiple of {name} ({groups})")
 
 
 def _map_size(height: int, width: int) -> None:

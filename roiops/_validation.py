@@ -16,8 +16,8 @@ import torch
 from torch import Tensor
 
 from . import _backend, config
-from ._geometry import (MAX_ARGMAX_GRID, MAX_COORDINATE, MAX_LEVELS, MAX_MAP_SIDE, MAX_OUTPUT_SIZE, MAX_SAMPLING_RATIO,
-                        MAX_SCALE, MIN_SCALE, align_axis, dense)
+from ._geometry import (MAX_ARGMAX_GRID, MAX_COORDINATE, MAX_LEVELS, MAX_MAP_SIDE, MAX_ORIENTATIONS, MAX_OUTPUT_SIZE,
+                        MAX_SAMPLING_RATIO, MAX_SCALE, MIN_SCALE, align_axis, dense)
 
 BoxesType = Union[Tensor, Sequence[Tensor]]
 OutputSize = Union[int, tuple[int, int], list[int]]
@@ -91,6 +91,21 @@ def per_bin(name: str, value: object, input: Tensor, rois: Tensor, h: int, w: in
         raise ValueError(f"{name} must be [K, {channels}, h, w] = {list(shape)} (K boxes, output_size (h, w)), "
                          f"got {list(value.shape)}")
     return dense(value, _coord_type(input))
+
+
+def orientations(value: object) -> int:
+    count = _as_int(value)
+    if count is None or not 1 <= count <= MAX_ORIENTATIONS:
+        raise ValueError(f"num_orientations must be an int in [1, {MAX_ORIENTATIONS}], got {value!r}")
+    return count
+
+
+def orientation_fields(input: Tensor, count: int) -> None:
+    """Rotation-invariant pooling reads fields of ``count`` orientation channels."""
+    c = input.shape[1]
+    if c % count != 0:
+        raise ValueError(f"input has {c} channels, not a multiple of num_orientations = {count}: the channels must "
+                         f"be fields of num_orientations orientations each (channel c' * num_orientations + o)")
 
 
 def choice(name: str, value: object, allowed: tuple[str, ...]) -> str:

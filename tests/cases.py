@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
+import math
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -164,9 +166,22 @@ class Case:
 
     def channels(self, c: int, output_size: Any) -> int:
         """The input channels that give ``c`` output channels (``C_out * ph * pw`` for a
-        position-sensitive op)."""
+        position-sensitive op), or ``c`` fields of an op whose channels come in fields."""
         ph, pw = (output_size, output_size) if isinstance(output_size, int) else output_size
-        return c * ph * pw if self.spec.position_sensitive else c
+        return c * ph * pw if self.spec.position_sensitive else c * self.fields
+
+    def out_channels(self, c: int) -> int:
+        """The output channels of the map ``channels(c, ...)`` gives."""
+        return c * self.fields
+
+    @property
+    def fields(self) -> int:
+        """Channels per field (``Kernels.channel_groups``: its option, else the function's
+        default), 1 for other ops."""
+        groups = self.spec.kernels[0].channel_groups
+        if not groups:
+            return 1
+        return self.options.get(groups, inspect.signature(self.spec.function).parameters[groups].default)
 
     def boxes(self, **kw: Any) -> torch.Tensor:
         """:func:`boxes_for` in the op's box format."""
@@ -290,6 +305,29 @@ def run(fn: Callable[[torch.Tensor, Any], torch.Tensor], x: torch.Tensor, boxes:
         out.backward(g.to(grad_dtype or out.dtype).to(dev, out.dtype))
     grad_boxes = bg.grad.cpu() if isinstance(bg, torch.Tensor) and bg.grad is not None else None
     return out.detach().cpu(), xg.grad.cpu(), grad_boxes
+
+
+def sample_taps(y: float, x: float, h: int, w: int) -> list[tuple[int, int, float]]:
+    """The bilinear taps ``(row, column, weight)`` of one sample point of an ``h x w`` map by
+    the border rule of torchvision, Detectron and mmcv (semantics.md, "roi_align"), in the
+    order w1..w4, for the brute-force oracles: none outside ``[-1, h] x [-1, w]``."""
+    if y < -1 or y > h or x < -1 or x > w:
+        return []
+    y, x = max(y, 0.0), max(x, 0.0)
+    y0, x0 = math.floor(y), math.floor(x)
+    if y0 >= h - 1:
+        y0 = y1 = h - 1
+        y = float(y0)
+    else:
+        y1 = y0 + 1
+    if x0 >= w - 1:
+        x0 = x1 = w - 1
+        x = float(x0)
+    else:
+        x1 = x0 + 1
+    ly, lx = y - y0, x - x0
+    return [(y0, x0, (1 - ly) * (1 - lx)), (y0, x1, (1 - ly) * lx),
+            (y1, x0, ly * (1 - lx)), (y1, x1, ly * lx)]
 
 
 def close(actual: torch.Tensor, expected: torch.Tensor, dtype: torch.dtype, **kw: Any) -> None:

@@ -73,7 +73,7 @@ def test_backward_runs_on_the_backend_of_its_forward(case, monkeypatch):
                             lambda *a, backend=backend, kernel=kernel: calls.append(backend) or kernel(*a))
     x = feature(channels=case.channels(2, 2)).requires_grad_()
     boxes = case.boxes()
-    g = torch.randn(len(boxes), 2, 2, 2, generator=torch.Generator().manual_seed(4))
+    g = torch.randn(len(boxes), case.out_channels(2), 2, 2, generator=torch.Generator().manual_seed(4))
     with roiops.use_backend("reference"):
         out = case(x, boxes, 2, SCALE)
     grads: list[torch.Tensor] = []

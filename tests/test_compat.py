@@ -14,7 +14,7 @@ from roiops.compat import faster_rcnn_pytorch as frp
 from roiops.compat import maskrcnn_benchmark as mrb
 from roiops.compat import mmdet
 from roiops.compat import simple_faster_rcnn as sfr
-from cases import tol
+from cases import sample_taps, tol
 
 
 # ----------------------------------------------------------------------------- oracles
@@ -44,27 +44,6 @@ def _apply_taps(x, rois, ph, pw, taps):
     return out, backward
 
 
-def _bilinear_legacy(y, x, h, w):
-    """Detectron/maskrcnn-benchmark bilinear taps of one sample point."""
-    if y < -1 or y > h or x < -1 or x > w:
-        return []
-    y, x = max(y, 0.0), max(x, 0.0)
-    y0, x0 = math.floor(y), math.floor(x)
-    if y0 >= h - 1:
-        y0 = y1 = h - 1
-        y = float(y0)
-    else:
-        y1 = y0 + 1
-    if x0 >= w - 1:
-        x0 = x1 = w - 1
-        x = float(x0)
-    else:
-        x1 = x0 + 1
-    ly, lx = y - y0, x - x0
-    return [(y0, x0, (1 - ly) * (1 - lx)), (y0, x1, (1 - ly) * lx),
-            (y1, x0, ly * (1 - lx)), (y1, x1, ly * lx)]
-
-
 def legacy_roi_align(x, rois, ph, pw, scale, sampling_ratio):
     """maskrcnn-benchmark ROIAlign (aligned=False)."""
     h, w = x.shape[-2:]
@@ -81,7 +60,7 @@ def legacy_roi_align(x, rois, ph, pw, scale, sampling_ratio):
             for ix in range(gw):
                 yy = ys + i * bh + (iy + 0.5) * bh / gh
                 xx = xs + j * bw + (ix + 0.5) * bw / gw
-                out += [(a, b, wt / (gh * gw)) for a, b, wt in _bilinear_legacy(yy, xx, h, w)]
+                out += [(a, b, wt / (gh * gw)) for a, b, wt in sample_taps(yy, xx, h, w)]
         return out
 
     return _apply_taps(x, rois, ph, pw, taps)

@@ -18,8 +18,9 @@ from torch._dynamo.testing import CompileCounterWithBackend
 
 from cases import CASES, in_form
 
-# 4 channels: 2 x 2 bins of one output channel for the position-sensitive ops.
-CHANNELS, OUT = 4, (2, 2)
+# 8 channels: 2 x 2 bins of two output channels for the position-sensitive ops, whole fields
+# of 8 (or fewer) orientations for rotation-invariant RoIAlign.
+CHANNELS, OUT = 8, (2, 2)
 
 
 def _boxes(k: int, n_images: int = 2, size: float = 16.0) -> torch.Tensor:
@@ -37,8 +38,8 @@ def _all_ops(x: torch.Tensor, boxes: torch.Tensor) -> torch.Tensor:
 
 
 def _channels() -> int:
-    """The output channels of _all_ops: one per position-sensitive op, the map's per other op."""
-    return sum(1 if case.spec.position_sensitive else CHANNELS for case in CASES)
+    """The output channels of _all_ops: two per position-sensitive op, the map's per other op."""
+    return sum(CHANNELS // (OUT[0] * OUT[1]) if case.spec.position_sensitive else CHANNELS for case in CASES)
 
 
 def _run(fn, x: torch.Tensor, boxes: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

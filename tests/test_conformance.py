@@ -49,6 +49,10 @@ def _options(spec, e, fixed):
     p, options = e["params"], dict(fixed)
     if "sampling_ratio" in p:
         options["sampling_ratio"] = p["sampling_ratio"]
+    if "num_samples" in p:  # mmcv's RiRoIAlignRotated
+        options["sampling_ratio"] = p["num_samples"]
+    if "num_orientations" in p:
+        options["num_orientations"] = p["num_orientations"]
     if isinstance(p.get("aligned"), bool):  # detectron2's rotated boxes: "always" (our default)
         options["aligned"] = p["aligned"]
     if "pool_mode" in p:
@@ -57,11 +61,11 @@ def _options(spec, e, fixed):
         options["aligned"] = p.get("coordinate_transformation_mode") == "half_pixel"
     if "clockwise" in p:
         options["clockwise"] = bool(p["clockwise"])
-    if spec.boxes == "rotated" and "roi_format" in p:  # mmcv: radians; detectron2: degrees
+    taken = inspect.signature(spec.function).parameters
+    if "angle" in taken and "roi_format" in p:  # mmcv: radians; detectron2: degrees
         options["angle"] = "degrees" if "DEGREES" in p["roi_format"] else "radians"
     if p.get("rois_requires_grad"):
         options |= spec.box_grad
-    taken = inspect.signature(spec.function).parameters
     unknown = set(options) - set(taken)
     assert not unknown, f"{spec.name} takes no {unknown}"
     if "mmcv" in p.get("semantics", ""):

@@ -186,7 +186,8 @@ def good_args(name: str, role: str, spec, device: str = "cpu") -> dict:
                   grad=torch.randn(len(rows), CHANNELS, PH, PW, generator=g),
                   argmax=torch.zeros(len(rows), CHANNELS, PH, PW, dtype=torch.int32), spatial_scale=0.5,
                   pooled_height=PH, pooled_width=PW, sampling_ratio=2, aligned=True, continuous=False,
-                  batch_size=BATCH, channels=c, height=HEIGHT, width=WIDTH, channels_last=False, gamma=0.1)
+                  batch_size=BATCH, channels=c, height=HEIGHT, width=WIDTH, channels_last=False, gamma=0.1,
+                  num_orientations=1, clockwise=False)
     kernels = next(k for k in spec.kernels if k.name == name)
     values |= {t: torch.randn(len(rows), n, PH, PW, generator=g) for t, n in kernels.bin_channels.items()}
     values = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in values.items()}
@@ -320,6 +321,12 @@ BAD = [
     ("channels_not_a_multiple", lambda a, r, s: s.position_sensitive,
      lambda a: {"channels": a["channels"] + 1} if "channels" in a else {"input": a["input"][:, 1:]}, ValueError,
      r"input channels \(1[79]\) must be a multiple of pooled_height \* pooled_width \(2 \* 3\)"),
+    ("num_orientations_0", lambda a, r, s: "num_orientations" in a, lambda a: {"num_orientations": 0}, ValueError,
+     r"num_orientations must be in \[1, 65536\], got 0$"),
+    ("num_orientations_2^16+1", lambda a, r, s: "num_orientations" in a, lambda a: {"num_orientations": 2**16 + 1},
+     ValueError, r"num_orientations must be in \[1, 65536\], got 65537$"),
+    ("channels_not_a_multiple_of_orientations", lambda a, r, s: "num_orientations" in a,
+     lambda a: {"num_orientations": 2}, ValueError, r"channels \(3\) must be a multiple of num_orientations \(2\)$"),
     ("grad_fewer_boxes", lambda a, r, s: "grad" in a, lambda a: {"grad": a["grad"][:1]}, ValueError,
      r"grad must be \[K, C_out, pooled_height, pooled_width\] = \[2, 3, 2, 3\] \(the forward output's shape\), "
      r"got \[1, 3, 2, 3\]"),

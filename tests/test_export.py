@@ -26,7 +26,7 @@ def _boxes(k: int) -> torch.Tensor:
 class _Model(torch.nn.Module):
     def __init__(self) -> None:
         super().__init__()
-        self.conv = torch.nn.Conv2d(3, 4, 3, padding=1)
+        self.conv = torch.nn.Conv2d(3, 8, 3, padding=1)
         # Rows (batch_index, x1, y1, x2, y2) -> (batch_index, cx, cy, w, h, angle 30): a
         # product with constants, not slices of the boxes (torch 2.6's export turns those
         # into a guard that a dynamic box count violates).
@@ -39,7 +39,7 @@ class _Model(torch.nn.Module):
         self.register_buffer("to_bins", 0.02 * torch.randn(5, 16, generator=torch.Generator().manual_seed(1)))
 
     def forward(self, x: torch.Tensor, boxes: torch.Tensor) -> torch.Tensor:
-        f = self.conv(x)  # 4 channels: 1 x 2 x 2 for a position-sensitive op
+        f = self.conv(x)  # 8 channels: 2 x 2 x 2 for a position-sensitive op, one field of 8 orientations
         rotated = boxes @ self.to_rotated + self.angle  # the same boxes turned by 30 degrees
         outs = []
         for spec in SPECS:

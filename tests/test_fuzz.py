@@ -51,7 +51,8 @@ BY_NAME = {s.name: s for s in SPECS}
 @st.composite
 def op_cases(draw, specs, ratios=RATIOS):
     """A spec and the options its option sets vary, each drawn by its type: a flag either
-    way, a choice among its Literal's, a sampling ratio among ``ratios``."""
+    way, a choice among its Literal's, a sampling ratio among ``ratios``, the channels per
+    field of an op with channel fields among 1, 2, 3 and 8."""
     spec = draw(st.sampled_from(specs))
     hints = typing.get_type_hints(spec.function)
     options = {}
@@ -60,6 +61,8 @@ def op_cases(draw, specs, ratios=RATIOS):
         if name in per_bin_tensors(spec):  # given (drawn by the case) or None
             if draw(st.booleans()):
                 options[name] = None
+        elif name == spec.kernels[0].channel_groups:
+            options[name] = draw(st.sampled_from([1, 2, 3, 8]))
         elif hint is bool:
             options[name] = draw(st.booleans())
         elif typing.get_origin(hint) is typing.Literal:
@@ -376,7 +379,9 @@ def test_ps_triton_agrees_with_the_reference(backend, case, deterministic):
 
 @st.composite
 def rotated_cases(draw):
+    op = draw(op_cases(ROTATED, ratios=[-1, 0, 1, 2, 5]))
     n, c = draw(st.integers(1, 2)), draw(st.sampled_from([1, 3, 8, 19]))  # 8, 19: one vector of lanes, past it
+    c *= op.options.get(op.spec.kernels[0].channel_groups, 1)  # whole fields
     h, w = draw(st.integers(1, 12)), draw(st.integers(1, 12))
     dtype = draw(st.sampled_from(DTYPES))
     g = torch.Generator().manual_seed(draw(st.integers(0, 2**16)))
@@ -395,7 +400,6 @@ def rotated_cases(draw):
     degrees = torch.where(torch.rand(k, generator=g) < 0.33, torch.randint(-4, 5, (k,), generator=g) * 90.0,
                           u[:, 4] * 800 - 400)
     index = torch.randint(0, n, (k, 1), generator=g, dtype=torch.float64)
-    op = draw(op_cases(ROTATED, ratios=[-1, 0, 1, 2, 5]))
     turn = degrees * math.pi / 180 if op.options.get("angle") == "radians" else degrees
     rois = torch.cat([index, centres / scale, sides / scale, turn[:, None]], 1)
     args = dict(output_size=(draw(st.integers(1, 4)), draw(st.integers(1, 4))), spatial_scale=scale)

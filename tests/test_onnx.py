@@ -5,6 +5,7 @@ Exports are slow (seconds each), so each fixture exports one model holding many 
 
 from __future__ import annotations
 
+import math
 import subprocess
 import sys
 import types
@@ -214,7 +215,10 @@ def test_export_refuses_what_onnx_lacks_naming_the_op(spec):
             return Case(spec.name, spec, self.options | dict.fromkeys(per_bin_tensors(spec)))(x, boxes, OUT, SCALE)
 
     x, boxes = _example()
-    x = x.repeat(1, OUT[0] * OUT[1], 1, 1)  # a multiple of the bins, for a position-sensitive op
+    # A multiple of the bins (position-sensitive ops) and of every option set's channel fields.
+    groups = spec.kernels[0].channel_groups
+    fields = math.lcm(*(o[groups] for o in spec.options)) if groups else 1
+    x = x.repeat(1, OUT[0] * OUT[1] * fields, 1, 1)
     if spec.boxes == "rotated":  # (batch_index, cx, cy, w, h, angle)
         boxes = torch.cat([boxes[:, :1], (boxes[:, 1:3] + boxes[:, 3:]) / 2, boxes[:, 3:] - boxes[:, 1:3],
                            torch.full_like(boxes[:, :1], 30.0)], dim=1)

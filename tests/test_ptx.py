@@ -47,6 +47,7 @@ EXPECTED_VARIANTS = {
     "_rotated_fwd_kernel": 16,              # x aligned
     "_rotated_bwd_atomic_kernel": 16,       # x aligned
     "_rotated_bwd_ordered_kernel": 16,      # x aligned (layouts differ in unit strides)
+    "_riroi_blend_kernel": 16,              # x forward/adjoint (RiRoIAlign's sampling is the kernels above)
 }
 EXPECTED_VARIANTS |= {"_ps_align_fwd_kernel": 8, "_ps_align_bwd_kernel": 8, "_ps_align_bwd_atomic_kernel": 8,
                       "_ps_pool_fwd_kernel": 8, "_ps_pool_bwd_kernel": 8, "_ps_pool_bwd_atomic_kernel": 8}
@@ -314,6 +315,10 @@ def _calls(launchers: dict, torch) -> list:
         "roi_align_rotated_forward": lambda f, dt, cl, aligned: f(x(dt, cl), rotated(dt), 0.25, P, P, 2, aligned),
         "roi_align_rotated_backward": lambda f, dt, cl, aligned, deterministic: f(
             g(dt, cl), rotated(dt), 0.25, P, P, N, C, H, W, 2, aligned, cl, deterministic=deterministic),
+        "riroi_align_rotated_forward": lambda f, dt, cl, clockwise: f(
+            x(dt, cl), rotated(dt), 0.25, P, P, 2, 8, clockwise),
+        "riroi_align_rotated_backward": lambda f, dt, cl, clockwise, deterministic: f(
+            g(dt, cl), rotated(dt), 0.25, P, P, N, C, H, W, 2, 8, clockwise, cl, deterministic=deterministic),
     }
     ps_x, ps_g = (lambda dt, cl: meta((N, C_PS, H, W), dt, cl)), (lambda dt, cl: meta((K, 2, P, P), dt, cl))
     recipes |= {

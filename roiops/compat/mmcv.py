@@ -6,8 +6,9 @@ Port with one import::
     # becomes
     from roiops.compat.mmcv import RoIAlign, RoIPool, roi_align, roi_pool
 
-(``PrRoIPool``/``prroi_pool``, ``RoIAlignRotated``/``roi_align_rotated`` and the deformable
-RoI pooling layers ``DeformRoIPool``/``deform_roi_pool``, ``DeformRoIPoolPack`` and
+(``PrRoIPool``/``prroi_pool``, ``RoIAlignRotated``/``roi_align_rotated``,
+``RiRoIAlignRotated``/``riroi_align_rotated`` and the deformable RoI pooling layers
+``DeformRoIPool``/``deform_roi_pool``, ``DeformRoIPoolPack`` and
 ``ModulatedDeformRoIPoolPack`` likewise.)
 
 Same signatures, defaults (``sampling_ratio=0`` adaptive, ``aligned=True``), ``rois[K, 5]``
@@ -27,6 +28,12 @@ boxes and reprs. Semantics:
   h, angle)`` with the angle in radians, counter-clockwise unless ``clockwise=True``;
   ``aligned=False`` means no half-cell offset and sides of at least one cell. It is
   :func:`roiops.roi_align_rotated` with ``angle="radians"``.
+- ``riroi_align_rotated``/``RiRoIAlignRotated``: ReDet's rotation-invariant RoIAlign,
+  :func:`roiops.riroi_align_rotated` (``num_samples`` is its ``sampling_ratio``): channels
+  ``c' * num_orientations + o``, which must divide evenly (mmcv does not check), rows
+  ``(batch_index, cx, cy, w, h, angle)`` in radians. The module keeps ``out_size`` as given
+  (MMRotate reads it). mmcv runs it on CUDA only and accumulates float16 in float16;
+  roiops on CPU and GPU in every floating dtype, in float32 for the half types.
 - ``prroi_pool``/``PrRoIPool``: Precise RoI Pooling, :func:`roiops.prroi_pool`; as in mmcv,
   ``rois`` that require grad receive their gradient (zero in the batch-index column).
   mmcv runs it on CUDA in float32 only; roiops on CPU and GPU in every floating dtype.
@@ -62,8 +69,9 @@ from .. import _validation as v
 from ..ops._declare import fx_leaf
 from ._util import box_assertions
 
-__all__ = ["DeformRoIPool", "DeformRoIPoolPack", "ModulatedDeformRoIPoolPack", "PrRoIPool", "RoIAlign",
-           "RoIAlignRotated", "RoIPool", "deform_roi_pool", "prroi_pool", "roi_align", "roi_align_rotated", "roi_pool"]
+__all__ = ["DeformRoIPool", "DeformRoIPoolPack", "ModulatedDeformRoIPoolPack", "PrRoIPool", "RiRoIAlignRotated",
+           "RoIAlign", "RoIAlignRotated", "RoIPool", "deform_roi_pool", "prroi_pool", "riroi_align_rotated", "roi_align",
+           "roi_align_rotated", "roi_pool"]
 
 OutputSize = Union[int, tuple[int, int], list[int]]
 _Init = TypeVar("_Init", bound=Callable[..., None])
@@ -210,6 +218,58 @@ class RoIAlignRotated(nn.Module):
     def __repr__(self) -> str:
         return (f"{type(self).__name__}(output_size={self.output_size}, spatial_scale={self.spatial_scale}, "
                 f"sampling_ratio={self.sampling_ratio}, aligned={self.aligned}, clockwise={self.clockwise})")
+
+
+def _out_size(value: object) -> tuple[int, int]:
+    """mmcv's ``out_size``: an int or a tuple of two ints (a list is refused, as mmcv does)."""
+    if not isinstance(value, (int, tuple)):
+        raise TypeError(f"out_size must be an int or a tuple (h, w) of ints, got {value!r}")
+    return v.output_size(value)
+
+
+def _whole(value: Any) -> Any:
+    """A whole float from a config (8.0) as the int mmcv's int() makes of it; anything else
+    as given, for the checks to accept or refuse."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+@fx_leaf
+def riroi_align_rotated(features: Tensor, rois: Tensor, out_size: int | tuple[int, int], spatial_scale: float,
+                        num_samples: int = 0, num_orientations: int = 8, clockwise: bool = False) -> Tensor:
+    """``mmcv.ops.riroi_align_rotated``: ``rois[K, 6]`` (angle in radians) on ``features[N, C, H,
+    W]``, ``C`` a multiple of ``num_orientations`` -> ``Tensor[K, C, h, w]``."""
+    return F.riroi_align_rotated(features, rois, _out_size(out_size), spatial_scale, _sampling_ratio(num_samples),
+                                 _whole(num_orientations), clockwise)
+
+
+class RiRoIAlignRotated(nn.Module):
+    """``mmcv.ops.RiRoIAlignRotated(out_size, spatial_scale, num_samples=0, num_orientations=8,
+    clockwise=False)``; ``out_size`` is kept as given.
+
+    Example::
+
+        >>> layer = RiRoIAlignRotated(7, 1 / 4, num_samples=2, clockwise=True)  # MMRotate's ReDet
+        >>> layer(features, rois).shape                      # rois [K, 6] -> [K, C, 7, 7]
+    """
+
+    def __init__(self, out_size: int | tuple[int, int], spatial_scale: float, num_samples: int = 0,
+                 num_orientations: int = 8, clockwise: bool = False) -> None:
+        super().__init__()
+        _out_size(out_size)
+        self.out_size = out_size
+        self.spatial_scale = v.spatial_scale(float(spatial_scale))
+        self.num_samples = _sampling_ratio(num_samples)
+        self.num_orientations = v.orientations(_whole(num_orientations))
+        self.clockwise = v.flag("clockwise", clockwise)
+
+    def forward(self, features: Tensor, rois: Tensor) -> Tensor:
+        return riroi_align_rotated(features, rois, self.out_size, self.spatial_scale, self.num_samples,
+                                   self.num_orientations, self.clockwise)
+
+    def __repr__(self) -> str:
+        return (f"{type(self).__name__}(out_size={self.out_size}, spatial_scale={self.spatial_scale}, "
+                f"num_samples={self.num_samples}, num_orientations={self.num_orientations}, "
+                f"clockwise={self.clockwise})")
 
 
 @fx_leaf

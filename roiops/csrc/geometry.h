@@ -43,6 +43,9 @@ constexpr int64_t kMaxPooled = int64_t(1) << 16;
 // A fixed sampling_ratio costs ratio^2 samples per bin however small the box: bounded so
 // that one bin is at most 2^20 samples (practical values are 0 to 8).
 constexpr int64_t kMaxSamplingRatio = 1024;
+// Orientations per channel field of rotation-invariant RoIAlign (ReDet uses 8): angle * O
+// stays exact in double for float angles.
+constexpr int64_t kMaxOrientations = int64_t(1) << 16;
 // "max" stores the winner of a bin as the int32 iy * grid_w + ix: a bin's grid must have
 // at most this many samples (an adaptive grid of a huge box with a small output may not).
 constexpr int64_t kMaxArgmaxGrid = INT32_MAX;
@@ -158,6 +161,14 @@ inline void check_scale(double spatial_scale) {
 inline void check_sampling_ratio(int64_t sampling_ratio) {
   ROIOPS_CHECK(sampling_ratio <= kMaxSamplingRatio, "roiops: sampling_ratio must be at most ", kMaxSamplingRatio,
                     " (<= 0 for adaptive), got ", sampling_ratio);
+}
+
+// Rotation-invariant RoIAlign: orientations per channel field, dividing the channels.
+inline void check_orientations(int64_t orientations, int64_t channels) {
+  ROIOPS_CHECK(orientations >= 1 && orientations <= kMaxOrientations, "roiops: num_orientations must be in [1, ",
+               kMaxOrientations, "], got ", orientations);
+  ROIOPS_CHECK(channels % orientations == 0, "roiops: channels (", channels,
+               ") must be a multiple of num_orientations (", orientations, ")");
 }
 
 // grad of the forward output's shape.

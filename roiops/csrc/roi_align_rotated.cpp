@@ -25,6 +25,7 @@
 #include "geometry.h"
 #include "memory.h"
 #include "parallel.h"
+#include "rotated.h"
 #include "simd.h"
 #include "tiles.h"
 

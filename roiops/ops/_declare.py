@@ -327,7 +327,8 @@ def refuse_double_backward(backward_op: Any, title: str) -> None:
 
 
 _CHECKS: dict[str, Callable[[Any], Any]] = {
-    "output_size": v.output_size, "spatial_scale": v.spatial_scale, "sampling_ratio": v.sampling_ratio}
+    "output_size": v.output_size, "spatial_scale": v.spatial_scale, "sampling_ratio": v.sampling_ratio,
+    "num_orientations": v.orientations}
 
 
 def _normalizer(name: str, annotation: Any) -> Callable[[Any], Any]:

@@ -43,7 +43,8 @@ class Kernels:
     hold values per box and bin, shaped ``[K, n, pooled_height, pooled_width]`` with ``n``
     given here by name (a deformable offset: 2); the public function takes each, after
     the boxes, as a positional argument of its name, and its dtype follows the rule of
-    the boxes'."""
+    the boxes'. ``channel_groups``: an int argument that must lie in [1, 2^16] and divide
+    the map's channels (the orientations of a rotation-invariant op's channel fields)."""
 
     name: str
     args: tuple[tuple[str, str], ...]
@@ -57,6 +58,7 @@ class Kernels:
     onnx: str | None = None
     plane_argmax: bool = False
     bin_channels: Mapping[str, int] = field(default_factory=dict)
+    channel_groups: str = ""
 
     def ops(self) -> dict[str, str]:
         """The registered ops' names, by role: ``forward``, ``backward`` and, with a box
