@@ -321,11 +321,12 @@ def _head(*sizes: int, last: nn.Module | None = None) -> nn.Sequential:
     """Linear layers of these sizes with ReLU between them (mmcv's indices: 0, 2, 4, ...), the
     last one zero, so that the head starts by predicting 0."""
     layers: list[nn.Module] = []
-    for i, (a, b) in enumerate(zip(sizes, sizes[1:])):
-        layers += [nn.Linear(a, b)] + ([nn.ReLU(inplace=True)] if i < len(sizes) - 2 else [])
-    nn.init.zeros_(layers[-1].weight)
-    nn.init.zeros_(layers[-1].bias)
-    return nn.Sequential(*layers, *([last] if last is not None else []))
+    for a, b in zip(sizes[:-2], sizes[1:-1]):
+        layers += [nn.Linear(a, b), nn.ReLU(inplace=True)]
+    final = nn.Linear(sizes[-2], sizes[-1])
+    nn.init.zeros_(final.weight)
+    nn.init.zeros_(final.bias)
+    return nn.Sequential(*layers, final, *([last] if last is not None else []))
 
 
 class DeformRoIPoolPack(DeformRoIPool):

@@ -95,8 +95,7 @@ class DeformRoIPool(RoIModule):
                          gamma=gamma)
 
     def forward(self, input: Tensor, boxes: BoxesType, offset: Tensor | None = None) -> Tensor:
-        return deform_roi_pool(input, boxes, offset, self.output_size, self.spatial_scale, self.sampling_ratio,
-                               self.gamma)
+        return deform_roi_pool(input, boxes, offset, **{n: getattr(self, n) for n in self._options})
 
 
 _bench_offset: dict[tuple[int, int, int], Tensor] = {}
