@@ -152,8 +152,12 @@ class Case:
         return {k: v for k, v in self.options.items() if k not in per_bin_tensors(self.spec)}
 
     def tensors(self, input: Any, boxes: Any, output_size: Any) -> dict[str, torch.Tensor | None]:
-        """The per-bin tensor arguments of a call on these boxes, by name."""
-        return {n: None if n in self.options else per_bin_values(boxes, output_size, c, input)
+        """The per-bin tensor arguments of a call on these boxes, by name: None also for an
+        output of more than 2^16 bins (the fuzz tests' extreme sizes), where a tensor per
+        bin would take gigabytes."""
+        size = output_size if isinstance(output_size, (tuple, list)) else (output_size, output_size)
+        huge = len(size) == 2 and all(isinstance(n, int) for n in size) and size[0] * size[1] > 2**16
+        return {n: None if n in self.options or huge else per_bin_values(boxes, output_size, c, input)
                 for n, c in per_bin_tensors(self.spec).items()}
 
     def module(self, output_size: Any, spatial_scale: float) -> torch.nn.Module:

@@ -32,9 +32,11 @@ def _boxes(k: int, n_images: int = 2, size: float = 16.0) -> torch.Tensor:
     return b
 
 
-def _all_ops(x: torch.Tensor, boxes: torch.Tensor) -> torch.Tensor:
-    """Every case on the same map and boxes (turned into the op's box form in the graph)."""
-    return torch.cat([case(x, in_form(case.spec.boxes, boxes), OUT, 0.5) for case in CASES], dim=1)
+def _all_ops(x: torch.Tensor, boxes: torch.Tensor, tensors: list[dict]) -> torch.Tensor:
+    """Every case on the same map and boxes (turned into the op's box form in the graph),
+    with its per-bin tensors (made outside the compiled function)."""
+    return torch.cat([case(x, in_form(case.spec.boxes, boxes), OUT, 0.5, **t) for case, t in zip(CASES, tensors)],
+                     dim=1)
 
 
 def _channels() -> int:
@@ -44,7 +46,7 @@ def _channels() -> int:
 
 def _run(fn, x: torch.Tensor, boxes: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     x = x.detach().clone().requires_grad_(True)
-    out = fn(x, boxes)
+    out = fn(x, boxes, [case.tensors(x, boxes, OUT) for case in CASES])
     (out * torch.linspace(-1, 1, out.numel()).view_as(out)).sum().backward()
     return out.detach(), x.grad
 
@@ -115,5 +117,6 @@ def test_box_value_checks_are_skipped_while_compiling_but_kernels_still_refuse(f
     compiled = torch.compile(_all_ops, backend="aot_eager", fullgraph=True)
     bad = _boxes(6)
     bad[2, 0] = 7
+    x = torch.randn(2, CHANNELS, 8, 8)
     with pytest.raises(Exception, match="batch index"):
-        compiled(torch.randn(2, CHANNELS, 8, 8), bad)
+        compiled(x, bad, [case.tensors(x, bad, OUT) for case in CASES])
