@@ -146,7 +146,7 @@ def kernel_check(name: str, role: str = "forward", *, empty_map: bool = False,
             raise ValueError(f"{rois_shape}, got {list(rois.shape)}")
         rois_dtype = rois.dtype
         if rois_dtype != dtype and (rois_dtype != torch.float32 or dtype == torch.float64):
-            _rois_dtype(rois, main_name, dtype)
+            _coordinate_dtype("rois", rois_dtype, main_name, dtype)
         device = x.device
         if rois.device != device:
             raise ValueError(f"roiops: rois is on {rois.device} but {main_name} is on {device}")
@@ -157,7 +157,7 @@ def kernel_check(name: str, role: str = "forward", *, empty_map: bool = False,
         for i, n, _ in per_bin:
             t = args[i]
             if t is not None and t.dtype != dtype and (t.dtype != torch.float32 or dtype == torch.float64):
-                _per_bin_dtype(n, t.dtype, main_name, dtype)
+                _coordinate_dtype(n, t.dtype, main_name, dtype)
         # 4. sizes
         if sizes is None:
             _, C, H, W = x.shape
@@ -257,19 +257,13 @@ def _unsupported(name: str, dtype: torch.dtype) -> None:
                      "float64")
 
 
-def _rois_dtype(rois: Tensor, main_name: str, dtype: torch.dtype) -> None:
-    if not rois.is_floating_point():
-        raise ValueError(f"roiops: rois must be floating point, got {rois.dtype}")
-    if dtype == torch.float64:
-        raise ValueError(f"roiops: rois must be float64 for a float64 {main_name}, got {rois.dtype}")
-    # Any other floating dtype is converted to float32 by the kernels.
-
-
-def _per_bin_dtype(name: str, got: torch.dtype, main_name: str, dtype: torch.dtype) -> None:
+def _coordinate_dtype(name: str, got: torch.dtype, main_name: str, dtype: torch.dtype) -> None:
+    """The dtype rule of rois and per-bin tensors, which the kernels use in the coordinate type."""
     if not got.is_floating_point:
         raise ValueError(f"roiops: {name} must be floating point, got {got}")
     if dtype == torch.float64:
         raise ValueError(f"roiops: {name} must be float64 for a float64 {main_name}, got {got}")
+    # Any other floating dtype is converted to float32 by the kernels.
 
 
 def _check_groups(name: str, groups: int, channels: int) -> None:

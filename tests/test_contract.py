@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import roiops
-from cases import OPTIONAL_OPS, VARIANTS, contract_ops, kernel_name, registered_ops, schema
+from cases import OPTIONAL_OPS, PER_BIN, VARIANTS, contract_ops, kernel_name, registered_ops, schema
 from roiops._backend import triton_too_old
 from roiops._kernel_checks import parameters
 from roiops.ops import SPECS
@@ -188,8 +188,7 @@ def good_args(name: str, role: str, spec, device: str = "cpu") -> dict:
                   pooled_height=PH, pooled_width=PW, sampling_ratio=2, aligned=True, continuous=False,
                   batch_size=BATCH, channels=c, height=HEIGHT, width=WIDTH, channels_last=False, gamma=0.1,
                   num_orientations=1, clockwise=False)
-    kernels = next(k for k in spec.kernels if k.name == name)
-    values |= {t: torch.randn(len(rows), n, PH, PW, generator=g) for t, n in kernels.bin_channels.items()}
+    values |= {t: torch.randn(len(rows), n, PH, PW, generator=g) for t, n in PER_BIN.get(name, {}).items()}
     values = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in values.items()}
     return {n: values.get(n) for n, _ in parameters(name, role)}  # an extra Tensor? input: None
 
