@@ -295,3 +295,55 @@ def hat_antiderivative(t: Tensor) -> Tensor:
     hat_antiderivative(b - w) - hat_antiderivative(a - w)."""
     u = t.clamp(-1, 1)
     return torch.where(u <= 0, (1 + u) * (1 + u) / 2, 1 - (1 - u) * (1 - u) / 2)
+
+
+# ---- Bezier alignment (docs/semantics.md, "bezier_align")
+
+def bezier_point(p0: Tensor, p1: Tensor, p2: Tensor, p3: Tensor, u: Tensor) -> Tensor:
+    """The cubic Bezier curve of control points p0..p3 (one coordinate, the type T of the
+    boxes) at u (T), in AdelaiDet's and mmcv's arithmetic: the first three Bernstein terms
+    ((1 - u)^3 p0, 3u(1 - u)^2 p1, 3u^2(1 - u) p2, each multiplied left to right) in
+    float64, the last one (u^3 p3) in T, then summed left to right in float64 and rounded
+    once to T. For T = float64 this is plain float64 arithmetic."""
+    t = p0.dtype
+    d, ud = torch.float64, u.to(torch.float64)
+    om = 1.0 - ud
+    a = om * om * om * p0.to(d)
+    b = 3.0 * ud * om * om * p1.to(d)
+    c = 3.0 * ud * ud * om * p2.to(d)
+    last = (u * u * u * p3).to(d)
+    return (a + b + c + last).to(t)
+
+
+def bezier_bins(rois: Tensor, scale: float, ph: int, pw: int, sampling_ratio: int,
+                aligned: bool) -> tuple[Tensor, Tensor, Tensor, Tensor, Any, Any]:
+    """The bins of bezier boxes ``rois [K, 17]`` (type T, rows checked):
+    ``(y_start, x_start, bin_h, bin_w, grid_h, grid_w)``: each bin's first sample row and
+    column start ``[K, ph, pw]`` (its centre minus half a bin), the bin sizes ``[K]`` and
+    the grids (a fixed ratio, or ``[K]`` adaptive ones).
+
+    Bin (i, j) is centred at ``c = T(T(bottom(u) * v) + top(u) * (1 - v) - o)`` with
+    ``u = j / pw`` and ``v = i / ph`` in T, the sum in float64 (``o`` = 0.5 when aligned),
+    top and bottom the curves at u (:func:`bezier_point`). The bins are as wide as the
+    larger x span of the two curves' end points over pw, as high as the larger y span
+    over ph (a horizontal text line has bins of height 0), widened to 1 cell when not
+    aligned: :func:`align_size`."""
+    t = rois.dtype
+    p = rois[:, 1:] * torch.tensor(scale, dtype=t, device=rois.device)  # [K, 16]
+    top = [p[:, 2 * n:2 * n + 2] for n in range(4)]  # P0..P3, left to right
+    bottom = [p[:, 14 - 2 * n:16 - 2 * n] for n in range(4)]  # stored right to left
+    roi_w = torch.maximum((top[0][:, 0] - top[3][:, 0]).abs(), (bottom[0][:, 0] - bottom[3][:, 0]).abs())
+    roi_h = torch.maximum((top[0][:, 1] - top[3][:, 1]).abs(), (bottom[0][:, 1] - bottom[3][:, 1]).abs())
+    _, bin_w, grid_w, _ = align_size(roi_w, pw, sampling_ratio, aligned)
+    _, bin_h, grid_h, _ = align_size(roi_h, ph, sampling_ratio, aligned)
+    u = torch.arange(pw, dtype=t, device=rois.device) / pw
+    v = (torch.arange(ph, dtype=t, device=rois.device) / ph)[:, None]
+    v_rest = 1.0 - v.to(torch.float64)
+    o = 0.5 if aligned else 0.0
+    starts = []
+    for axis, half in ((1, 0.5 * bin_h), (0, 0.5 * bin_w)):
+        at_top = bezier_point(*(q[:, axis:axis + 1] for q in top), u)[:, None, :]  # [K, 1, pw]
+        at_bottom = bezier_point(*(q[:, axis:axis + 1] for q in bottom), u)[:, None, :]
+        centre = ((at_bottom * v).to(torch.float64) + at_top.to(torch.float64) * v_rest - o).to(t)
+        starts.append(centre - half[:, None, None])
+    return starts[0], starts[1], bin_h, bin_w, grid_h, grid_w

@@ -13,7 +13,7 @@ import ``_validation``.
 
 What a check knows of its op comes from ``roiops.ops.SPECS`` when it is built: the
 function's parameters and their schema types (``Kernels.args``, ``backward``, ``saved``,
-``tensors``), the box format (``OpSpec.boxes``: rows of 5 or 6) and whether the op is
+``tensors``), the box format (``OpSpec.boxes``: rows of 5, 6 or 17) and whether the op is
 position-sensitive. The checks, in this order (the map tensor is ``input``, or ``grad``
 in a backward):
 
@@ -21,7 +21,7 @@ in a backward):
    kernel, and the dispatcher before a C++ one): TypeError;
 2. the map tensor: 4-D; floating point; one of the kernels' dtypes (all ValueError from
    here on: the only Python exception a C++ kernel can raise for a refused argument);
-3. rois: ``[K, 5]`` (``[K, 6]`` rotated); floating point, float64 for a float64 map
+3. rois: ``[K, 5]`` (``[K, 6]`` rotated, ``[K, 17]`` bezier); floating point, float64 for a float64 map
    (other floating dtypes are converted to the opmath type); on the map's device;
    extra tensor inputs on the map's device; per-bin tensors (``Kernels.bin_channels``)
    floating point with the dtype rule of rois;
@@ -59,7 +59,9 @@ _INT32_MAX = 2**31 - 1
 # (ops/_declare.py gives them to the backward op).
 _FROM_INPUT = {"batch_size": "int", "channels": "int", "height": "int", "width": "int", "channels_last": "bool"}
 _PYTHON_TYPES = {"Tensor": Tensor, "int": int, "float": float, "bool": bool}
-_ROWS = {5: "batch_index, x1, y1, x2, y2", 6: "batch_index, cx, cy, w, h, theta"}
+_ROWS = {5: "batch_index, x1, y1, x2, y2", 6: "batch_index, cx, cy, w, h, theta",
+         17: "batch_index, x0, y0, ..., x7, y7"}
+_BOX_WIDTH = {"axis-aligned": 5, "rotated": 6, "bezier": 17}
 
 
 def parameters(name: str, role: str) -> list[tuple[str, str]]:
@@ -108,7 +110,7 @@ def kernel_check(name: str, role: str = "forward", *, empty_map: bool = False,
     pos = {n: i for i, n in enumerate(names)}
     main_name = "grad" if role == "backward" else "input"
     main, at_rois = pos[main_name], pos["rois"]
-    width = 6 if spec.boxes == "rotated" else 5
+    width = _BOX_WIDTH[spec.boxes]
     rois_shape = f"roiops: rois must be [K, {width}] (rows ({_ROWS[width]}))"
     layout = "[K, C, pooled_height, pooled_width]" if main_name == "grad" else "[N, C, H, W]"
     # Argument types: the call's types, in one comparison, where every argument has its

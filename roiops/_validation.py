@@ -188,24 +188,25 @@ def _coord_type(input: Tensor) -> torch.dtype:
     return torch.float64 if input.dtype == torch.float64 else torch.float32
 
 
-def _box_rows(input: Tensor, boxes: BoxesType, width: int, dtype: torch.dtype, hints: dict[int, str]) -> Tensor:
+def _box_rows(input: Tensor, boxes: BoxesType, width: int, dtype: torch.dtype, hints: dict[int, str],
+               name: str = "boxes") -> Tensor:
     """Boxes as ``Tensor[K, width]`` rows led by the batch index, or a list of N
     ``Tensor[L_i, width - 1]`` (image i's rows, without it) -> contiguous ``[K, width]`` in
     ``dtype``."""
     if isinstance(boxes, Tensor):
-        _box_tensor(boxes, input, width, "boxes", hints)
+        _box_tensor(boxes, input, width, name, hints)
         return dense(boxes, dtype)
     if isinstance(boxes, (list, tuple)):
         if len(boxes) != input.shape[0]:
-            raise ValueError(f"boxes is a list of {len(boxes)} tensors but the input has batch size {input.shape[0]}")
+            raise ValueError(f"{name} is a list of {len(boxes)} tensors but the input has batch size {input.shape[0]}")
         for i, b in enumerate(boxes):
-            _box_tensor(b, input, width - 1, f"boxes[{i}]", hints)
+            _box_tensor(b, input, width - 1, f"{name}[{i}]", hints)
         if not boxes:
             return input.new_zeros((0, width), dtype=dtype)
         # narrow, not b[:, :1]: torch 2.6's export would guard the box count against 2^63 - 1
         return torch.cat([torch.cat([torch.full_like(b.narrow(1, 0, 1), i, dtype=dtype), b.to(dtype)], dim=1)
                           for i, b in enumerate(boxes)], dim=0)
-    raise TypeError(f"boxes must be a Tensor[K, {width}] or a list of Tensor[L, {width - 1}], "
+    raise TypeError(f"{name} must be a Tensor[K, {width}] or a list of Tensor[L, {width - 1}], "
                     f"got {type(boxes).__name__}")
 
 
@@ -232,7 +233,7 @@ def _box_tensor(b: object, input: Tensor, width: int, name: str, hints: dict[int
         raise ValueError(f"{name} is on {b.device} but the input is on {input.device}")
 
 
-def _check_values(rois: Tensor, batch_size: int, scale: float) -> None:
+def _check_values(rois: Tensor, batch_size: int, scale: float, name: str = "boxes") -> None:
     """Rows ``(batch_index, 4 coordinates[, angle])``: the index an integer in
     ``[0, batch_size)``, coordinates finite and within 2^24 cells after ``scale``, the angle
     finite."""
@@ -243,12 +244,12 @@ def _check_values(rois: Tensor, batch_size: int, scale: float) -> None:
         return
     try:
         row = rois[k].tolist()
-        where, index = f"boxes row {k} {row}", f" {row[0]}"
+        where, index = f"{name} row {k} {row}", f" {row[0]}"
     except RuntimeError:  # no readable storage (torch.func before torch 2.7)
-        where, index = f"boxes row {k}", ""
+        where, index = f"{name} row {k}", ""
     if column == 0:
         raise ValueError(f"{where}: batch index{index} is not an integer in [0, {batch_size})")
-    if column == 5:
+    if column == 5 and rois.shape[1] == 6:
         raise ValueError(f"{where}: the angle must be finite")
     raise ValueError(f"{where}: coordinates must be finite and within 2^24 feature-map cells after spatial_scale")
 
@@ -278,7 +279,7 @@ def _row_scan() -> Callable[[Tensor, int, float], tuple[int, int]] | None:
 def _first_invalid(rois: Tensor, batch_size: int, scale: float) -> tuple[int, int]:
     """``(row, column)`` of the first invalid value, ``(-1, -1)`` if none; in tensor ops, for
     any device (the C++ first_invalid is the same rule)."""
-    index, coords = rois[:, 0], rois[:, 1:5]
+    index, coords = rois[:, 0], rois[:, 1:] if rois.shape[1] == _BEZIER_WIDTH else rois[:, 1:5]
     # NaN and infinities fail these comparisons, which need no test of their own.
     # Coordinates in the kernels' arithmetic (x * scale in their type).
     ok_index = (index == index.floor()) & (index >= 0) & (index < batch_size)
@@ -371,3 +372,20 @@ def rotated_rois(input: Tensor, boxes: BoxesType, scale: float, degrees: bool, c
 
 
 _ROTATED_HINTS = {6: " (rows (batch_index, cx, cy, w, h, angle))", 5: " (rows (cx, cy, w, h, angle))"}
+
+
+_BEZIER_WIDTH = 17
+_BEZIER_HINTS = {17: " (rows (batch_index, x0, y0, ..., x7, y7): the top curve's control points left to right, "
+                     "the bottom curve's right to left)",
+                 16: " (rows (x0, y0, ..., x7, y7): the top curve's control points left to right, the bottom "
+                     "curve's right to left)"}
+
+
+def bezier_rois(input: Tensor, beziers: BoxesType, scale: float) -> Tensor:
+    """Bezier boxes as ``Tensor[K, 17]`` rows ``(batch_index, x0, y0, ..., x7, y7)`` or a list
+    of N ``Tensor[L_i, 16]`` -> contiguous ``[K, 17]`` in the kernels' coordinate type; every
+    coordinate finite and within 2^24 cells after ``scale``."""
+    out = _box_rows(input, beziers, _BEZIER_WIDTH, _coord_type(input), _BEZIER_HINTS, "beziers")
+    if _checking_values(out):
+        _check_values(out, input.shape[0], scale, "beziers")
+    return out

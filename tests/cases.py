@@ -17,7 +17,7 @@ import pytest
 import torch
 
 import roiops
-from boxes import nasty_boxes, nasty_rotated_boxes, random_boxes, rotated_boxes
+from boxes import bezier_boxes, nasty_bezier_boxes, nasty_boxes, nasty_rotated_boxes, random_boxes, rotated_boxes
 from roiops.ops import SPECS
 from roiops.ops._spec import Kernels, OpSpec
 
@@ -262,9 +262,13 @@ def boxes_for(form: str = "axis-aligned", dtype: torch.dtype = F32, seed: int = 
               width: float = W / SCALE, height: float = H / SCALE, nasty: bool = True) -> torch.Tensor:
     """``count`` random boxes and (with ``nasty``) the nasty ones of tests/boxes.py, in
     pixels of a ``width x height`` image, in ``form``: ``"axis-aligned"`` rows ``(b, x1, y1,
-    x2, y2)`` or ``"rotated"`` rows ``(b, cx, cy, w, h, angle in degrees)``."""
+    x2, y2)``, ``"rotated"`` rows ``(b, cx, cy, w, h, angle in degrees)`` or ``"bezier"``
+    rows ``(b, x0, y0, ..., x7, y7)``."""
     g = torch.Generator().manual_seed(seed)
-    if form == "rotated":
+    if form == "bezier":
+        rows = [bezier_boxes(n, count, width, height, g, F64)] + ([nasty_bezier_boxes(n, width, height, F64)]
+                                                                   if nasty else [])
+    elif form == "rotated":
         rows = [rotated_boxes(n, count, width, height, g, F64)] + ([nasty_rotated_boxes(n, width, height, F64)]
                                                                     if nasty else [])
     else:
@@ -276,11 +280,24 @@ def in_form(form: str, boxes: torch.Tensor) -> torch.Tensor:
     """Axis-aligned rows as the rows of ``form``: for ``"rotated"``, the box's centre and
     sides, turned by an angle that differs from row to row (differentiably: autograd and
     tracing see the conversion)."""
+    if form == "bezier":
+        return as_bezier(boxes)
     if form != "rotated":
         return boxes
     i, x1, y1, x2, y2 = boxes.unbind(1)
     angle = torch.arange(len(boxes), dtype=boxes.dtype, device=boxes.device) * 37.0 - 60.0
     return torch.stack([i, (x1 + x2) / 2, (y1 + y2) / 2, x2 - x1, y2 - y1, angle], 1)
+
+
+def as_bezier(boxes: torch.Tensor) -> torch.Tensor:
+    """Axis-aligned rows as bezier rows ``(b, top curve left to right, bottom curve right to
+    left)`` (differentiably): a slanted band across the box, each curve's end points half
+    its height apart, so that bins have a height."""
+    i, x1, y1, x2, y2 = boxes.unbind(1)
+    dx, dy = x2 - x1, y2 - y1
+    top = [(x1 + dx * (n / 3), y1 + dy * (n / 6)) for n in range(4)]
+    bottom = [(x1 + dx * (n / 3), y2 - dy * ((3 - n) / 6)) for n in range(4)]
+    return torch.stack([i] + [c for p in top + bottom[::-1] for c in p], 1)
 
 
 def per_image(boxes: torch.Tensor, n: int = N) -> tuple[list[torch.Tensor], torch.Tensor]:
@@ -393,6 +410,7 @@ PER_BIN: dict[str, dict[str, int]] = {op: dict(k.bin_channels) for spec in SPECS
 # Registered ops whose rois are [K, 6] (batch_index, cx, cy, w, h, theta in radians): the
 # generic tests give them rotated boxes.
 ROTATED_OPS = _registered_by(lambda spec, k: spec.boxes == "rotated")
+BEZIER_OPS = _registered_by(lambda spec, k: spec.boxes == "bezier")
 # Registered ops that read pooled_height * pooled_width input channels per output channel.
 POSITION_SENSITIVE_OPS = _registered_by(lambda spec, k: spec.position_sensitive)
 

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import roiops
-from cases import OPTIONAL_OPS, PER_BIN, VARIANTS, contract_ops, kernel_name, registered_ops, schema
+from cases import OPTIONAL_OPS, PER_BIN, VARIANTS, contract_ops, in_form, kernel_name, registered_ops, schema
 from roiops._backend import triton_too_old
 from roiops._kernel_checks import parameters
 from roiops.ops import SPECS
@@ -182,7 +182,8 @@ def good_args(name: str, role: str, spec, device: str = "cpu") -> dict:
     g = torch.Generator().manual_seed(3)
     rows = ([[0, 3.0, 3.0, 4.0, 4.0, 0.25], [1, 1.5, 2.0, 3.0, 4.0, -0.5]] if spec.boxes == "rotated" else
             [[0, 1.0, 1.0, 5.0, 5.0], [1, 0.0, 0.5, 3.0, 4.0]])
-    values = dict(input=torch.randn(BATCH, c, HEIGHT, WIDTH, generator=g), rois=torch.tensor(rows),
+    rois = in_form(spec.boxes, torch.tensor(rows)) if spec.boxes == "bezier" else torch.tensor(rows)
+    values = dict(input=torch.randn(BATCH, c, HEIGHT, WIDTH, generator=g), rois=rois,
                   grad=torch.randn(len(rows), CHANNELS, PH, PW, generator=g),
                   argmax=torch.zeros(len(rows), CHANNELS, PH, PW, dtype=torch.int32), spatial_scale=0.5,
                   pooled_height=PH, pooled_width=PW, sampling_ratio=2, aligned=True, continuous=False,

@@ -21,10 +21,10 @@ import torch
 from torch._dynamo.testing import CompileCounterWithBackend
 
 import roiops
-from cases import (BOX_GRAD_CASES, CASES, DTYPES, F32, F64, PER_BIN, POSITION_SENSITIVE_OPS, ROTATED_OPS, SCALE, VARIANTS, C,
+from cases import (BEZIER_OPS, BOX_GRAD_CASES, CASES, DTYPES, F32, F64, PER_BIN, POSITION_SENSITIVE_OPS, ROTATED_OPS, SCALE, VARIANTS, C,
                    H, N, RecordOps, W, backend_used, backward_paths, boxes_for, close, config_set, contract_args,
                    device_for, feature, forward_kernels, num_threads, odd_unit_strides, params, per_bin_tensors,
-                   per_bin_values, per_image, run, schema, spec_params, takes_max, tol)
+                   in_form, per_bin_values, per_image, run, schema, spec_params, takes_max, tol)
 
 SIZE = (2, 3)
 
@@ -204,7 +204,7 @@ def _op_sample(op, variant):
     """The op's arguments: the variant over these defaults, and for a backward that takes
     an argmax, its forward's."""
     x = feature(channels=variant.get("channels", C))
-    rois = boxes_for("rotated" if op in ROTATED_OPS else "axis-aligned")
+    rois = boxes_for("rotated" if op in ROTATED_OPS else "bezier" if op in BEZIER_OPS else "axis-aligned")
     if op in ROTATED_OPS:
         rois[:, 5] = torch.deg2rad(rois[:, 5])  # the registered op takes radians
     grad = torch.randn(len(rois), variant.get("out_channels", C), 2, 3, generator=torch.Generator().manual_seed(2))
@@ -406,8 +406,10 @@ def test_results_do_not_depend_on_the_thread_count(case, channels_last):
 
 
 def _bad_arguments(form):
-    width = 6 if form == "rotated" else 5
-    box = torch.tensor([[0, 1.0, 1.0, 6.0, 5.0, 30.0][:width]])
+    width = {"rotated": 6, "bezier": 17}.get(form, 5)
+    name = "beziers" if form == "bezier" else "boxes"
+    box = torch.tensor([[0, 1.0, 1.0, 6.0, 5.0, 30.0][:width]]) if width < 17 else in_form(
+        form, torch.tensor([[0, 1.0, 1.0, 6.0, 5.0]]))
 
     def row(index, column, value):
         b = torch.cat([box, box]) if index else box.clone()
@@ -421,11 +423,11 @@ def _bad_arguments(form):
         (x.numpy(), box, {}, TypeError, r"input must be a Tensor"),
         (x[:, :, :0], box, {}, ValueError, r"height and width"),
         (x, box[:, 1:], {}, ValueError, rf"\[K, {width}\]"),
-        (x, box.long(), {}, ValueError, r"boxes must be floating point"),
+        (x, box.long(), {}, ValueError, rf"{name} must be floating point"),
         (x, box.to("meta"), {}, ValueError, r"is on meta but the input is on cpu"),
         (x, [box[:, 1:]], {}, ValueError, r"list of 1 tensors but the input has batch size 2"),
-        (x, [box[:, 1:], box], {}, ValueError, rf"boxes\[1\] must have shape \[K, {width - 1}\]"),
-        (x, "boxes", {}, TypeError, r"boxes must be a Tensor"),
+        (x, [box[:, 1:], box], {}, ValueError, rf"{name}\[1\] must have shape \[K, {width - 1}\]"),
+        (x, "boxes", {}, TypeError, rf"{name} must be a Tensor"),
         (x, row(1, 0, 2.0), {}, ValueError, r"row 1 .*batch index 2.0 is not an integer in \[0, 2\)"),
         (x, row(0, 0, 0.5), {}, ValueError, r"row 0 .*not an integer"),
         (x, row(0, 0, -1.0), {}, ValueError, r"row 0 .*not an integer"),

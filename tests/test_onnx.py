@@ -19,7 +19,7 @@ from torch.export import Dim
 import roiops
 from roiops.ops import SPECS
 from boxes import nasty_boxes, nasty_coordinates, random_boxes
-from cases import Case, per_bin_tensors
+from cases import Case, in_form, per_bin_tensors
 from roiops import _geometry as geometry
 from roiops.compat import torchvision as tv
 
@@ -219,6 +219,8 @@ def test_export_refuses_what_onnx_lacks_naming_the_op(spec):
     groups = spec.kernels[0].channel_groups
     fields = math.lcm(*(o[groups] for o in spec.options)) if groups else 1
     x = x.repeat(1, OUT[0] * OUT[1] * fields, 1, 1)
+    if spec.boxes == "bezier":
+        boxes = in_form("bezier", boxes)
     if spec.boxes == "rotated":  # (batch_index, cx, cy, w, h, angle)
         boxes = torch.cat([boxes[:, :1], (boxes[:, 1:3] + boxes[:, 3:]) / 2, boxes[:, 3:] - boxes[:, 1:3],
                            torch.full_like(boxes[:, :1], 30.0)], dim=1)

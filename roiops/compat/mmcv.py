@@ -9,7 +9,7 @@ Port with one import::
 (``PrRoIPool``/``prroi_pool``, ``RoIAlignRotated``/``roi_align_rotated``,
 ``RiRoIAlignRotated``/``riroi_align_rotated`` and the deformable RoI pooling layers
 ``DeformRoIPool``/``deform_roi_pool``, ``DeformRoIPoolPack`` and
-``ModulatedDeformRoIPoolPack`` likewise.)
+``ModulatedDeformRoIPoolPack``, and ``BezierAlign``/``bezier_align`` likewise.)
 
 Same signatures, defaults (``sampling_ratio=0`` adaptive, ``aligned=True``), ``rois[K, 5]``
 boxes and reprs. Semantics:
@@ -48,6 +48,13 @@ boxes and reprs. Semantics:
   mmcv's (``offset_fc.0/2/4``, ``mask_fc.0/2``; last layers zero at initialisation), so a
   state_dict saved from mmcv's layers loads unchanged.
 
+- ``bezier_align``/``BezierAlign``: ABCNet's Bezier alignment, :func:`roiops.bezier_align`,
+  ``beziers[K, 17]`` rows ``(batch_index, top curve left to right, bottom curve right to
+  left)``; the module's ``spatial_scale`` and ``sampling_ratio`` have no defaults, as in
+  mmcv. The bin centres follow mmcv's CPU arithmetic bit for bit in float32; the input
+  gets mmcv's gradient, the control points none. mmcv has no bfloat16; roiops runs every
+  floating dtype (float16 and bfloat16 in float32 arithmetic).
+
 ``RoIAlign`` and ``RoIAlignRotated`` also take mmcv's deprecated keywords ``out_size`` and
 ``sample_num`` (for ``output_size`` and ``sampling_ratio``), with mmcv's
 ``DeprecationWarning``; giving both names of one argument is a ``TypeError``.
@@ -69,8 +76,8 @@ from .. import _validation as v
 from ..ops._declare import fx_leaf
 from ._util import box_assertions
 
-__all__ = ["DeformRoIPool", "DeformRoIPoolPack", "ModulatedDeformRoIPoolPack", "PrRoIPool", "RiRoIAlignRotated",
-           "RoIAlign", "RoIAlignRotated", "RoIPool", "deform_roi_pool", "prroi_pool", "riroi_align_rotated", "roi_align",
+__all__ = ["BezierAlign", "DeformRoIPool", "DeformRoIPoolPack", "ModulatedDeformRoIPoolPack", "PrRoIPool", "RiRoIAlignRotated",
+           "RoIAlign", "RoIAlignRotated", "RoIPool", "bezier_align", "deform_roi_pool", "prroi_pool", "riroi_align_rotated", "roi_align",
            "roi_align_rotated", "roi_pool"]
 
 OutputSize = Union[int, tuple[int, int], list[int]]
@@ -385,3 +392,38 @@ def _positive(name: str, value: object) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
         raise ValueError(f"{name} must be a positive int, got {value!r}")
     return value
+
+
+@fx_leaf
+@box_assertions
+def bezier_align(input: Tensor, beziers: Tensor, output_size: OutputSize, spatial_scale: float = 1.0,
+                 sampling_ratio: int = 0, aligned: bool = True) -> Tensor:
+    """``mmcv.ops.bezier_align``: ``beziers[K, 17]`` on ``input[N, C, H, W]`` ->
+    ``Tensor[K, C, h, w]``."""
+    return F.bezier_align(input, beziers, output_size, spatial_scale, _sampling_ratio(sampling_ratio), aligned)
+
+
+class BezierAlign(nn.Module):
+    """``mmcv.ops.BezierAlign(output_size, spatial_scale, sampling_ratio, aligned=True)``;
+    ``forward(input, beziers)``.
+
+    Example::
+
+        >>> layer = BezierAlign((8, 32), 1 / 4, 1.0)               # MMOCR's ABCNet
+        >>> layer(features, beziers).shape                     # beziers [K, 17] -> [K, C, 8, 32]
+    """
+
+    def __init__(self, output_size: OutputSize, spatial_scale: float, sampling_ratio: int,
+                 aligned: bool = True) -> None:
+        super().__init__()
+        self.output_size = _pair(output_size)
+        self.spatial_scale = v.spatial_scale(float(spatial_scale))
+        self.sampling_ratio = _sampling_ratio(sampling_ratio)
+        self.aligned = v.flag("aligned", aligned)
+
+    def forward(self, input: Tensor, beziers: Tensor) -> Tensor:
+        return bezier_align(input, beziers, self.output_size, self.spatial_scale, self.sampling_ratio, self.aligned)
+
+    def extra_repr(self) -> str:
+        return (f"output_size={self.output_size}, spatial_scale={self.spatial_scale}, "
+                f"sampling_ratio={self.sampling_ratio}, aligned={self.aligned}")

@@ -35,6 +35,8 @@ constexpr int64_t kFloatExact = int64_t(1) << 24;
 // Coordinates beyond this many feature-map cells are refused: float32 cannot place a
 // sample there, and sampling loops sized from them would not end.
 constexpr double kMaxCoordinate = static_cast<double>(kFloatExact);
+// Columns of a bezier box row: the batch index, then eight control points (x, y).
+constexpr int64_t kBezierWidth = 17;
 // Maps larger than the coordinate range along an axis could not be addressed by a box.
 constexpr int64_t kMaxMapSide = kFloatExact;
 // Bins per output side: bin indices stay exact in float32, and one box's output plane
@@ -53,7 +55,8 @@ constexpr int64_t kMaxArgmaxGrid = INT32_MAX;
 // x * spatial_scale in float32, where 1e39 would be inf and 1e-46 zero.
 constexpr double kMinScale = 0x1p-64, kMaxScale = 0x1p64;
 
-// The first invalid value of rois [K, 5] or [K, 6] (rotated), any strides, as {row,
+// The first invalid value of rois [K, 5], [K, 6] (rotated) or [K, 17] (bezier: sixteen
+// coordinates), any strides, as {row,
 // column}, or {-1, -1} if there is none: a batch index (column 0) that is not an integer
 // in [0, N), a coordinate (columns 1 to 4) that is not finite or lies beyond
 // kMaxCoordinate cells as the kernels compute it, x * scale in T (an infinite or NaN
@@ -66,12 +69,13 @@ std::pair<int64_t, int64_t> first_invalid_typed(const Tensor& rois, int64_t batc
   const T* r = rois.const_data_ptr<T>();
   const int64_t sk = rois.stride(0), sc = rois.stride(1), cols = check_coords ? rois.size(1) : 1;
   const T scale = static_cast<T>(spatial_scale), limit = static_cast<T>(kMaxCoordinate);
+  const int64_t coords_end = rois.size(1) == kBezierWidth ? kBezierWidth : 5;
   for (int64_t k = 0; k < rois.size(0); ++k, r += sk) {
     const T b = r[0];
     if (!(std::isfinite(b) && b == std::floor(b) && b >= 0 && b < batch_size)) return {k, 0};
     for (int64_t i = 1; i < cols; ++i) {
       const T v = r[i * sc];
-      if (i < 5 ? !(std::abs(v * scale) <= limit) : !std::isfinite(v)) return {k, i};
+      if (i < coords_end ? !(std::abs(v * scale) <= limit) : !std::isfinite(v)) return {k, i};
     }
   }
   return {-1, -1};
@@ -79,8 +83,9 @@ std::pair<int64_t, int64_t> first_invalid_typed(const Tensor& rois, int64_t batc
 
 inline std::pair<int64_t, int64_t> first_invalid(const Tensor& rois, int64_t batch_size, double spatial_scale,
                                                  bool check_coords = true) {
-  ROIOPS_CHECK(rois.dim() == 2 && (rois.size(1) == 5 || rois.size(1) == 6) && rois.is_cpu(),
-               "roiops: rois must be a CPU tensor [K, 5] or [K, 6], got ", shape_name(rois));
+  ROIOPS_CHECK(rois.dim() == 2 && (rois.size(1) == 5 || rois.size(1) == 6 || rois.size(1) == kBezierWidth) &&
+                   rois.is_cpu(),
+               "roiops: rois must be a CPU tensor [K, 5], [K, 6] or [K, 17], got ", shape_name(rois));
   std::pair<int64_t, int64_t> bad;
   ROIOPS_DISPATCH_FLOAT(rois.scalar_type(), [&] {
     bad = first_invalid_typed<scalar_t>(rois, batch_size, spatial_scale, check_coords);
@@ -124,7 +129,10 @@ inline void check_map_tensor(const Tensor& t, const char* name) {
 // floating dtypes are converted to float32: opmath_rois), on the map's device.
 inline void check_rois_arg(const Tensor& rois, int64_t width, const Tensor& map, const char* map_name) {
   ROIOPS_CHECK(rois.dim() == 2 && rois.size(1) == width, "roiops: rois must be [K, ", width, "] (rows (",
-                    width == 6 ? "batch_index, cx, cy, w, h, theta" : "batch_index, x1, y1, x2, y2", ")), got ",
+                    width == 6             ? "batch_index, cx, cy, w, h, theta"
+                    : width == kBezierWidth ? "batch_index, x0, y0, ..., x7, y7"
+                                            : "batch_index, x1, y1, x2, y2",
+               ")), got ",
                shape_name(rois));
   const ScalarType s = rois.scalar_type();
   ROIOPS_CHECK(is_floating(s), "roiops: rois must be floating point, got ", dtype_name(s));
@@ -242,7 +250,7 @@ inline void check_rois(const Tensor& rois, int64_t batch_size, double spatial_sc
   const double v = rois.scalar_type() == kDouble ? rois.const_data_ptr<double>()[at] : rois.const_data_ptr<float>()[at];
   ROIOPS_CHECK(column != 0, "roiops: rois row ", k, " has batch index ", v, ", which is not an integer in [0, ",
                     batch_size, ")");
-  ROIOPS_CHECK(column == 5, "roiops: rois row ", k, " has coordinate ", v,
+  ROIOPS_CHECK(column == 5 && rois.size(1) == 6, "roiops: rois row ", k, " has coordinate ", v,
                     " (not finite, or beyond 2^24 feature-map cells after spatial_scale)");
   ROIOPS_CHECK(false, "roiops: rois row ", k, " has angle ", v, ", which is not finite");
 }

@@ -122,7 +122,7 @@ class Bench:
     workloads: tuple[Workload, ...] = ()
     argmax: bool = False       # keeps an int32 index per output value for its backward (bytes model)
     sampled: bool = True       # the workload's sampling_ratio applies
-    boxes: Literal["axis-aligned", "rotated"] = "axis-aligned"
+    boxes: Literal["axis-aligned", "rotated", "bezier"] = "axis-aligned"
     # the map's channels must be a multiple of this (position-sensitive ops: size x size)
     channel_multiple: Callable[[Workload], int] = lambda w: 1
 
@@ -131,8 +131,8 @@ class Bench:
 class OpSpec:
     """A public operator. ``function(input, boxes, output_size, spatial_scale, **options)``
     and its ``module``; ``kernels``: the op pairs it calls. ``boxes``: its box rows,
-    ``"axis-aligned"`` ``(batch_index, x1, y1, x2, y2)`` or ``"rotated"`` ``(batch_index,
-    cx, cy, w, h, angle)``. ``options``: the option sets the generic tests run it with
+    ``"axis-aligned"`` ``(batch_index, x1, y1, x2, y2)``, ``"rotated"`` ``(batch_index,
+    cx, cy, w, h, angle)`` or ``"bezier"`` ``(batch_index, 16 control-point coordinates)``. ``options``: the option sets the generic tests run it with
     (each a full set of keyword options besides ``output_size`` and ``spatial_scale``);
     ``box_grad``: options under which the boxes receive a gradient (None: never).
     ``position_sensitive``: the input has ``C_out * ph * pw`` channels. ``bench``: its
@@ -145,7 +145,7 @@ class OpSpec:
     module: type
     kernels: tuple[Kernels, ...]
     options: tuple[dict[str, Any], ...] = ({},)
-    boxes: Literal["axis-aligned", "rotated"] = "axis-aligned"
+    boxes: Literal["axis-aligned", "rotated", "bezier"] = "axis-aligned"
     box_grad: dict[str, Any] | None = None
     position_sensitive: bool = False
     bench: tuple[Bench, ...] = ()
