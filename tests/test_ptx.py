@@ -60,6 +60,10 @@ EXPECTED_VARIANTS |= {"_deform_fwd_kernel": 16,         # x with/without offset
                       "_deform_bwd_gather_kernel": 16,  # x with/without offset (CF is fixed)
                       "_deform_tiles_kernel": 4,        # only rois and offset: float32/float64 x with/without
                       "_deform_offset_grad_kernel": 8}
+EXPECTED_VARIANTS |= {"_bezier_fwd_kernel": 16,         # x aligned
+                      "_bezier_bwd_atomic_kernel": 16,  # x aligned
+                      "_bezier_bwd_gather_kernel": 16,  # x aligned (CF is fixed; layouts differ in unit strides)
+                      "_bezier_tiles_kernel": 4}        # only rois: float32/float64 x aligned
 
 # ----------------------------------------------------------------------------- the rules
 
@@ -346,6 +350,15 @@ def _calls(launchers: dict, torch) -> list:
             g(dt, cl), rois(dt), offset(dt, given), 0.25, P, P, N, C, H, W, 2, 0.1, cl, deterministic=deterministic),
         "deform_roi_pool_offset_backward": lambda f, dt, cl: f(
             g(dt, cl), x(dt, cl), rois(dt), offset(dt, True), 0.25, P, P, 2, 0.1),
+    }
+
+    def beziers(dt):
+        return meta((K, 17), dt)
+
+    recipes |= {
+        "bezier_align_forward": lambda f, dt, cl, aligned: f(x(dt, cl), beziers(dt), 0.25, P, P, 1, aligned),
+        "bezier_align_backward": lambda f, dt, cl, aligned, deterministic: f(
+            g(dt, cl), beziers(dt), 0.25, P, P, N, C, H, W, 1, aligned, cl, deterministic=deterministic),
     }
     missing = sorted(set(launchers) - set(recipes))
     if missing:

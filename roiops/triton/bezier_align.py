@@ -24,8 +24,7 @@ from .._geometry import dense
 from .._kernel_checks import kernel_check
 from ._align import pool_bins
 from ._common import (LAUNCH_OPTS, box_forward, box_grid, cdiv, check_device, f64_bits, from_atomic, gather_grid,
-                      grad_input, next_pow2, opmath, tile_budget, tile_mask, use_deterministic)
-from ._common import kernel as _kernel
+                      grad_input, kernel, next_pow2, opmath, tile_budget, tile_mask, use_deterministic)
 from ._jit import (INF, MAX_COORD, add_marked, bin_grid, bin_tile, box_program, div_rn, mark_box, may_touch,
                    pixel_tile, scale_of, scatter_samples, store_tile, tile_axis_weights, touched_cells, with_flag)
 from ._jit import along_c as _c  # per-channel vector -> tile axis
@@ -122,7 +121,7 @@ def _bezier_tile(rois_ptr, scale_bits, n_pblocks, N, C, ph, pw, sampling_ratio, 
     return k, b, bw, bh, gwf, ghf, count, p, pm, i, j, c, cm, tile_m, ybase, xbase, live
 
 
-@_kernel
+@kernel
 def _bezier_fwd_kernel(
     x_ptr, rois_ptr, out_ptr, scale_bits,
     N, C, H, W, ph, pw, sampling_ratio, n_pblocks,
@@ -139,7 +138,7 @@ def _bezier_fwd_kernel(
     tl.store(out_ptr + o, div_rn(acc, count).to(out_ptr.dtype.element_ty), mask=_p(pm, CF) & _c(cm, CF))
 
 
-@_kernel
+@kernel
 def _bezier_bwd_atomic_kernel(
     grad_ptr, rois_ptr, gi_ptr, scale_bits,
     N, C, H, W, ph, pw, sampling_ratio, n_pblocks,
@@ -157,7 +156,7 @@ def _bezier_bwd_atomic_kernel(
                     H, W, siH, siW, CF)
 
 
-@_kernel
+@kernel
 def _bezier_tiles_kernel(
     rois_ptr, mask_ptr, scale_bits, N, H, W, ph, pw, sampling_ratio, n_words,
     ALIGNED: tl.constexpr, TILE_H: tl.constexpr, TILE_W: tl.constexpr, BLOCK: tl.constexpr,
@@ -205,7 +204,7 @@ def _gather_box(
     return acc
 
 
-@_kernel
+@kernel
 def _bezier_bwd_gather_kernel(
     grad_ptr, rois_ptr, gi_ptr, mask_ptr, scale_bits,
     N, C, H, W, ph, pw, sampling_ratio, n_tw, n_tiles, n_words,
