@@ -14,7 +14,7 @@ from types import ModuleType
 import pytest
 import torch
 
-from cases import tol
+from cases import as_bezier, tol
 from roiops._backend import triton_too_old
 
 F16, BF16, F32, F64 = torch.float16, torch.bfloat16, torch.float32, torch.float64
@@ -124,6 +124,13 @@ def api_forward_backward(fn, x: torch.Tensor, rois, g: torch.Tensor):
     out = fn(xr, rois)
     out.backward(g.to(out.device, memory_format=torch.preserve_format))
     return out.detach().cpu(), xr.grad.cpu()
+
+
+def as_bezier_rows(b):
+    """Axis-aligned boxes as bezier rows (cases.as_bezier), built on the device (no sync)."""
+    if isinstance(b, list):
+        return [as_bezier(torch.cat([r[:, :1] * 0, r], dim=1))[:, 1:] for r in b]
+    return as_bezier(b)
 
 
 def as_rotated(b):

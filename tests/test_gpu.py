@@ -33,7 +33,7 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(),
 import roiops
 import roiops.reference as REF
 from cases import Case, config_set
-from gpu_cases import (BF16, C, F16, F32, F64, LEVEL_IDS, LEVELS, N, as_rotated, both_backwards, close, close_sums,
+from gpu_cases import (BF16, C, F16, F32, F64, LEVEL_IDS, LEVELS, N, as_bezier_rows, as_rotated, both_backwards, close, close_sums,
                        cuda, exact, feature_map, gpu_boxes, random_grad)
 from roiops.ops import SPECS
 # Skipped, with the reason, where Triton is older than roiops supports (torch < 2.11).
@@ -182,7 +182,8 @@ def spec_call(spec, options: dict, size: int = 7):
     case = Case(spec.name, spec, options)
 
     def call(t, b, s):
-        return case(t, as_rotated(b) if spec.boxes == "rotated" else b, size, s)
+        rows = as_rotated(b) if spec.boxes == "rotated" else as_bezier_rows(b) if spec.boxes == "bezier" else b
+        return case(t, rows, size, s)
     return call
 
 

@@ -19,7 +19,7 @@ from torch import nn
 
 import roiops
 from boxes import random_boxes
-from cases import per_bin_tensors, per_bin_values
+from cases import as_bezier, per_bin_tensors, per_bin_values
 from roiops.compat import detectron2 as d2
 from roiops.compat import faster_rcnn_pytorch as frp
 from roiops.compat import maskrcnn_benchmark as mrb
@@ -83,6 +83,22 @@ def _rotated_drop_in(fn) -> bool:
     """A drop-in for an operator on rotated boxes: named after one (any case)."""
     return fn.__name__.lower() in {n.lower() for spec in SPECS if spec.boxes == "rotated"
                                    for n in (spec.name, spec.module.__name__)}
+
+
+def _bezier_drop_in(fn) -> bool:
+    """A drop-in for an operator on bezier boxes: named after one (any case)."""
+    return fn.__name__.lower() in {n.lower() for spec in SPECS if spec.boxes == "bezier"
+                                   for n in (spec.name, spec.module.__name__)}
+
+
+def _drop_in_boxes(fn) -> str:
+    """The box form a drop-in takes: "rotated", "bezier" or "rois"."""
+    return "rotated" if _rotated_drop_in(fn) else "bezier" if _bezier_drop_in(fn) else "rois"
+
+
+def _spec_boxes(spec) -> str:
+    """The box form an operator takes, as _inputs names it."""
+    return {"axis-aligned": "rois"}.get(spec.boxes, spec.boxes)
 
 
 def _takes_lists(fn) -> bool:
@@ -237,8 +253,7 @@ def _rotated(rois: torch.Tensor) -> torch.Tensor:
                         torch.linspace(-1, 1, len(rois))], 1)
 
 
-def _forms(rotated: bool, lists: bool) -> tuple[str, ...]:
-    boxes = "rotated" if rotated else "rois"
+def _forms(boxes: str, lists: bool) -> tuple[str, ...]:
     return (boxes, f"{boxes} list") if lists else (boxes,)
 
 
@@ -255,11 +270,11 @@ def _leaf(spec, options: dict) -> tuple[tuple, dict]:
 # channels as 2 x 2 x 2), FPN RoIAlign, and every function of the drop-ins.
 LEAVES = [pytest.param(spec.function, *_leaf(spec, options), form, id=f"roiops.{spec.name}-{i}-{form}")
           for spec in SPECS for i, options in enumerate(spec.options)
-          for form in _forms(spec.boxes == "rotated", True)]
+          for form in _forms(_spec_boxes(spec), True)]
 LEAVES.append(pytest.param(roiops.multi_scale_roi_align, (3, [0.5, 0.25], 2), {}, "levels", id="multi_scale_roi_align"))
 LEAVES += [pytest.param(fn, (), _fill(fn), form, id=f"{fn.__module__}.{fn.__name__}-{form}")
            for fn in dict.fromkeys(fn for module in COMPAT for fn in _public(module, FunctionType))
-           for form in _forms(_rotated_drop_in(fn), _takes_lists(fn))]
+           for form in _forms(_drop_in_boxes(fn), _takes_lists(fn))]
 
 
 class _Call(nn.Module):
@@ -275,7 +290,7 @@ def _inputs(form: str):
     x, rois = _maps(), _rois()
     if form == "levels":
         return [x, _maps(seed=5)[..., :8, :10]], rois
-    boxes = _rotated(rois) if form.startswith("rotated") else rois
+    boxes = _rotated(rois) if form.startswith("rotated") else as_bezier(rois) if form.startswith("bezier") else rois
     return x, _per_image(boxes) if form.endswith("list") else boxes
 
 
@@ -318,7 +333,7 @@ def test_layers_trace_to_one_node_per_op(layer):
 
     train_nodes, eval_nodes = get_graph_node_names(Wrapper())
     assert len(train_nodes) == len(eval_nodes) == 3 + isinstance(layer, POOLED_AFTER)
-    x, rois = _inputs("rotated" if _rotated_drop_in(type(layer)) else "rois")
+    x, rois = _inputs(_drop_in_boxes(type(layer)))
     assert torch.equal(torch.fx.symbolic_trace(Wrapper())(x, rois), layer(x, rois))
 
 
@@ -400,20 +415,21 @@ def test_detectron2_and_mmcv_drop_ins_assert_the_box_shape_as_their_peers():
 
 # ---- quantized tensors ---------------------------------------------------------------------
 
-def _quantized_cases(rotated: bool = False):
-    x, rois = _maps(4), _rotated(_rois()) if rotated else _rois()
+def _quantized_cases(boxes: str = "rois"):
+    x, rois = _maps(4), _inputs(boxes)[1]
     qx = torch.quantize_per_tensor(x, 0.05, 0, torch.quint8)
     qrois = torch.quantize_per_tensor(rois, 0.125, 0, torch.qint32)
-    return [(qx, rois, "input"), (x, qrois, "boxes"), (x, _per_image(qrois), "boxes\\[0\\]")]
+    name = "beziers" if boxes == "bezier" else "boxes"
+    return [(qx, rois, "input"), (x, qrois, name), (x, _per_image(qrois), f"{name}\\[0\\]")]
 
 
 @pytest.mark.parametrize("spec", SPECS, ids=lambda spec: spec.name)
 def test_quantized_tensors_are_refused_clearly(spec):
-    for x, boxes, name in _quantized_cases(spec.boxes == "rotated"):
+    for x, boxes, name in _quantized_cases(_spec_boxes(spec)):
         with pytest.raises(ValueError, match=f"{name} is a quantized tensor .*PyTorch deprecates.*dequantize"):
             spec.function(x, boxes, *[None] * len(per_bin_tensors(spec)), 2, 0.5)
     qx = torch.quantize_per_tensor(_maps(), 0.05, 0, torch.qint8)
-    rois = _rotated(_rois()) if spec.boxes == "rotated" else _rois()
+    rois = _inputs(_spec_boxes(spec))[1]
     with pytest.raises(NotImplementedError, match="quantized") as error:
         spec.function(qx, rois, *[None] * len(per_bin_tensors(spec)), 2)
     assert isinstance(error.value, ValueError)
