@@ -342,8 +342,10 @@ def bezier_bins(rois: Tensor, scale: float, ph: int, pw: int, sampling_ratio: in
     o = 0.5 if aligned else 0.0
     starts = []
     for axis, half in ((1, 0.5 * bin_h), (0, 0.5 * bin_w)):
-        at_top = bezier_point(*(q[:, axis:axis + 1] for q in top), u)[:, None, :]  # [K, 1, pw]
-        at_bottom = bezier_point(*(q[:, axis:axis + 1] for q in bottom), u)[:, None, :]
+        t0, t1, t2, t3 = (q[:, axis:axis + 1] for q in top)
+        b0, b1, b2, b3 = (q[:, axis:axis + 1] for q in bottom)
+        at_top = bezier_point(t0, t1, t2, t3, u)[:, None, :]  # [K, 1, pw]
+        at_bottom = bezier_point(b0, b1, b2, b3, u)[:, None, :]
         centre = ((at_bottom * v).to(torch.float64) + at_top.to(torch.float64) * v_rest - o).to(t)
         starts.append(centre - half[:, None, None])
     return starts[0], starts[1], bin_h, bin_w, grid_h, grid_w

@@ -97,7 +97,38 @@ def rotated_extent(rois: torch.Tensor) -> torch.Tensor:
     return torch.stack([rois[:, 0], cx - half_w, cy - half_h, cx + half_w, cy + half_h], dim=1)
 
 
-BOX_FORMATS = {"axis-aligned": AXIS_ALIGNED, "rotated": BoxFormat(rotated_boxes, rotated_extent)}
+def bezier_boxes(w: Workload, g: torch.Generator) -> torch.Tensor:
+    """[count, 17] bezier boxes (image, top curve left to right, bottom curve right to left)
+    of text lines: lengths log-uniform from 64 to 640 px, heights from 16 to 64 px (at most
+    half the length), slanted up to 0.3 radians, the inner control points bent by up to
+    half the height; centres uniform over the image."""
+    count, img_w, img_h = w.boxes, w.width / w.scale, w.height / w.scale
+    u = torch.rand(count, 6, generator=g)
+    length = torch.exp(math.log(64) + u[:, 0] * math.log(10))
+    height = torch.minimum(torch.exp(math.log(16) + u[:, 1] * math.log(4)), length / 2)
+    angle, bend = (u[:, 2] - 0.5) * 0.6, (u[:, 3] - 0.5) * height
+    cx, cy = u[:, 4] * img_w, u[:, 5] * img_h
+    t = torch.tensor([-0.5, -1 / 6, 1 / 6, 0.5])
+    along = torch.stack([angle.cos(), angle.sin()], 1)  # [K, 2]
+    across = torch.stack([-angle.sin(), angle.cos()], 1)
+    lift = torch.tensor([0.0, 1.0, 1.0, 0.0])[None] * bend[:, None]  # [K, 4]
+    centre = torch.stack([cx, cy], 1)[:, None]
+    line = centre + (length[:, None] * t)[..., None] * along[:, None] + lift[..., None] * across[:, None]
+    top = line - (height[:, None, None] / 2) * across[:, None]
+    bottom = line + (height[:, None, None] / 2) * across[:, None]
+    idx = torch.randint(0, w.n, (count, 1), generator=g).float()
+    return torch.cat([idx, top.reshape(count, 8), bottom.flip(1).reshape(count, 8)], dim=1)
+
+
+def bezier_extent(rois: torch.Tensor) -> torch.Tensor:
+    """The axis-aligned bounding box of each bezier box's control points (which holds its
+    curves)."""
+    xs, ys = rois[:, 1::2], rois[:, 2::2]
+    return torch.stack([rois[:, 0], xs.amin(1), ys.amin(1), xs.amax(1), ys.amax(1)], dim=1)
+
+
+BOX_FORMATS = {"axis-aligned": AXIS_ALIGNED, "rotated": BoxFormat(rotated_boxes, rotated_extent),
+               "bezier": BoxFormat(bezier_boxes, bezier_extent)}
 
 # Every operator's benchmark entries and workloads, from its spec (roiops/ops/<op>.py).
 OPS: dict[str, Bench] = {b.key: b for spec in SPECS for b in spec.bench}
