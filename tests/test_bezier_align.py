@@ -288,7 +288,8 @@ def test_list_of_beziers_per_image():
     x, b = feature(), beziers(count=4, nasty=False)
     rows = [b[b[:, 0] == i, 1:] for i in range(N)]
     ordered = torch.cat([b[b[:, 0] == i] for i in range(N)])
-    assert torch.equal(roiops.bezier_align(x, rows, (3, 4), SCALE, 1), roiops.bezier_align(x, ordered, (3, 4), SCALE, 1))
+    assert torch.equal(roiops.bezier_align(x, rows, (3, 4), SCALE, 1),
+                       roiops.bezier_align(x, ordered, (3, 4), SCALE, 1))
 
 
 def test_errors_name_the_beziers():

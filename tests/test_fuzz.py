@@ -45,6 +45,7 @@ RATIOS = [-1, 0, 1, 2, 3, 5]
 PLAIN = [s for s in SPECS if s.boxes == "axis-aligned" and not s.position_sensitive]
 POSITION_SENSITIVE = [s for s in SPECS if s.position_sensitive]
 ROTATED = [s for s in SPECS if s.boxes == "rotated"]
+BEZIER = [s for s in SPECS if s.boxes == "bezier"]
 BY_NAME = {s.name: s for s in SPECS}
 
 
@@ -428,6 +429,12 @@ def assert_rotated_close(x, rois, op, args, out, g_in):
 @settings(max_examples=300, **SETTINGS)
 @given(rotated_cases())
 def test_rotated_cpu_agrees_with_the_reference_at_any_thread_count(case):
+    cpu_agrees_with_the_reference_at_any_thread_count(case)
+
+
+def cpu_agrees_with_the_reference_at_any_thread_count(case):
+    """The CPU kernels of a case of rows ``(batch_index, ...)``: the same bits at 1 and 2
+    threads and from the per-image list form, and the reference's results."""
     x, rois, op, args = case
     event(f"{op.spec.name}, {'many' if rois.shape[0] > 8 else 'few'} boxes")
     with num_threads(1):
@@ -435,7 +442,7 @@ def test_rotated_cpu_agrees_with_the_reference_at_any_thread_count(case):
     with num_threads(2):
         out2, g_in2 = forward_backward(rotated_call(rois, op, args), x, "cpu")
     assert torch.equal(out, out2) and torch.equal(g_in, g_in2)  # deterministic: the same bits
-    # The other box form, a list of [L, 5] per image, in the order the rows come.
+    # The other box form, a list per image of the rows without their index, in the order they come.
     per_image = [rois[rois[:, 0] == i, 1:] for i in range(x.shape[0])]
     order = torch.cat([torch.nonzero(rois[:, 0] == i).flatten() for i in range(x.shape[0])])
     with roiops.use_backend("cpu"):
@@ -447,6 +454,47 @@ def test_rotated_cpu_agrees_with_the_reference_at_any_thread_count(case):
 @settings(max_examples=12, **SETTINGS)
 @given(case=rotated_cases(), deterministic=st.booleans())
 def test_rotated_triton_agrees_with_the_reference(backend, case, deterministic):
+    x, rois, op, args = case
+    with config_set(deterministic_backward=deterministic):
+        out, g_in = forward_backward(rotated_call(rois, op, args), x, backend)
+    assert_rotated_close(x, rois, op, args, out, g_in)
+
+
+# ---- bezier boxes: curves anywhere, degenerate ones among them ------------------------------
+
+
+@st.composite
+def bezier_cases(draw):
+    op = draw(op_cases(BEZIER, ratios=[-1, 0, 1, 2, 5]))
+    n, c = draw(st.integers(1, 2)), draw(st.sampled_from([1, 3, 8, 19]))
+    h, w = draw(st.integers(1, 12)), draw(st.integers(1, 12))
+    dtype = draw(st.sampled_from(DTYPES))
+    g = torch.Generator().manual_seed(draw(st.integers(0, 2**16)))
+    x = draw(laid_out(torch.randn(n, c, h, w, generator=g, dtype=torch.float64).to(dtype)))
+    scale = draw(st.sampled_from(SCALES))
+    k = draw(st.integers(0, 24))
+    points = (torch.rand(k, 8, 2, generator=g, dtype=torch.float64) * 1.4 - 0.2) * torch.tensor([w, h])
+    kind = torch.randint(0, 10, (k,), generator=g)
+    points[kind == 0] = points[kind == 0][:, :1]  # a single point: empty adaptive grids
+    points[kind == 1, :4, 1] = points[kind == 1, :1, 1]  # horizontal curves: bins of height 0
+    points[kind == 1, 4:, 1] = points[kind == 1, 4:5, 1]
+    points[kind == 2] *= 1e4  # far beyond the map: the samples outside it cost nothing
+    index = torch.randint(0, n, (k, 1), generator=g, dtype=torch.float64)
+    rois = torch.cat([index, points.reshape(k, 16) / scale], 1)
+    args = dict(output_size=(draw(st.integers(1, 4)), draw(st.integers(1, 4))), spatial_scale=scale)
+    return x, rois, op, args
+
+
+@settings(max_examples=150, **SETTINGS)
+@given(bezier_cases())
+def test_bezier_cpu_agrees_with_the_reference_at_any_thread_count(case):
+    cpu_agrees_with_the_reference_at_any_thread_count(case)
+
+
+@pytest.mark.parametrize("backend", ["triton"])
+@settings(max_examples=12, **SETTINGS)
+@given(case=bezier_cases(), deterministic=st.booleans())
+def test_bezier_triton_agrees_with_the_reference(backend, case, deterministic):
     x, rois, op, args = case
     with config_set(deterministic_backward=deterministic):
         out, g_in = forward_backward(rotated_call(rois, op, args), x, backend)

@@ -21,10 +21,10 @@ import torch
 from torch._dynamo.testing import CompileCounterWithBackend
 
 import roiops
-from cases import (BEZIER_OPS, BOX_GRAD_CASES, CASES, DTYPES, F32, F64, PER_BIN, POSITION_SENSITIVE_OPS, ROTATED_OPS, SCALE, VARIANTS, C,
-                   H, N, RecordOps, W, backend_used, backward_paths, boxes_for, close, config_set, contract_args,
-                   device_for, feature, forward_kernels, num_threads, odd_unit_strides, params, per_bin_tensors,
-                   in_form, per_bin_values, per_image, run, schema, spec_params, takes_max, tol)
+from cases import (BEZIER_OPS, BOX_GRAD_CASES, CASES, DTYPES, F32, F64, PER_BIN, POSITION_SENSITIVE_OPS, ROTATED_OPS,
+                   SCALE, VARIANTS, C, H, N, RecordOps, W, backend_used, backward_paths, boxes_for, close, config_set,
+                   contract_args, device_for, feature, forward_kernels, in_form, num_threads, odd_unit_strides, params,
+                   per_bin_tensors, per_bin_values, per_image, run, schema, spec_params, takes_max, tol)
 
 SIZE = (2, 3)
 

@@ -33,8 +33,8 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(),
 import roiops
 import roiops.reference as REF
 from cases import Case, config_set
-from gpu_cases import (BF16, C, F16, F32, F64, LEVEL_IDS, LEVELS, N, as_bezier_rows, as_rotated, both_backwards, close, close_sums,
-                       cuda, exact, feature_map, gpu_boxes, random_grad)
+from gpu_cases import (BF16, C, F16, F32, F64, LEVEL_IDS, LEVELS, N, as_bezier_rows, as_rotated, both_backwards, close,
+                       close_sums, cuda, exact, feature_map, gpu_boxes, random_grad)
 from roiops.ops import SPECS
 # Skipped, with the reason, where Triton is older than roiops supports (torch < 2.11).
 from roiops._backend import triton_too_old

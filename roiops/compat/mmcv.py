@@ -76,9 +76,9 @@ from .. import _validation as v
 from ..ops._declare import fx_leaf
 from ._util import box_assertions
 
-__all__ = ["BezierAlign", "DeformRoIPool", "DeformRoIPoolPack", "ModulatedDeformRoIPoolPack", "PrRoIPool", "RiRoIAlignRotated",
-           "RoIAlign", "RoIAlignRotated", "RoIPool", "bezier_align", "deform_roi_pool", "prroi_pool", "riroi_align_rotated", "roi_align",
-           "roi_align_rotated", "roi_pool"]
+__all__ = ["BezierAlign", "DeformRoIPool", "DeformRoIPoolPack", "ModulatedDeformRoIPoolPack", "PrRoIPool",
+           "RiRoIAlignRotated", "RoIAlign", "RoIAlignRotated", "RoIPool", "bezier_align", "deform_roi_pool", "prroi_pool",
+           "riroi_align_rotated", "roi_align", "roi_align_rotated", "roi_pool"]
 
 OutputSize = Union[int, tuple[int, int], list[int]]
 _Init = TypeVar("_Init", bound=Callable[..., None])

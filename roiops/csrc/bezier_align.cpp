@@ -76,19 +76,15 @@ struct BezierBox {
   static int64_t inside_bound(int64_t grid, int64_t size) { return std::max<int64_t>(std::min(grid, 2 * size + 6), 0); }
 };
 
-// The plan of one box: bin (i, j) is bin e = i * pw + j of ys and of xs, each sampled from
-// its own start, the bin's centre minus half a bin (AxisPlan::build_at: a bin off the map
-// costs its bisection only).
+// The plan of one box: each bin sampled from its own start, its centre minus half a bin.
 template <typename T>
-struct BezierPlan {
-  int64_t batch = 0, pw = 1;
-  int64_t grid_h = 0, grid_w = 0;
-  T count = 1;
-  AxisPlan<T> ys, xs;
+struct BezierPlan : PerBinPlan<T> {
+  using Base = PerBinPlan<T>;
+  using Base::batch, Base::pw, Base::grid_h, Base::grid_w, Base::count, Base::ys, Base::xs;
   // The curves' points per column j: top x, top y, bottom x, bottom y at 4 * j.
   ArenaVector<T> points;
 
-  explicit BezierPlan(Arena* arena = nullptr) : ys(arena), xs(arena), points(ArenaAllocator<T>(arena)) {}
+  explicit BezierPlan(Arena* arena = nullptr) : Base(arena), points(ArenaAllocator<T>(arena)) {}
 
   void build(const T* roi, T scale, int64_t ph, int64_t pw_, int64_t sampling_ratio, bool aligned, int64_t height,
              int64_t width) {
@@ -106,49 +102,14 @@ struct BezierPlan {
     const auto centre = [&](int64_t e, int a) {
       const T v = static_cast<T>(e / pw) / static_cast<T>(ph);
       const T* q = points.data() + 4 * (e % pw) + a;
-      return static_cast<T>(static_cast<double>(q[2] * v) + static_cast<double>(q[0]) * (1.0 - static_cast<double>(v)) - o);
+      const double below = static_cast<double>(q[2] * v), above = static_cast<double>(q[0]);
+      return static_cast<T>(below + above * (1.0 - static_cast<double>(v)) - o);
     };
     const T bin_h = box.bin_h, bin_w = box.bin_w, half_h = T(0.5) * bin_h, half_w = T(0.5) * bin_w;
     ys.build_at(grid_h, ph * pw, height, true,
                 [&](int64_t e, int64_t s) { return sample_position(centre(e, 1) - half_h, bin_h, 0, s, grid_h); });
     xs.build_at(grid_w, ph * pw, width, true,
                 [&](int64_t e, int64_t s) { return sample_position(centre(e, 0) - half_w, bin_w, 0, s, grid_w); });
-  }
-
-  std::pair<int64_t, int64_t> rows(int64_t i, int64_t j) const {
-    const int64_t e = i * pw + j;
-    return {ys.begin[e], ys.begin[e + 1]};
-  }
-  std::pair<int64_t, int64_t> cols(int64_t i, int64_t j) const {
-    const int64_t e = i * pw + j;
-    return {xs.begin[e], xs.begin[e + 1]};
-  }
-  T min_weight(int64_t i, int64_t j) const { return ys.min_weight[i * pw + j] * xs.min_weight[i * pw + j]; }
-  bool has_samples(int64_t e) const { return ys.begin[e] < ys.begin[e + 1] && xs.begin[e] < xs.begin[e + 1]; }
-
-  bool empty() const { return grid_h <= 0 || grid_w <= 0 || ys.empty() || xs.empty(); }
-  int64_t x_span() const { return empty() ? 0 : xs.cell_hi - xs.cell_lo + 1; }
-  // Map rows [first, second] that the box's taps touch; first > second when none.
-  std::pair<int64_t, int64_t> row_span() const {
-    return empty() ? std::make_pair<int64_t, int64_t>(1, 0) : std::make_pair(ys.cell_lo, ys.cell_hi);
-  }
-
-  // Does bin (i, j) have samples whose taps reach map rows [y0, y1)?
-  bool reaches(int64_t i, int64_t j, int64_t y0, int64_t y1) const {
-    const int64_t e = i * pw + j;
-    const auto [r0, r1] = ys.bin_cells(e);
-    return has_samples(e) && r0 < y1 && r1 >= y0;
-  }
-
-  // Bin rows [i0, i1) from the first to the last with a bin that reaches map rows [y0, y1).
-  std::pair<int64_t, int64_t> bins_in_band(int64_t ph, int64_t y0, int64_t y1) const {
-    int64_t i0 = ph, i1 = 0;
-    for (int64_t i = 0; i < ph; ++i) {
-      for (int64_t j = 0; j < pw; ++j) {
-        if (reaches(i, j, y0, y1)) i0 = std::min(i0, i), i1 = i + 1;
-      }
-    }
-    return {i0, i1};
   }
 };
 
@@ -175,7 +136,8 @@ struct Chunks {
       const T scale = static_cast<T>(spatial_scale);
       for (; k < K; ++k) {
         const BezierBox<T> b(roi + kBezierWidth * k, scale, ph, pw, sampling_ratio, aligned);
-        const int64_t n = bins * (1 + BezierBox<T>::inside_bound(b.grid_h, H) + BezierBox<T>::inside_bound(b.grid_w, W));
+        const int64_t n =
+            bins * (1 + BezierBox<T>::inside_bound(b.grid_h, H) + BezierBox<T>::inside_bound(b.grid_w, W));
         if (k > k0 && used + n > kPlanEntries) break;
         used += n;
       }

@@ -51,17 +51,15 @@ int64_t inside_bound(T start, T bin, int64_t grid, int64_t size) {
 // (AxisPlan::build_at): a bin moved far off the map, or to a non-finite start, costs
 // nothing and has none.
 template <typename T>
-struct DeformPlan {
-  int64_t batch = 0, pw = 1;
-  int64_t grid_h = 0, grid_w = 0;
-  T count = 1;
+struct DeformPlan : PerBinPlan<T> {
+  using Base = PerBinPlan<T>;
+  using Base::batch, Base::pw, Base::grid_h, Base::grid_w, Base::count, Base::ys, Base::xs;
   T gain_x = 0, gain_y = 0;  // gamma * box width, gamma * box height
-  AxisPlan<T> ys, xs;
   // Slopes of l (tap_slope) of each inside sample, for the offset gradient only.
   ArenaVector<T> dly, dlx;
 
   explicit DeformPlan(Arena* arena = nullptr)
-      : ys(arena), xs(arena), dly(ArenaAllocator<T>(arena)), dlx(ArenaAllocator<T>(arena)) {}
+      : Base(arena), dly(ArenaAllocator<T>(arena)), dlx(ArenaAllocator<T>(arena)) {}
 
   // off: the box's offset [2, ph, pw] (contiguous), or nullptr.
   void build(const T* roi, const T* off, T scale, T gamma, int64_t ph, int64_t pw_, int64_t sampling_ratio,
@@ -85,43 +83,6 @@ struct DeformPlan {
       slopes_of(ys, y_at, dly);
       slopes_of(xs, x_at, dlx);
     }
-  }
-
-  std::pair<int64_t, int64_t> rows(int64_t i, int64_t j) const {
-    const int64_t e = i * pw + j;
-    return {ys.begin[e], ys.begin[e + 1]};
-  }
-  std::pair<int64_t, int64_t> cols(int64_t i, int64_t j) const {
-    const int64_t e = i * pw + j;
-    return {xs.begin[e], xs.begin[e + 1]};
-  }
-  T min_weight(int64_t i, int64_t j) const { return ys.min_weight[i * pw + j] * xs.min_weight[i * pw + j]; }
-  // Whether bin e has a sample inside the map.
-  bool has_samples(int64_t e) const { return ys.begin[e] < ys.begin[e + 1] && xs.begin[e] < xs.begin[e + 1]; }
-
-  bool empty() const { return grid_h <= 0 || grid_w <= 0 || ys.empty() || xs.empty(); }
-  int64_t x_span() const { return empty() ? 0 : xs.cell_hi - xs.cell_lo + 1; }
-  // Map rows [first, second] that the box's taps touch; first > second when none.
-  std::pair<int64_t, int64_t> row_span() const {
-    return empty() ? std::make_pair<int64_t, int64_t>(1, 0) : std::make_pair(ys.cell_lo, ys.cell_hi);
-  }
-
-  // Does bin (i, j) have samples whose taps reach map rows [y0, y1)?
-  bool reaches(int64_t i, int64_t j, int64_t y0, int64_t y1) const {
-    const int64_t e = i * pw + j;
-    const auto [r0, r1] = ys.bin_cells(e);
-    return has_samples(e) && r0 < y1 && r1 >= y0;
-  }
-
-  // Bin rows [i0, i1) from the first to the last with a bin that reaches map rows [y0, y1).
-  std::pair<int64_t, int64_t> bins_in_band(int64_t ph, int64_t y0, int64_t y1) const {
-    int64_t i0 = ph, i1 = 0;
-    for (int64_t i = 0; i < ph; ++i) {
-      for (int64_t j = 0; j < pw; ++j) {
-        if (reaches(i, j, y0, y1)) i0 = std::min(i0, i), i1 = i + 1;
-      }
-    }
-    return {i0, i1};
   }
 
  private:

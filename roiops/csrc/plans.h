@@ -190,6 +190,57 @@ struct BoxGrid {
   }
 };
 
+// The plan of a box whose bins each start elsewhere (deformable RoI pooling, Bezier
+// alignment): bin (i, j) is bin e = i * pw + j of ys and of xs, each built from its own
+// start (AxisPlan::build_at: a bin far off the map costs its bisection only), with the
+// interface of AlignPlan that align_kernels.h's kernels and drivers run.
+template <typename T>
+struct PerBinPlan {
+  int64_t batch = 0, pw = 1;
+  int64_t grid_h = 0, grid_w = 0;
+  T count = 1;
+  AxisPlan<T> ys, xs;
+
+  explicit PerBinPlan(Arena* arena = nullptr) : ys(arena), xs(arena) {}
+
+  std::pair<int64_t, int64_t> rows(int64_t i, int64_t j) const {
+    const int64_t e = i * pw + j;
+    return {ys.begin[e], ys.begin[e + 1]};
+  }
+  std::pair<int64_t, int64_t> cols(int64_t i, int64_t j) const {
+    const int64_t e = i * pw + j;
+    return {xs.begin[e], xs.begin[e + 1]};
+  }
+  T min_weight(int64_t i, int64_t j) const { return ys.min_weight[i * pw + j] * xs.min_weight[i * pw + j]; }
+  // Whether bin e has a sample inside the map.
+  bool has_samples(int64_t e) const { return ys.begin[e] < ys.begin[e + 1] && xs.begin[e] < xs.begin[e + 1]; }
+
+  bool empty() const { return grid_h <= 0 || grid_w <= 0 || ys.empty() || xs.empty(); }
+  int64_t x_span() const { return empty() ? 0 : xs.cell_hi - xs.cell_lo + 1; }
+  // Map rows [first, second] that the box's taps touch; first > second when none.
+  std::pair<int64_t, int64_t> row_span() const {
+    return empty() ? std::make_pair<int64_t, int64_t>(1, 0) : std::make_pair(ys.cell_lo, ys.cell_hi);
+  }
+
+  // Does bin (i, j) have samples whose taps reach map rows [y0, y1)?
+  bool reaches(int64_t i, int64_t j, int64_t y0, int64_t y1) const {
+    const int64_t e = i * pw + j;
+    const auto [r0, r1] = ys.bin_cells(e);
+    return has_samples(e) && r0 < y1 && r1 >= y0;
+  }
+
+  // Bin rows [i0, i1) from the first to the last with a bin that reaches map rows [y0, y1).
+  std::pair<int64_t, int64_t> bins_in_band(int64_t ph, int64_t y0, int64_t y1) const {
+    int64_t i0 = ph, i1 = 0;
+    for (int64_t i = 0; i < ph; ++i) {
+      for (int64_t j = 0; j < pw; ++j) {
+        if (reaches(i, j, y0, y1)) i0 = std::min(i0, i), i1 = i + 1;
+      }
+    }
+    return {i0, i1};
+  }
+};
+
 // RoIAlign plan of one box, shared by all channels: the taps of its sample rows and
 // columns (a sample's four weights are products of one row and one column tap).
 template <typename T>

@@ -132,8 +132,9 @@ class OpSpec:
     """A public operator. ``function(input, boxes, output_size, spatial_scale, **options)``
     and its ``module``; ``kernels``: the op pairs it calls. ``boxes``: its box rows,
     ``"axis-aligned"`` ``(batch_index, x1, y1, x2, y2)``, ``"rotated"`` ``(batch_index,
-    cx, cy, w, h, angle)`` or ``"bezier"`` ``(batch_index, 16 control-point coordinates)``. ``options``: the option sets the generic tests run it with
-    (each a full set of keyword options besides ``output_size`` and ``spatial_scale``);
+    cx, cy, w, h, angle)`` or ``"bezier"`` ``(batch_index, x0, y0, ..., x7, y7)``.
+    ``options``: the option sets the generic tests run it with (each a full set of keyword
+    options besides ``output_size`` and ``spatial_scale``);
     ``box_grad``: options under which the boxes receive a gradient (None: never).
     ``position_sensitive``: the input has ``C_out * ph * pw`` channels. ``bench``: its
     benchmark entries. ``reference_bin_error``: the reference's results lose up to

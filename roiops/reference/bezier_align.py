@@ -8,7 +8,7 @@ from torch import Tensor
 from .._geometry import bezier_bins, is_channels_last
 from .._kernel_checks import kernel_check
 from ._common import attach, axis_samples, layout, opmath_type, prepare_rois, sampling_grids
-from .deform_roi_pool import _Bins, _corner_values
+from .deform_roi_pool import _Bins, average_bins, scatter_bins
 
 __all__ = ["bezier_align_backward", "bezier_align_forward"]
 
@@ -41,22 +41,11 @@ def bezier_align_forward(input: Tensor, rois: Tensor, spatial_scale: float, pool
     centre on box k's curves."""
     _check_forward(input, rois, spatial_scale, pooled_height, pooled_width, sampling_ratio, aligned)
     ph, pw = int(pooled_height), int(pooled_width)
-    n, c, height, width = input.shape
+    n, _, height, width = input.shape
     opmath = opmath_type(input.dtype)
     rois, batch = prepare_rois(rois, n, opmath)
     boxes = _boxes(rois, spatial_scale, ph, pw, int(sampling_ratio), bool(aligned), height, width)
-    x = input.to(opmath)
-    outs = []
-    for b, box in zip(batch, boxes):
-        if box is None:
-            outs.append(x.new_zeros((c, ph, pw)))
-            continue
-        value = sum(w * v for (w, _, _), v in zip(box.corners(), _corner_values(x[b], box)))
-        # Samples outside the map add 0 but count in the divisor.
-        value = torch.where(box.valid(), value, 0.0)
-        outs.append(value.sum(dim=(2, 3)).view(c, ph, pw) / box.count)
-    out = torch.stack(outs) if outs else x.new_zeros((0, c, ph, pw))
-    out = attach(out, input)
+    out = attach(average_bins(input.to(opmath), batch, boxes, ph, pw), input)
     return layout(out.to(input.dtype), is_channels_last(input))
 
 
@@ -71,16 +60,5 @@ def bezier_align_backward(grad: Tensor, rois: Tensor, spatial_scale: float, pool
     opmath = opmath_type(grad.dtype)
     rois, batch = prepare_rois(rois, batch_size, opmath)
     boxes = _boxes(rois, spatial_scale, ph, pw, int(sampling_ratio), bool(aligned), height, width)
-    g_all = grad.to(opmath)
-    grad_input = torch.zeros((batch_size, channels, height, width), dtype=opmath, device=grad.device)
-    for k, (b, box) in enumerate(zip(batch, boxes)):
-        if box is None:
-            continue
-        g = g_all[k].reshape(channels, ph * pw)[:, :, None, None]  # [C, bins, 1, 1]
-        valid = box.valid()
-        plane = grad_input[b].view(channels, height * width)
-        for weight, rows, cols in box.corners():
-            term = torch.where(valid, (g * weight) / box.count, 0.0)
-            flat = (rows * width + cols).expand(valid.shape).reshape(-1)
-            plane.index_add_(1, flat, term.reshape(channels, -1))
+    grad_input = scatter_bins(grad.to(opmath), batch, boxes, (batch_size, channels, height, width), False)
     return layout(grad_input.to(grad.dtype), bool(channels_last))

@@ -75,17 +75,10 @@ def _corner_values(plane: Tensor, box: _Bins) -> list[Tensor]:
     return [plane[:, rows, cols] for _, rows, cols in box.corners()]
 
 
-def deform_roi_pool_forward(input: Tensor, rois: Tensor, offset: Tensor | None, spatial_scale: float,
-                            pooled_height: int, pooled_width: int, sampling_ratio: int, gamma: float) -> Tensor:
-    """``out[k, c, i, j]`` = the mean of the bilinear samples of bin (i, j), placed at the
-    bin's moved start."""
-    _check_forward(input, rois, offset, spatial_scale, pooled_height, pooled_width, sampling_ratio, gamma)
-    ph, pw = int(pooled_height), int(pooled_width)
-    n, c, height, width = input.shape
-    opmath = opmath_type(input.dtype)
-    rois, batch = prepare_rois(rois, n, opmath)
-    boxes = _boxes(rois, offset, spatial_scale, ph, pw, int(sampling_ratio), float(gamma), height, width)
-    x = input.to(opmath)
+def average_bins(x: Tensor, batch: list[int], boxes: list[_Bins | None], ph: int, pw: int) -> Tensor:
+    """``[K, C, ph, pw]``: each bin's mean of its bilinear samples on ``x`` (opmath) of its
+    box's image; 0 for a box without sample points."""
+    c = x.shape[1]
     outs = []
     for b, box in zip(batch, boxes):
         if box is None:
@@ -95,8 +88,40 @@ def deform_roi_pool_forward(input: Tensor, rois: Tensor, offset: Tensor | None, 
         # Samples outside the map add 0 but count in the divisor.
         value = torch.where(box.valid(), value, 0.0)
         outs.append(value.sum(dim=(2, 3)).view(c, ph, pw) / box.count)
-    out = torch.stack(outs) if outs else x.new_zeros((0, c, ph, pw))
-    out = attach(out, input)
+    return torch.stack(outs) if outs else x.new_zeros((0, c, ph, pw))
+
+
+def scatter_bins(grad: Tensor, batch: list[int], boxes: list[_Bins | None], shape: tuple[int, int, int, int],
+                 divide_first: bool) -> Tensor:
+    """The adjoint of :func:`average_bins`: a ``shape`` gradient (grad's dtype) to which each
+    sample adds ``(grad / count) * w`` (``divide_first``, mmcv's deformable order) or
+    ``(grad * w) / count`` (RoIAlign's) at its four neighbours."""
+    _, channels, height, width = shape
+    grad_input = torch.zeros(shape, dtype=grad.dtype, device=grad.device)
+    for k, (b, box) in enumerate(zip(batch, boxes)):
+        if box is None:
+            continue
+        g = grad[k].reshape(channels, box.bins)[:, :, None, None]  # [C, bins, 1, 1]
+        valid = box.valid()
+        plane = grad_input[b].view(channels, height * width)
+        for weight, rows, cols in box.corners():
+            term = (g / box.count) * weight if divide_first else (g * weight) / box.count
+            flat = (rows * width + cols).expand(valid.shape).reshape(-1)
+            plane.index_add_(1, flat, torch.where(valid, term, 0.0).reshape(channels, -1))
+    return grad_input
+
+
+def deform_roi_pool_forward(input: Tensor, rois: Tensor, offset: Tensor | None, spatial_scale: float,
+                            pooled_height: int, pooled_width: int, sampling_ratio: int, gamma: float) -> Tensor:
+    """``out[k, c, i, j]`` = the mean of the bilinear samples of bin (i, j), placed at the
+    bin's moved start."""
+    _check_forward(input, rois, offset, spatial_scale, pooled_height, pooled_width, sampling_ratio, gamma)
+    ph, pw = int(pooled_height), int(pooled_width)
+    n, _, height, width = input.shape
+    opmath = opmath_type(input.dtype)
+    rois, batch = prepare_rois(rois, n, opmath)
+    boxes = _boxes(rois, offset, spatial_scale, ph, pw, int(sampling_ratio), float(gamma), height, width)
+    out = attach(average_bins(input.to(opmath), batch, boxes, ph, pw), input)
     return layout(out.to(input.dtype), is_channels_last(input))
 
 
@@ -111,18 +136,7 @@ def deform_roi_pool_backward(grad: Tensor, rois: Tensor, offset: Tensor | None, 
     opmath = opmath_type(grad.dtype)
     rois, batch = prepare_rois(rois, batch_size, opmath)
     boxes = _boxes(rois, offset, spatial_scale, ph, pw, int(sampling_ratio), float(gamma), height, width)
-    g_all = grad.to(opmath)
-    grad_input = torch.zeros((batch_size, channels, height, width), dtype=opmath, device=grad.device)
-    for k, (b, box) in enumerate(zip(batch, boxes)):
-        if box is None:
-            continue
-        q = (g_all[k].reshape(channels, ph * pw) / box.count)[:, :, None, None]  # [C, bins, 1, 1]
-        valid = box.valid()
-        plane = grad_input[b].view(channels, height * width)
-        for weight, rows, cols in box.corners():
-            term = torch.where(valid, q * weight, 0.0)
-            flat = (rows * width + cols).expand(valid.shape).reshape(-1)
-            plane.index_add_(1, flat, term.reshape(channels, -1))
+    grad_input = scatter_bins(grad.to(opmath), batch, boxes, (batch_size, channels, height, width), True)
     return layout(grad_input.to(grad.dtype), bool(channels_last))
 
 
