@@ -454,6 +454,12 @@ def cpu_agrees_with_the_reference_at_any_thread_count(case):
 @settings(max_examples=12, **SETTINGS)
 @given(case=rotated_cases(), deterministic=st.booleans())
 def test_rotated_triton_agrees_with_the_reference(backend, case, deterministic):
+    triton_agrees_with_the_reference(backend, case, deterministic)
+
+
+def triton_agrees_with_the_reference(backend, case, deterministic):
+    """A case of rows ``(batch_index, ...)`` on Triton's kernels, either backward path,
+    against the reference."""
     x, rois, op, args = case
     with config_set(deterministic_backward=deterministic):
         out, g_in = forward_backward(rotated_call(rois, op, args), x, backend)
@@ -495,10 +501,7 @@ def test_bezier_cpu_agrees_with_the_reference_at_any_thread_count(case):
 @settings(max_examples=12, **SETTINGS)
 @given(case=bezier_cases(), deterministic=st.booleans())
 def test_bezier_triton_agrees_with_the_reference(backend, case, deterministic):
-    x, rois, op, args = case
-    with config_set(deterministic_backward=deterministic):
-        out, g_in = forward_backward(rotated_call(rois, op, args), x, backend)
-    assert_rotated_close(x, rois, op, args, out, g_in)
+    triton_agrees_with_the_reference(backend, case, deterministic)
 
 
 # ---- extreme values, in a child interpreter -----------------------------------------------

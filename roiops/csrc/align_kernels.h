@@ -277,6 +277,28 @@ void forward_tasks(const PlanList& plans, const Tensor& input, const Box& box, c
                           });
 }
 
+// The average-pooling forward of boxes [k0, k0 + plans.size()) of out, whose plans each
+// bin's samples (PerBinPlan: deformable RoI pooling, Bezier alignment), in place or from
+// tiles (forward_tasks).
+template <typename T, typename scalar_t, typename PlanList>
+void per_bin_forward(const PlanList& plans, const Tensor& input, int64_t k0, int64_t ph, int64_t pw, Tensor& out) {
+  const int64_t C = input.size(1), W = input.size(3);
+  const int64_t oK = out.stride(0), oC = out.stride(1), oH = out.stride(2), oW = out.stride(3);
+  scalar_t* o = out.mutable_data_ptr<scalar_t>() + k0 * oK;
+  if (plans.size() == 0 || C == 0) return;
+  Scratch<T> acc;
+  forward_tasks<T, scalar_t>(
+      plans, input,
+      [&](auto kN, int64_t k, int64_t c0, int64_t nc, const auto* img, int64_t vH, int64_t vW) {
+        avg_forward_cl<kN>(plans[k], img, vH, vW, nc, ph, pw, acc.get(nc), o + k * oK + c0 * oC, oH, oW, oC);
+      },
+      // A plane of NCHW input is a channels-last image of one channel.
+      [&](int64_t k, int64_t c, const scalar_t* plane) {
+        avg_forward_cl<1>(plans[k], plane, W, 1, 1, ph, pw, static_cast<T*>(nullptr), o + k * oK + c * oC, oH, oW,
+                          oC);
+      });
+}
+
 // Bins [e0, e1) of n channels of one box's NCHW grad (or argmax; channel stride sC, bins
 // contiguous) -> channels-last dst, bin e at dst + e * n.
 template <int64_t kN, typename S, typename D>

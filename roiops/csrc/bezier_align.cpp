@@ -156,27 +156,6 @@ Plans<T> build_plans(const Chunks& c, int64_t k0, int64_t k1) {
   });
 }
 
-template <typename scalar_t>
-void forward_impl(const Tensor& input, const Chunks& chunks, int64_t k0, int64_t k1, Tensor& out) {
-  using T = opmath_type<scalar_t>;
-  const int64_t C = input.size(1), W = input.size(3), ph = chunks.ph, pw = chunks.pw;
-  const int64_t oK = out.stride(0), oC = out.stride(1), oH = out.stride(2), oW = out.stride(3);
-  scalar_t* o = out.mutable_data_ptr<scalar_t>() + k0 * oK;
-  if (k1 == k0 || C == 0) return;
-  const Plans<T> plans = build_plans<T>(chunks, k0, k1);
-  Scratch<T> acc;
-  forward_tasks<T, scalar_t>(
-      plans, input,
-      [&](auto kN, int64_t k, int64_t c0, int64_t nc, const auto* img, int64_t vH, int64_t vW) {
-        avg_forward_cl<kN>(plans[k], img, vH, vW, nc, ph, pw, acc.get(nc), o + k * oK + c0 * oC, oH, oW, oC);
-      },
-      // A plane of NCHW input is a channels-last image of one channel.
-      [&](int64_t k, int64_t c, const scalar_t* plane) {
-        avg_forward_cl<1>(plans[k], plane, W, 1, 1, ph, pw, static_cast<T*>(nullptr), o + k * oK + c * oC, oH, oW,
-                          oC);
-      });
-}
-
 }  // namespace
 
 ROIOPS_ENTRY
@@ -192,7 +171,8 @@ Tensor bezier_align_forward(const Tensor& input_, const Tensor& rois_, double sp
   ROIOPS_DISPATCH(input.scalar_type(), [&] {
     for (int64_t k0 = 0; k0 < K;) {
       const int64_t k1 = next(k0);
-      forward_impl<scalar_t>(input, next, k0, k1, out);
+      using T = opmath_type<scalar_t>;
+      per_bin_forward<T, scalar_t>(build_plans<T>(next, k0, k1), input, k0, ph, pw, out);
       k0 = k1;
     }
   });

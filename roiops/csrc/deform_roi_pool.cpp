@@ -249,29 +249,6 @@ ROIOPS_SIMD void offset_sums(const DeformPlan<T>& p, const S* img, int64_t sC, i
 
 // ---- drivers --------------------------------------------------------------------------
 
-template <typename scalar_t>
-void forward_impl(const Tensor& input, const Tensor& rois, const opmath_type<scalar_t>* offset, int64_t k0,
-                  int64_t k1, double spatial_scale, int64_t ph, int64_t pw, int64_t sampling_ratio, double gamma,
-                  Tensor& out) {
-  using T = opmath_type<scalar_t>;
-  const int64_t C = input.size(1), H = input.size(2), W = input.size(3);
-  const int64_t oK = out.stride(0), oC = out.stride(1), oH = out.stride(2), oW = out.stride(3);
-  scalar_t* o = out.mutable_data_ptr<scalar_t>() + k0 * oK;
-  if (k1 == k0 || C == 0) return;
-  const Plans<T> plans = build_plans<T>(rois, offset, k0, k1, spatial_scale, gamma, ph, pw, sampling_ratio, H, W, false);
-  Scratch<T> acc;
-  forward_tasks<T, scalar_t>(
-      plans, input,
-      [&](auto kN, int64_t k, int64_t c0, int64_t nc, const auto* img, int64_t vH, int64_t vW) {
-        avg_forward_cl<kN>(plans[k], img, vH, vW, nc, ph, pw, acc.get(nc), o + k * oK + c0 * oC, oH, oW, oC);
-      },
-      // A plane of NCHW input is a channels-last image of one channel.
-      [&](int64_t k, int64_t c, const scalar_t* plane) {
-        avg_forward_cl<1>(plans[k], plane, W, 1, 1, ph, pw, static_cast<T*>(nullptr), o + k * oK + c * oC, oH, oW,
-                          oC);
-      });
-}
-
 // The offset gradient of boxes [k0, k1) (plans built with slopes) into go ([K, 2, ph, pw]
 // contiguous, T): per box and channel block (box_tasks) the sums of offset_sums, then
 // added in block order and multiplied by the box's gain; 0 for a bin with no sample in
@@ -382,7 +359,10 @@ Tensor deform_roi_pool_forward(const Tensor& input_, const Tensor& rois_, const 
     const auto* off = offset_data<opmath_type<scalar_t>>(offset);
     for (int64_t k0 = 0; k0 < K;) {
       const int64_t k1 = next(k0);
-      forward_impl<scalar_t>(input, rois, off, k0, k1, spatial_scale, ph, pw, sampling_ratio, gamma, out);
+      using T = opmath_type<scalar_t>;
+      const Plans<T> plans =
+          build_plans<T>(rois, off, k0, k1, spatial_scale, gamma, ph, pw, sampling_ratio, H, W, false);
+      per_bin_forward<T, scalar_t>(plans, input, k0, ph, pw, out);
       k0 = k1;
     }
   });
