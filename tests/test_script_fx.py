@@ -390,7 +390,8 @@ def test_position_sensitive_ops_check_the_boxes_before_the_channels():
 
 # The drop-ins of detectron2 and mmcv whose peer asserts the boxes' shape.
 ASSERTING = (d2.ROIAlign, d2.ROIAlignRotated, d2.roi_align, mmcv.roi_align, mmcv.RoIAlign, mmcv.roi_pool, mmcv.RoIPool,
-             mmcv.deform_roi_pool, mmcv.DeformRoIPool, mmcv.DeformRoIPoolPack, mmcv.ModulatedDeformRoIPoolPack)
+             mmcv.deform_roi_pool, mmcv.DeformRoIPool, mmcv.DeformRoIPoolPack, mmcv.ModulatedDeformRoIPoolPack,
+             mmcv.bezier_align, mmcv.BezierAlign)
 
 
 def test_detectron2_and_mmcv_drop_ins_assert_the_box_shape_as_their_peers():
