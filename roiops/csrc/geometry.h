@@ -55,10 +55,10 @@ constexpr int64_t kMaxArgmaxGrid = INT32_MAX;
 // x * spatial_scale in float32, where 1e39 would be inf and 1e-46 zero.
 constexpr double kMinScale = 0x1p-64, kMaxScale = 0x1p64;
 
-// The first invalid value of rois [K, 5], [K, 6] (rotated) or [K, 17] (bezier: sixteen
-// coordinates), any strides, as {row,
-// column}, or {-1, -1} if there is none: a batch index (column 0) that is not an integer
-// in [0, N), a coordinate (columns 1 to 4) that is not finite or lies beyond
+// The first invalid value of rois [K, 5], [K, 6] (rotated) or [K, 17] (bezier), any
+// strides, as {row, column}, or {-1, -1} if there is none: a batch index (column 0) that
+// is not an integer in [0, N), a coordinate (columns 1 to 4, 1 to 16 for bezier rows)
+// that is not finite or lies beyond
 // kMaxCoordinate cells as the kernels compute it, x * scale in T (an infinite or NaN
 // product fails the comparison), or a rotated box's angle (column 5) that is not finite.
 // check_coords false: batch indices only (RoIPool's backward reads only them; its argmax
