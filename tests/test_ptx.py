@@ -60,6 +60,8 @@ EXPECTED_VARIANTS |= {"_deform_fwd_kernel": 16,         # x with/without offset
                       "_deform_bwd_gather_kernel": 16,  # x with/without offset (CF is fixed)
                       "_deform_tiles_kernel": 4,        # only rois and offset: float32/float64 x with/without
                       "_deform_offset_grad_kernel": 8}
+EXPECTED_VARIANTS |= {"_border_fwd_kernel": 8, "_border_bwd_atomic_kernel": 8,
+                      "_border_bwd_ordered_kernel": 8}  # layouts differ in unit strides
 
 # ----------------------------------------------------------------------------- the rules
 
@@ -346,6 +348,12 @@ def _calls(launchers: dict, torch) -> list:
             g(dt, cl), rois(dt), offset(dt, given), 0.25, P, P, N, C, H, W, 2, 0.1, cl, deterministic=deterministic),
         "deform_roi_pool_offset_backward": lambda f, dt, cl: f(
             g(dt, cl), x(dt, cl), rois(dt), offset(dt, True), 0.25, P, P, 2, 0.1),
+    }
+    recipes |= {  # border align: C / 4 channels per border, boxes per image, pool_size 10
+        "border_align_forward": lambda f, dt, cl: f(x(dt, cl), meta((N, K, 4), dt), 10),
+        "border_align_backward": lambda f, dt, cl, deterministic: f(
+            meta((N, C // 4, K, 4), dt, cl), meta((N, C // 4, K, 4), torch.int32, cl), meta((N, K, 4), dt), 10, N, C,
+            H, W, cl, deterministic=deterministic),
     }
     missing = sorted(set(launchers) - set(recipes))
     if missing:
