@@ -241,7 +241,7 @@ def _per_image_check(name: str, role: str, k: Any, params: list[tuple[str, str]]
     kinds = tuple((i, n, t) for i, (n, t) in enumerate(params))
     sizes = operator.itemgetter(*(pos[n] for n in ("batch_size", "channels", "height", "width"))) \
         if role == "backward" else None
-    at_argmax = pos.get("argmax")
+    at_argmax = pos.get("argmax", 0)
 
     def check(*args: Any) -> None:
         if tuple(map(type, args)) != expected:

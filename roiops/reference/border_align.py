@@ -10,6 +10,8 @@ sampled.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import torch
 from torch import Tensor
 
@@ -44,7 +46,7 @@ def _walks(rois: Tensor, pool_size: int) -> list[tuple[Tensor, Tensor, Tensor, b
     return [(x1, y1, sx, True), (x1, y1, sy, False), (x2, y2, -sx, True), (x2, y2, -sy, False)]
 
 
-def _positions(walk: tuple[Tensor, Tensor, Tensor, bool], pool_size: int):
+def _positions(walk: tuple[Tensor, Tensor, Tensor, bool], pool_size: int) -> Iterator[tuple[int, Tensor, Tensor]]:
     """Sample i's point (x, y) for i = 0..pool_size, by repeated addition in opmath."""
     x, y, step, along_x = walk
     for i in range(pool_size + 1):
@@ -111,11 +113,11 @@ def border_align_backward(grad: Tensor, argmax: Tensor, rois: Tensor, pool_size:
     for e, walk in enumerate(_walks(boxes, pool_size)):
         a = am[..., e]
         # The walk's point at each output's argmax: [N, C, K].
-        px = py = None
+        px = py = g.new_zeros(a.shape)
         for i, x, y in _positions(walk, pool_size):
             hit = a == i
-            px = torch.where(hit, x[:, None, :], 0.0 if px is None else px)
-            py = torch.where(hit, y[:, None, :], 0.0 if py is None else py)
+            px = torch.where(hit, x[:, None, :], px)
+            py = torch.where(hit, y[:, None, :], py)
         cells, weights, inside = _taps(py, px, height, width)
         dst = grad_input[:, e * c:(e + 1) * c]
         for cell, w in zip(cells, weights):  # an outside point adds nothing
