@@ -14,6 +14,7 @@ import math
 
 import pytest
 import torch
+import torch.fx
 
 import roiops
 from cases import DTYPES, F16, F32, F64, config_set, device_for, tol
@@ -425,6 +426,20 @@ def test_module_and_drop_ins():
         mmcv.border_align(x, b[..., :3], 10)
 
 
+@pytest.mark.parametrize("fn", [roiops.border_align, mmcv.border_align], ids=["roiops", "mmcv"])
+def test_functions_are_one_fx_node(fn):
+    """torch.fx records the call whole, as the RoI functions (tests/test_script_fx.py)."""
+    class Call(torch.nn.Module):
+        def forward(self, x, b):
+            return fn(x, b, 3)
+
+    traced = torch.fx.symbolic_trace(Call())
+    calls = [n for n in traced.graph.nodes if n.op not in ("placeholder", "output")]
+    assert [(n.op, n.target) for n in calls] == [("call_function", fn)]
+    x, b = feature(F32), boxes(F32)
+    assert torch.equal(traced(x, b), roiops.border_align(x, b, 3))
+
+
 @pytest.mark.parametrize("call,error,message", [
     (lambda x, b: roiops.border_align(x, b, 0), ValueError, r"pool_size must be an int in \[1, 1024\], got 0"),
     (lambda x, b: roiops.border_align(x, b, 1025), ValueError, r"pool_size must be an int in \[1, 1024\], got 1025"),
@@ -471,10 +486,12 @@ BAD_CALLS = [
     ("forward", lambda a: {"input": a["input"].long()}, r"input must be floating point, got torch.int64"),
     ("forward", lambda a: {"input": a["input"].to(torch.float8_e4m3fn)},
      r"input dtype torch.float8_e4m3fn is not implemented"),
-    ("forward", lambda a: {"rois": a["rois"][0]}, r"rois must be \[N, K, 4\] \(rows \(x1, y1, x2, y2\)\), got \[1, 4\]"),
+    ("forward", lambda a: {"rois": a["rois"][0]},
+     r"rois must be \[N, K, 4\] \(rows \(x1, y1, x2, y2\)\), got \[1, 4\]"),
     ("backward", lambda a: {"rois": a["rois"][..., :3]}, r"rois must be \[N, K, 4\] .*got \[2, 1, 3\]"),
     ("forward", lambda a: {"rois": a["rois"].long()}, r"rois must be floating point, got torch.int64"),
-    ("forward", lambda a: {"input": a["input"].double()}, r"rois must be float64 for a float64 input, got torch.float32"),
+    ("forward", lambda a: {"input": a["input"].double()},
+     r"rois must be float64 for a float64 input, got torch.float32"),
     ("forward", lambda a: {"rois": a["rois"].to("meta")}, r"rois is on meta but input is on cpu"),
     ("backward", lambda a: {"batch_size": -1}, r"batch size and channels must be non-negative, got batch_size=-1"),
     ("forward", lambda a: {"input": a["input"][:, :, :0]}, r"input height and width must be positive, got height=0"),

@@ -67,7 +67,7 @@ SAME_AS_TORCHVISION = {b.key: b.peer.same_result for spec in ROI_SPECS for b in 
 # A drop-in's arguments after the map and the boxes, by parameter name.
 FILL = {"output_size": 2, "out_size": 2, "aligned_height": 2, "aligned_width": 2, "pooled_height": 2,
         "pooled_width": 2, "outh": 2, "outw": 2, "spatial_scale": 0.5, "sampling_ratio": 2, "offset": None,
-        "output_channels": 8}
+        "output_channels": 8, "pool_size": 2}
 
 
 def _public(module, kind):
@@ -85,7 +85,7 @@ def _rotated_drop_in(fn) -> bool:
                                    for n in (spec.name, spec.module.__name__)}
 
 
-def _per_image(fn) -> bool:
+def _boxes_per_image(fn) -> bool:
     """A drop-in for an operator with boxes per image (border_align: its own tests)."""
     return fn.__name__.lower() in {n.lower() for spec in SPECS if spec.boxes == "per-image"
                                    for n in (spec.name, spec.module.__name__)}
@@ -264,7 +264,8 @@ LEAVES = [pytest.param(spec.function, *_leaf(spec, options), form, id=f"roiops.{
           for form in _forms(spec.boxes == "rotated", True)]
 LEAVES.append(pytest.param(roiops.multi_scale_roi_align, (3, [0.5, 0.25], 2), {}, "levels", id="multi_scale_roi_align"))
 LEAVES += [pytest.param(fn, (), _fill(fn), form, id=f"{fn.__module__}.{fn.__name__}-{form}")
-           for fn in dict.fromkeys(fn for module in COMPAT for fn in _public(module, FunctionType)) if not _per_image(fn)
+           for fn in dict.fromkeys(fn for module in COMPAT for fn in _public(module, FunctionType))
+           if not _boxes_per_image(fn)
            for form in _forms(_rotated_drop_in(fn), _takes_lists(fn))]
 
 
@@ -299,7 +300,8 @@ def test_every_public_function_is_one_fx_node(fn, args, kwargs, form):
 # which takes the levels and image sizes, nor LevelMapper); faster-rcnn.pytorch's
 # RoIAlignAvg and RoIAlignMax pool the aligned output once more, as that project's do.
 LAYERS = [cls for cls in dict.fromkeys(cls for module in COMPAT for cls in _public(module, type))
-          if issubclass(cls, nn.Module) and len(inspect.signature(cls.forward).parameters) == 3 and not _per_image(cls)
+          if issubclass(cls, nn.Module) and len(inspect.signature(cls.forward).parameters) == 3
+          and not _boxes_per_image(cls)
           and not list(cls(**_fill(cls)).parameters())]  # a layer with weights (a Pack) is more than its op
 POOLED_AFTER = (frp.RoIAlignAvg, frp.RoIAlignMax)
 
@@ -381,7 +383,8 @@ def test_position_sensitive_ops_check_the_boxes_before_the_channels():
 
 # The drop-ins of detectron2 and mmcv whose peer asserts the boxes' shape.
 ASSERTING = (d2.ROIAlign, d2.ROIAlignRotated, d2.roi_align, mmcv.roi_align, mmcv.RoIAlign, mmcv.roi_pool, mmcv.RoIPool,
-             mmcv.deform_roi_pool, mmcv.DeformRoIPool, mmcv.DeformRoIPoolPack, mmcv.ModulatedDeformRoIPoolPack)
+             mmcv.deform_roi_pool, mmcv.DeformRoIPool, mmcv.DeformRoIPoolPack, mmcv.ModulatedDeformRoIPoolPack,
+             mmcv.border_align, mmcv.BorderAlign)
 
 
 def test_detectron2_and_mmcv_drop_ins_assert_the_box_shape_as_their_peers():

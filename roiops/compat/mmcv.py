@@ -395,6 +395,7 @@ def _positive(name: str, value: object) -> int:
     return value
 
 
+@fx_leaf
 @box_assertions
 def border_align(input: Tensor, boxes: Tensor, pool_size: int) -> Tensor:
     """``mmcv.ops.border_align``: ``input[N, 4C, H, W]``, ``boxes[N, K, 4]`` ->

@@ -117,6 +117,15 @@ inline Sample<T> sample_at(T x, T y, int64_t H, int64_t W) {
   return s;
 }
 
+// The bilinear sum of a sample (inside the map) at element `at` of its four taps' rows, in
+// RoIAlign's order.
+template <typename T, typename scalar_t>
+inline T sample_value(const Sample<T>& t, const scalar_t* p0, const scalar_t* p1, const scalar_t* p2,
+                      const scalar_t* p3, int64_t at) {
+  return ((t.w[0] * static_cast<T>(p0[at]) + t.w[1] * static_cast<T>(p1[at])) + t.w[2] * static_cast<T>(p2[at])) +
+         t.w[3] * static_cast<T>(p3[at]);
+}
+
 template <typename T>
 inline Sample<T> walk_sample(const Walk<T>& walk, T p, int64_t H, int64_t W) {
   return walk.along_x ? sample_at(p, walk.y, H, W) : sample_at(walk.x, p, H, W);
@@ -166,9 +175,7 @@ void forward_impl(const Tensor& input, const Tensor& rois, int64_t pool_size, bo
             const scalar_t *p0 = base + t.cell[0] * sCell, *p1 = base + t.cell[1] * sCell,
                            *p2 = base + t.cell[2] * sCell, *p3 = base + t.cell[3] * sCell;
             for (int64_t c = 0; c < c1 - c0; ++c) {
-              const T v = t.inside ? ((t.w[0] * static_cast<T>(p0[c]) + t.w[1] * static_cast<T>(p1[c])) +
-                                      t.w[2] * static_cast<T>(p2[c])) + t.w[3] * static_cast<T>(p3[c])
-                                   : T(0);
+              const T v = t.inside ? sample_value(t, p0, p1, p2, p3, c) : T(0);
               if (i == 0) {
                 best[c] = v;
                 arg[c] = 0;
@@ -195,9 +202,8 @@ void forward_impl(const Tensor& input, const Tensor& rois, int64_t pool_size, bo
           int32_t arg = 0;
           for (int64_t i = 0; i < S; ++i) {
             const Sample<T>& t = s[i];
-            const T v = t.inside ? ((t.w[0] * static_cast<T>(plane[t.cell[0]]) +
-                                     t.w[1] * static_cast<T>(plane[t.cell[1]])) +
-                                    t.w[2] * static_cast<T>(plane[t.cell[2]])) + t.w[3] * static_cast<T>(plane[t.cell[3]])
+            const T v = t.inside ? sample_value(t, plane + t.cell[0], plane + t.cell[1], plane + t.cell[2],
+                                                plane + t.cell[3], 0)
                                  : T(0);
             if (i == 0) {
               best = v;
