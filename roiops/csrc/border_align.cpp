@@ -4,21 +4,23 @@
 // pool_size + 1 bilinear samples of channel e * C + c along border e of box (n, k), the
 // samples placed by repeated addition of one step from the border's start.
 //
-// Forward tasks: (image, block of boxes, block of channels). A task builds its boxes'
-// sample taps once (shared by the channels), then runs channels_last input along the
-// contiguous channels of each cell (branch-free, so the max vectorises), NCHW input
-// plane by plane. Backward tasks own (image, border, block of channels) of the gradient
-// and add the boxes in increasing k, each output's grad at the point the forward's walk
+// Forward: image by image, in channels_last (an NCHW image is copied so first: one
+// image's map more in memory), tasks of 64 boxes; a border's sample taps are built once
+// and each sample reads a cell's channels as one run, the maximum branch-free along them
+// so that it vectorises. Backward tasks own (image, border, block of channels) of the
+// gradient and add the boxes in increasing k, each output's grad at the point the forward's walk
 // reached at its argmax (the walk replayed, not start + argmax * step): deterministic for
 // any thread count, no atomics.
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <vector>
 
 #include "geometry.h"
 #include "memory.h"
 #include "parallel.h"
+#include "simd.h"
 
 namespace roiops {
 namespace {
@@ -119,112 +121,125 @@ inline Sample<T> sample_at(T x, T y, int64_t H, int64_t W) {
 
 // The bilinear sum of a sample (inside the map) at element `at` of its four taps' rows, in
 // RoIAlign's order.
-template <typename T, typename scalar_t>
-inline T sample_value(const Sample<T>& t, const scalar_t* p0, const scalar_t* p1, const scalar_t* p2,
-                      const scalar_t* p3, int64_t at) {
-  return ((t.w[0] * static_cast<T>(p0[at]) + t.w[1] * static_cast<T>(p1[at])) + t.w[2] * static_cast<T>(p2[at])) +
-         t.w[3] * static_cast<T>(p3[at]);
-}
-
 template <typename T>
 inline Sample<T> walk_sample(const Walk<T>& walk, T p, int64_t H, int64_t W) {
   return walk.along_x ? sample_at(p, walk.y, H, W) : sample_at(walk.x, p, H, W);
 }
 
-template <typename scalar_t>
-void forward_impl(const Tensor& input, const Tensor& rois, int64_t pool_size, bool channels_last, Tensor& out,
-                  Tensor& argmax) {
-  using T = opmath_type<scalar_t>;
-  const int64_t N = input.size(0), C4 = input.size(1), H = input.size(2), W = input.size(3);
-  const int64_t C = C4 / 4, K = rois.size(1), S = pool_size + 1;
-  const scalar_t* x = input.const_data_ptr<scalar_t>();
-  const T* boxes = rois.const_data_ptr<T>();
-  scalar_t* o = out.mutable_data_ptr<scalar_t>();
-  int32_t* am = argmax.mutable_data_ptr<int32_t>();
-  const int64_t sN = input.stride(0), sC = input.stride(1), sCell = input.stride(3);
-  const int64_t oN = out.stride(0), oC = out.stride(1), oK = out.stride(2), oE = out.stride(3);
-  const int64_t chunks = (K + kBoxChunk - 1) / kBoxChunk;
-  const int64_t cb = std::max<int64_t>(1, channels_last ? C : std::min<int64_t>(C, 16));
-  const int64_t cblocks = (C + cb - 1) / cb;
-  Scratch<Sample<T>> samples;
-  Scratch<T> pos;
-  Scratch<T> best_s;
-  Scratch<int32_t> arg_s;
-  parallel_tasks(N * chunks * cblocks, [&](int64_t task) {
-    const int64_t n = task / (chunks * cblocks), rest = task % (chunks * cblocks);
-    const int64_t k0 = rest / cblocks * kBoxChunk, k1 = std::min(K, k0 + kBoxChunk);
-    const int64_t c0 = rest % cblocks * cb, c1 = std::min(C, c0 + cb);
-    Sample<T>* sm = samples.get((k1 - k0) * 4 * S);
-    T* p = pos.get(S);
-    for (int64_t k = k0; k < k1; ++k) {
-      for (int64_t e = 0; e < 4; ++e) {
-        const Walk<T> walk(boxes + (n * K + k) * 4, e, pool_size);
-        walk.positions(pool_size, p);
-        for (int64_t i = 0; i < S; ++i) sm[((k - k0) * 4 + e) * S + i] = walk_sample(walk, p[i], H, W);
-      }
-    }
-    if (channels_last) {
-      T* best = best_s.get(c1 - c0);
-      int32_t* arg = arg_s.get(c1 - c0);
-      for (int64_t k = k0; k < k1; ++k) {
-        for (int64_t e = 0; e < 4; ++e) {
-          const scalar_t* base = x + n * sN + (e * C + c0) * sC;
-          const Sample<T>* s = sm + ((k - k0) * 4 + e) * S;
-          for (int64_t i = 0; i < S; ++i) {
-            const Sample<T>& t = s[i];
-            const scalar_t *p0 = base + t.cell[0] * sCell, *p1 = base + t.cell[1] * sCell,
-                           *p2 = base + t.cell[2] * sCell, *p3 = base + t.cell[3] * sCell;
-            for (int64_t c = 0; c < c1 - c0; ++c) {
-              const T v = t.inside ? sample_value(t, p0, p1, p2, p3, c) : T(0);
-              if (i == 0) {
-                best[c] = v;
-                arg[c] = 0;
-              } else {
-                take_first_max(v, static_cast<int32_t>(i), best[c], arg[c]);
-              }
-            }
-          }
-          const int64_t at = n * oN + k * oK + e * oE + c0 * oC;
-          for (int64_t c = 0; c < c1 - c0; ++c) {
-            o[at + c * oC] = static_cast<scalar_t>(best[c]);
-            am[at + c * oC] = arg[c];
-          }
+// The samples of border e of box `box`, in walking order.
+template <typename T>
+inline void border_samples(const T* box, int64_t e, int64_t pool_size, int64_t H, int64_t W, T* pos, Sample<T>* out) {
+  const Walk<T> walk(box, e, pool_size);
+  walk.positions(pool_size, pos);
+  for (int64_t i = 0; i <= pool_size; ++i) out[i] = walk_sample(walk, pos[i], H, W);
+}
+
+// The first maximum over one border's S samples of channels [0, n) of a channels_last map
+// (cells `cell` apart from `base`): best and arg, branch-free along the channels so that
+// the loops vectorise. A sample off the map is 0.
+template <typename scalar_t, typename T>
+ROIOPS_SIMD void border_max(const Sample<T>* s, int64_t S, const scalar_t* base, int64_t cell, int64_t n,
+                            T* __restrict__ best, int32_t* __restrict__ arg) {
+  for (int64_t i = 0; i < S; ++i) {
+    const Sample<T>& t = s[i];
+    const int32_t at = static_cast<int32_t>(i);
+    if (!t.inside) {
+      for (int64_t c = 0; c < n; ++c) {
+        if (i == 0) {
+          best[c] = T(0);
+          arg[c] = 0;
+        } else {
+          take_first_max(T(0), at, best[c], arg[c]);
         }
       }
-      return;
+      continue;
     }
-    for (int64_t c = c0; c < c1; ++c) {
-      for (int64_t k = k0; k < k1; ++k) {
-        for (int64_t e = 0; e < 4; ++e) {
-          const scalar_t* plane = x + n * sN + (e * C + c) * sC;
-          const Sample<T>* s = sm + ((k - k0) * 4 + e) * S;
-          T best = 0;
-          int32_t arg = 0;
-          for (int64_t i = 0; i < S; ++i) {
-            const Sample<T>& t = s[i];
-            const T v = t.inside ? sample_value(t, plane + t.cell[0], plane + t.cell[1], plane + t.cell[2],
-                                                plane + t.cell[3], 0)
-                                 : T(0);
-            if (i == 0) {
-              best = v;
-            } else {
-              take_first_max(v, static_cast<int32_t>(i), best, arg);
-            }
-          }
-          const int64_t at = n * oN + c * oC + k * oK + e * oE;
-          o[at] = static_cast<scalar_t>(best);
-          am[at] = arg;
+    const scalar_t* __restrict__ p0 = base + t.cell[0] * cell;
+    const scalar_t* __restrict__ p1 = base + t.cell[1] * cell;
+    const scalar_t* __restrict__ p2 = base + t.cell[2] * cell;
+    const scalar_t* __restrict__ p3 = base + t.cell[3] * cell;
+    const T w0 = t.w[0], w1 = t.w[1], w2 = t.w[2], w3 = t.w[3];
+    if (i == 0) {
+      for (int64_t c = 0; c < n; ++c) {
+        best[c] = ((w0 * static_cast<T>(p0[c]) + w1 * static_cast<T>(p1[c])) + w2 * static_cast<T>(p2[c])) +
+                  w3 * static_cast<T>(p3[c]);
+        arg[c] = 0;
+      }
+    } else {
+      for (int64_t c = 0; c < n; ++c) {
+        const T v = ((w0 * static_cast<T>(p0[c]) + w1 * static_cast<T>(p1[c])) + w2 * static_cast<T>(p2[c])) +
+                    w3 * static_cast<T>(p3[c]);
+        take_first_max(v, at, best[c], arg[c]);
+      }
+    }
+  }
+}
+
+// Image n's output from its map in channels_last (an NCHW map is copied so first, one image
+// at a time: each sample then reads a cell's channels as one run). Tasks: blocks of boxes.
+template <typename scalar_t>
+void forward_impl(const Tensor& image, const opmath_type<scalar_t>* boxes, int64_t K, int64_t pool_size, Tensor& out,
+                  Tensor& argmax, int64_t n) {
+  using T = opmath_type<scalar_t>;
+  const int64_t C4 = image.size(1), H = image.size(2), W = image.size(3);
+  const int64_t C = C4 / 4, S = pool_size + 1;
+  const scalar_t* x = image.const_data_ptr<scalar_t>();
+  scalar_t* o = out.mutable_data_ptr<scalar_t>();
+  int32_t* am = argmax.mutable_data_ptr<int32_t>();
+  const int64_t sC = image.stride(1), sCell = image.stride(3);
+  const int64_t oN = out.stride(0), oC = out.stride(1), oK = out.stride(2), oE = out.stride(3);
+  const int64_t chunks = (K + kBoxChunk - 1) / kBoxChunk;
+  Scratch<Sample<T>> samples;
+  Scratch<T> pos, best_s;
+  Scratch<int32_t> arg_s;
+  parallel_tasks(chunks, [&](int64_t chunk) {
+    const int64_t k0 = chunk * kBoxChunk, k1 = std::min(K, k0 + kBoxChunk);
+    Sample<T>* sm = samples.get(S);
+    T* p = pos.get(S);
+    T* best = best_s.get(std::max<int64_t>(C, 1));
+    int32_t* arg = arg_s.get(std::max<int64_t>(C, 1));
+    for (int64_t k = k0; k < k1; ++k) {
+      for (int64_t e = 0; e < 4; ++e) {
+        border_samples(boxes + (n * K + k) * 4, e, pool_size, H, W, p, sm);
+        border_max(sm, S, x + e * C * sC, sCell, C, best, arg);
+        const int64_t at = n * oN + k * oK + e * oE;
+        for (int64_t c = 0; c < C; ++c) {
+          o[at + c * oC] = static_cast<scalar_t>(best[c]);
+          am[at + c * oC] = arg[c];
         }
       }
     }
   });
 }
 
+// Adds grads g[c] at the taps of the samples that channels [0, n) picked (a[c]) into a
+// channels_last gradient (cells `cell` apart from `base`): a picked sample at a time (bit
+// i % 64 of `picked` set if a channel may have picked sample i; samples from 64 on are all
+// visited), all channels at once, each masked by whether it picked the sample (the others
+// add an exact 0), so that the adds vectorise. Per channel and cell the terms come in the
+// order of the scalar loop: one sample per box, its taps in order.
+template <typename T>
+ROIOPS_SIMD void border_scatter(const Sample<T>* s, int64_t S, const int32_t* __restrict__ a,
+                                const T* __restrict__ g, int64_t n, T* base, int64_t cell, uint64_t picked) {
+  for (int64_t i = 0; i < S; ++i) {
+    const Sample<T>& t = s[i];
+    if (!t.inside || (i < 64 && !(picked >> i & 1))) continue;
+    const int32_t at = static_cast<int32_t>(i);
+    for (int64_t tap = 0; tap < 4; ++tap) {
+      T* __restrict__ d = base + t.cell[tap] * cell;
+      const T w = t.w[tap];
+      for (int64_t c = 0; c < n; ++c) d[c] += (a[c] == at ? g[c] : T(0)) * w;
+    }
+  }
+}
+
 // Adds each output's grad at its sample's taps into acc (the opmath gradient, in the
-// input's layout). Returns false if an argmax lies outside [0, pool_size] (nothing is
-// added for it).
+// input's layout). Tasks own (image, border, block of channels) of the gradient and add
+// the boxes in increasing k. The argmax values are in [0, pool_size] (checked before).
+// (Bands of rows per task, to keep what a task adds to in cache, measured slower: a left
+// or right border crosses many bands, each of which builds its samples again.)
 template <typename scalar_t>
-bool backward_impl(const Tensor& grad, const Tensor& argmax, const Tensor& rois, int64_t pool_size, int64_t H,
+void backward_impl(const Tensor& grad, const Tensor& argmax, const Tensor& rois, int64_t pool_size, int64_t H,
                    int64_t W, Tensor& acc) {
   using T = opmath_type<scalar_t>;
   const int64_t N = grad.size(0), C = grad.size(1), K = grad.size(2), S = pool_size + 1;
@@ -235,24 +250,35 @@ bool backward_impl(const Tensor& grad, const Tensor& argmax, const Tensor& rois,
   const int64_t gN = grad.stride(0), gC = grad.stride(1), gK = grad.stride(2), gE = grad.stride(3);
   const int64_t aN = argmax.stride(0), aC = argmax.stride(1), aK = argmax.stride(2), aE = argmax.stride(3);
   const int64_t sN = acc.stride(0), sC = acc.stride(1), sCell = acc.stride(3);
-  const int64_t cb = std::max<int64_t>(1, std::min<int64_t>(C, 16));
+  const bool lanes = sC == 1 && C > 1;  // channels_last: a cell's channels are contiguous
+  const int64_t cb = std::max<int64_t>(1, lanes ? C : std::min<int64_t>(C, 32));
   const int64_t cblocks = (C + cb - 1) / cb;
-  std::vector<char> bad(static_cast<size_t>(N * 4 * cblocks), 0);
-  Scratch<T> pos;
+  // Bands of rows of about 256 KiB of the task's channels.
+  Scratch<T> pos, g_s;
+  Scratch<int32_t> a_s;
+  Scratch<Sample<T>> samples;
   parallel_tasks(N * 4 * cblocks, [&](int64_t task) {
     const int64_t n = task / (4 * cblocks), e = task / cblocks % 4;
     const int64_t c0 = task % cblocks * cb, c1 = std::min(C, c0 + cb);
     T* p = pos.get(S);
+    Sample<T>* sm = samples.get(S);
+    T* gl = g_s.get(cb);
+    int32_t* al = a_s.get(cb);
     for (int64_t k = 0; k < K; ++k) {
-      const Walk<T> walk(boxes + (n * K + k) * 4, e, pool_size);
-      walk.positions(pool_size, p);
-      for (int64_t c = c0; c < c1; ++c) {
-        const int32_t a = am[n * aN + c * aC + k * aK + e * aE];
-        if (a < 0 || a > pool_size) {
-          bad[task] = 1;
-          continue;
+      border_samples(boxes + (n * K + k) * 4, e, pool_size, H, W, p, sm);
+      if (lanes) {
+        uint64_t picked = 0;
+        for (int64_t c = c0; c < c1; ++c) {
+          const int32_t a = am[n * aN + c * aC + k * aK + e * aE];
+          al[c - c0] = a;
+          picked |= uint64_t(1) << (a & 63);
+          gl[c - c0] = static_cast<T>(g[n * gN + c * gC + k * gK + e * gE]);
         }
-        const Sample<T> s = walk_sample(walk, p[a], H, W);
+        border_scatter(sm, S, al, gl, c1 - c0, gi + n * sN + (e * C + c0) * sC, sCell, picked);
+        continue;
+      }
+      for (int64_t c = c0; c < c1; ++c) {
+        const Sample<T>& s = sm[am[n * aN + c * aC + k * aK + e * aE]];
         if (!s.inside) continue;
         const T v = static_cast<T>(g[n * gN + c * gC + k * gK + e * gE]);
         T* plane = gi + n * sN + (e * C + c) * sC;
@@ -260,7 +286,19 @@ bool backward_impl(const Tensor& grad, const Tensor& argmax, const Tensor& rois,
       }
     }
   });
-  return std::none_of(bad.begin(), bad.end(), [](char b) { return b != 0; });
+}
+
+// Whether every argmax value lies in [0, pool_size] (a dense tensor).
+inline bool argmax_in_range(const Tensor& argmax, int64_t pool_size) {
+  const int32_t* a = argmax.const_data_ptr<int32_t>();
+  const int64_t n = argmax.numel();
+  std::atomic<bool> ok{true};
+  parallel_for(0, n, int64_t(1) << 16, [&](int64_t i0, int64_t i1) {
+    bool good = true;
+    for (int64_t i = i0; i < i1; ++i) good &= a[i] >= 0 && a[i] <= pool_size;
+    if (!good) ok = false;
+  });
+  return ok;
 }
 
 }  // namespace
@@ -278,8 +316,13 @@ std::tuple<Tensor, Tensor> border_align_forward(const Tensor& input_, const Tens
   const std::vector<int64_t> sizes{input.size(0), input.size(1) / 4, rois.size(1), 4};
   Tensor out = empty_output(sizes, options);
   Tensor argmax = empty_output(sizes, options.dtype(kInt));
+  if (out.numel() == 0) return {out, argmax};
   ROIOPS_DISPATCH(input.scalar_type(), [&] {
-    forward_impl<scalar_t>(input, rois, pool_size, channels_last, out, argmax);
+    for (int64_t n = 0; n < input.size(0); ++n) {
+      const Tensor image = in_layout(narrow_view(input, 0, n, 1), true);
+      forward_impl<scalar_t>(image, rois.const_data_ptr<opmath_type<scalar_t>>(), rois.size(1), pool_size, out,
+                             argmax, n);
+    }
   });
   return {out, argmax};
 }
@@ -299,9 +342,9 @@ Tensor border_align_backward(const Tensor& grad_, const Tensor& argmax_, const T
   const Tensor grad = in_layout(grad_, channels_last), argmax = in_layout(argmax_, channels_last);
   const ScalarType s = grad.scalar_type(), acc_type = s == kDouble ? kDouble : kFloat;
   Tensor acc = zeros({N, C, H, W}, Options{acc_type, channels_last});
-  bool ok = true;
-  ROIOPS_DISPATCH(s, [&] { ok = backward_impl<scalar_t>(grad, argmax, rois, pool_size, H, W, acc); });
-  ROIOPS_CHECK(ok, "roiops: argmax holds a sample index outside [0, pool_size = ", pool_size, "]");
+  ROIOPS_CHECK(argmax_in_range(argmax, pool_size), "roiops: argmax holds a sample index outside [0, pool_size = ",
+               pool_size, "]");
+  ROIOPS_DISPATCH(s, [&] { backward_impl<scalar_t>(grad, argmax, rois, pool_size, H, W, acc); });
   return s == acc_type ? acc : in_layout(to_dtype(acc, s), channels_last);
 }
 
