@@ -17,7 +17,7 @@ import torch
 import torch.fx
 
 import roiops
-from cases import DTYPES, F16, F32, F64, config_set, device_for, tol
+from cases import DTYPES, F16, F32, F64, config_set, device_for, sample_taps, tol
 from roiops.compat import mmcv
 
 BACKENDS = ["reference", "cpu", "triton"]
@@ -68,30 +68,6 @@ def boxes(dtype=F64, seed=0, n=N, k=K, nasty=True):
 # ----------------------------------------------------------------------------- the definition
 
 
-def _bilinear(plane, y, x):
-    """The sampler of docs/semantics.md for one point (Python floats): 0 outside
-    [-1, H] x [-1, W], else the clamped bilinear mix, as the list of (h, w, weight) taps in
-    the order of the sum."""
-    h, w = plane.shape
-    if not (-1 <= y <= h and -1 <= x <= w):
-        return []
-    y, x = max(y, 0.0), max(x, 0.0)
-    y0, x0 = int(y), int(x)
-    if y0 >= h - 1:
-        y0 = y1 = h - 1
-        y = float(y0)
-    else:
-        y1 = y0 + 1
-    if x0 >= w - 1:
-        x0 = x1 = w - 1
-        x = float(x0)
-    else:
-        x1 = x0 + 1
-    ly, lx = y - y0, x - x0
-    hy, hx = 1 - ly, 1 - lx
-    return [(y0, x0, hy * hx), (y0, x1, hy * lx), (y1, x0, ly * hx), (y1, x1, ly * lx)]
-
-
 def walk(box, e, pool_size, dtype=F64):
     """The (x, y) points of border e's samples, placed by repeated addition in ``dtype``
     (the opmath type) as the definition says: numpy-free, one rounding per addition."""
@@ -130,7 +106,7 @@ def brute_force(x, rois, pool_size):
                     best, at = None, 0
                     for i, (px, py) in enumerate(pts):
                         v = 0.0
-                        for yy, xx, wt in _bilinear(plane, py, px):
+                        for yy, xx, wt in sample_taps(py, px, h, w):
                             v += wt * float(plane[yy, xx])
                         if best is None or v > best or (math.isnan(v) and not math.isnan(best)):
                             best, at = v, i
@@ -146,7 +122,7 @@ def brute_grad(x, rois, pool_size, grad, arg, points):
     for (b, j, e), pts in points.items():
         for ch in range(c):
             px, py = pts[int(arg[b, ch, j, e])]
-            for yy, xx, wt in _bilinear(gi[b, e * c + ch], py, px):
+            for yy, xx, wt in sample_taps(py, px, h, w):
                 gi[b, e * c + ch, yy, xx] += float(grad[b, ch, j, e]) * wt
     return gi
 

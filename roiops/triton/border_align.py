@@ -67,6 +67,18 @@ def _sample_taps(p, x, y, along_x, H, W):
     return ylo, yhi, xlo, xhi, hy * hx, hy * lx, ly * hx, ly * lx, yin & xin
 
 
+@triton.jit
+def _box_tile(K, C, n_kblocks, BLOCK_K: tl.constexpr, BLOCK_C: tl.constexpr):
+    """A per-box program's (image, border, boxes and their mask, channels and their mask)."""
+    pid = tl.program_id(0)
+    kb = pid % n_kblocks
+    e = (pid // n_kblocks) % 4
+    n = pid // (n_kblocks * 4)
+    k = kb * BLOCK_K + tl.arange(0, BLOCK_K)
+    c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    return n, e, k, k < K, c, c < C
+
+
 @kernel
 def _border_fwd_kernel(
     x_ptr, rois_ptr, out_ptr, arg_ptr,
@@ -75,14 +87,7 @@ def _border_fwd_kernel(
     BLOCK_K: tl.constexpr, BLOCK_C: tl.constexpr,
 ):
     T = rois_ptr.dtype.element_ty
-    pid = tl.program_id(0)
-    kb = pid % n_kblocks
-    e = (pid // n_kblocks) % 4
-    n = pid // (n_kblocks * 4)
-    k = kb * BLOCK_K + tl.arange(0, BLOCK_K)
-    km = k < K
-    c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
-    cm = c < C
+    n, e, k, km, c, cm = _box_tile(K, C, n_kblocks, BLOCK_K, BLOCK_C)
     ok, x, y, step, along_x = _walk(rois_ptr, n, k, km, K, e, pool_size)
     m = ok[:, None] & cm[None, :]
     x_base = x_ptr + n.to(tl.int64) * sxN + ((e * C + c).to(tl.int64) * sxC)[None, :]
@@ -113,7 +118,7 @@ def _border_fwd_kernel(
 
 
 @triton.jit
-def _scatter(a, m, p0, x, y, step, along_x, H, W, siH, siW):
+def _scatter(a, m, p0, x, y, step, along_x, H, W):
     """The taps of the sample each argmax a names (m: the outputs that scatter, less those
     outside the map): the walk from p0 is replayed up to the largest argmax of the tile,
     steps added one after another as the forward placed its samples."""
@@ -129,32 +134,18 @@ def _scatter(a, m, p0, x, y, step, along_x, H, W, siH, siW):
     return m, ylo, yhi, xlo, xhi, w1, w2, w3, w4
 
 
-@kernel
-def _border_bwd_atomic_kernel(
-    grad_ptr, arg_ptr, rois_ptr, gi_ptr,
-    C, H, W, K, pool_size, n_kblocks,
-    sgN, sgC, sgK, sgE, saN, saC, saK, saE, siN, siC, siH, siW,
-    BLOCK_K: tl.constexpr, BLOCK_C: tl.constexpr,
-):
-    T = rois_ptr.dtype.element_ty
-    pid = tl.program_id(0)
-    kb = pid % n_kblocks
-    e = (pid // n_kblocks) % 4
-    n = pid // (n_kblocks * 4)
-    k = kb * BLOCK_K + tl.arange(0, BLOCK_K)
-    km = k < K
-    c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
-    cm = c < C
-    ok, x, y, step, along_x = _walk(rois_ptr, n, k, km, K, e, pool_size)
-    c64 = c.to(tl.int64)[None, :]
-    k64 = k.to(tl.int64)[:, None]
+@triton.jit
+def _add_grads(grad_ptr, arg_ptr, gi_ptr, n, e, C, k, c, m, x, y, step, along_x, pool_size, H, W,
+               sgN, sgC, sgK, sgE, saN, saC, saK, saE, siN, siC, siH, siW):
+    """Adds the grads of a [boxes x channels] tile (m: the outputs that scatter; k and c as
+    [boxes, 1] and [1, channels]) at the taps of their argmax samples."""
     n64 = n.to(tl.int64)
-    m = ok[:, None] & cm[None, :]
+    c64 = c.to(tl.int64)
+    k64 = k.to(tl.int64)
     a = tl.load(arg_ptr + n64 * saN + c64 * saC + k64 * saK + e * saE, mask=m, other=0)
     m = m & (a >= 0) & (a <= pool_size)
-    g = tl.load(grad_ptr + n64 * sgN + c64 * sgC + k64 * sgK + e * sgE, mask=m, other=0.0).to(T)
-    m, ylo, yhi, xlo, xhi, w1, w2, w3, w4 = _scatter(a, m, tl.where(along_x, x, y), x, y, step, along_x,
-                                                     H, W, siH, siW)
+    g = tl.load(grad_ptr + n64 * sgN + c64 * sgC + k64 * sgK + e * sgE, mask=m, other=0.0).to(step.dtype)
+    m, ylo, yhi, xlo, xhi, w1, w2, w3, w4 = _scatter(a, m, tl.where(along_x, x, y), x, y, step, along_x, H, W)
     dst = gi_ptr + n64 * siN + (e * C + c64) * siC
     dtype = gi_ptr.dtype.element_ty
     oylo = ylo.to(tl.int64) * siH
@@ -168,6 +159,19 @@ def _border_bwd_atomic_kernel(
 
 
 @kernel
+def _border_bwd_atomic_kernel(
+    grad_ptr, arg_ptr, rois_ptr, gi_ptr,
+    C, H, W, K, pool_size, n_kblocks,
+    sgN, sgC, sgK, sgE, saN, saC, saK, saE, siN, siC, siH, siW,
+    BLOCK_K: tl.constexpr, BLOCK_C: tl.constexpr,
+):
+    n, e, k, km, c, cm = _box_tile(K, C, n_kblocks, BLOCK_K, BLOCK_C)
+    ok, x, y, step, along_x = _walk(rois_ptr, n, k, km, K, e, pool_size)
+    _add_grads(grad_ptr, arg_ptr, gi_ptr, n, e, C, k[:, None], c[None, :], ok[:, None] & cm[None, :], x, y, step,
+               along_x, pool_size, H, W, sgN, sgC, sgK, sgE, saN, saC, saK, saE, siN, siC, siH, siW)
+
+
+@kernel
 def _border_bwd_ordered_kernel(
     grad_ptr, arg_ptr, rois_ptr, gi_ptr,
     C, H, W, K, pool_size, n_cblocks,
@@ -175,38 +179,20 @@ def _border_bwd_ordered_kernel(
     BLOCK_C: tl.constexpr,
 ):
     """The deterministic backward: this program alone adds to its (image, border, block of
-    channels) of the gradient, box after box."""
-    T = rois_ptr.dtype.element_ty
+    channels) of the gradient, box after box, so its adds to an address follow program
+    order."""
     pid = tl.program_id(0)
     cb = pid % n_cblocks
     e = (pid // n_cblocks) % 4
     n = pid // (n_cblocks * 4)
     c = cb * BLOCK_C + tl.arange(0, BLOCK_C)
     cm = c < C
-    c64 = c.to(tl.int64)[None, :]
-    n64 = n.to(tl.int64)
-    dst = gi_ptr + n64 * siN + (e * C + c64) * siC
-    dtype = gi_ptr.dtype.element_ty
     one = tl.arange(0, 1)
     for k0 in range(0, K):
         k = k0 + one
         ok, x, y, step, along_x = _walk(rois_ptr, n, k, k < K, K, e, pool_size)
-        k64 = k.to(tl.int64)[:, None]
-        m = ok[:, None] & cm[None, :]
-        a = tl.load(arg_ptr + n64 * saN + c64 * saC + k64 * saK + e * saE, mask=m, other=0)
-        m = m & (a >= 0) & (a <= pool_size)
-        g = tl.load(grad_ptr + n64 * sgN + c64 * sgC + k64 * sgK + e * sgE, mask=m, other=0.0).to(T)
-        m, ylo, yhi, xlo, xhi, w1, w2, w3, w4 = _scatter(a, m, tl.where(along_x, x, y), x, y, step,
-                                                         along_x, H, W, siH, siW)
-        oylo = ylo.to(tl.int64) * siH
-        oyhi = yhi.to(tl.int64) * siH
-        oxlo = xlo.to(tl.int64) * siW
-        oxhi = xhi.to(tl.int64) * siW
-        # Adds to addresses no other program touches, in program order.
-        tl.atomic_add(dst + oylo + oxlo, (g * w1).to(dtype), mask=m, sem="relaxed")
-        tl.atomic_add(dst + oylo + oxhi, (g * w2).to(dtype), mask=m, sem="relaxed")
-        tl.atomic_add(dst + oyhi + oxlo, (g * w3).to(dtype), mask=m, sem="relaxed")
-        tl.atomic_add(dst + oyhi + oxhi, (g * w4).to(dtype), mask=m, sem="relaxed")
+        _add_grads(grad_ptr, arg_ptr, gi_ptr, n, e, C, k[:, None], c[None, :], ok[:, None] & cm[None, :], x, y,
+                   step, along_x, pool_size, H, W, sgN, sgC, sgK, sgE, saN, saC, saK, saE, siN, siC, siH, siW)
 
 
 # ----------------------------------------------------------------------------- launchers
