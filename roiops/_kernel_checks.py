@@ -144,11 +144,7 @@ def kernel_check(name: str, role: str = "forward", *, empty_map: bool = False,
             _check_types(kinds, args)
         x, rois = args[main], args[at_rois]
         # 2. the map tensor
-        if x.dim() != 4:
-            raise ValueError(f"roiops: {main_name} must be 4-D {layout}, got {x.dim()}-D")
-        dtype = x.dtype
-        if dtype not in _KERNEL_DTYPES:
-            _unsupported(main_name, dtype)
+        dtype = _map_tensor(x, main_name, layout)
         # 3. rois and the other tensors' devices
         if rois.dim() != 2 or rois.shape[1] != width:
             raise ValueError(f"{rois_shape}, got {list(rois.shape)}")
@@ -247,11 +243,7 @@ def _per_image_check(name: str, role: str, k: Any, params: list[tuple[str, str]]
         if tuple(map(type, args)) != expected:
             _check_types(kinds, args)
         x, rois = args[main], args[at_rois]
-        if x.dim() != 4:
-            raise ValueError(f"roiops: {main_name} must be 4-D {layout}, got {x.dim()}-D")
-        dtype = x.dtype
-        if dtype not in _KERNEL_DTYPES:
-            _unsupported(main_name, dtype)
+        dtype = _map_tensor(x, main_name, layout)
         if rois.dim() != 3 or rois.shape[2] != 4:
             raise ValueError(f"roiops: rois must be [N, K, 4] (rows (x1, y1, x2, y2)), got {list(rois.shape)}")
         if rois.dtype != dtype and (rois.dtype != torch.float32 or dtype == torch.float64):
@@ -292,6 +284,16 @@ def _per_image_check(name: str, role: str, k: Any, params: list[tuple[str, str]]
 
     check.__qualname__ = check.__name__ = f"check_{name}_{role}"
     return check
+
+
+def _map_tensor(x: Tensor, name: str, layout: str) -> torch.dtype:
+    """The map tensor's check: 4-D, of a kernel dtype; returns its dtype."""
+    if x.dim() != 4:
+        raise ValueError(f"roiops: {name} must be 4-D {layout}, got {x.dim()}-D")
+    dtype = x.dtype
+    if dtype not in _KERNEL_DTYPES:
+        _unsupported(name, dtype)
+    return dtype
 
 
 # ---- the messages of the checks' less common failures (kept out of check's body)
