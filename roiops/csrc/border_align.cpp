@@ -213,23 +213,31 @@ void forward_impl(const Tensor& image, const opmath_type<scalar_t>* boxes, int64
 }
 
 // Adds grads g[c] at the taps of the samples that channels [0, n) picked (a[c]) into a
-// channels_last gradient (cells `cell` apart from `base`): a picked sample at a time (bit
-// i % 64 of `picked` set if a channel may have picked sample i; samples from 64 on are all
-// visited), all channels at once, each masked by whether it picked the sample (the others
-// add an exact 0), so that the adds vectorise. Per channel and cell the terms come in the
-// order of the scalar loop: one sample per box, its taps in order.
+// channels_last gradient (cells `cell` apart from `base`). A sample that many channels
+// picked is added for all channels at once, each masked by whether it picked the sample
+// (the others add an exact 0), so that the adds vectorise; the channels of the other
+// samples one by one. Either way each channel adds one sample per box, its taps in order.
+// count: scratch of S.
 template <typename T>
 ROIOPS_SIMD void border_scatter(const Sample<T>* s, int64_t S, const int32_t* __restrict__ a,
-                                const T* __restrict__ g, int64_t n, T* base, int64_t cell, uint64_t picked) {
+                                const T* __restrict__ g, int64_t n, T* base, int64_t cell,
+                                int32_t* __restrict__ count, int64_t dense_min) {
+  std::fill(count, count + S, 0);
+  for (int64_t c = 0; c < n; ++c) ++count[a[c]];
   for (int64_t i = 0; i < S; ++i) {
     const Sample<T>& t = s[i];
-    if (!t.inside || (i < 64 && !(picked >> i & 1))) continue;
+    if (!t.inside || count[i] < dense_min) continue;
     const int32_t at = static_cast<int32_t>(i);
     for (int64_t tap = 0; tap < 4; ++tap) {
       T* __restrict__ d = base + t.cell[tap] * cell;
       const T w = t.w[tap];
       for (int64_t c = 0; c < n; ++c) d[c] += (a[c] == at ? g[c] : T(0)) * w;
     }
+  }
+  for (int64_t c = 0; c < n; ++c) {
+    const Sample<T>& t = s[a[c]];
+    if (!t.inside || count[a[c]] >= dense_min) continue;
+    for (int64_t tap = 0; tap < 4; ++tap) base[t.cell[tap] * cell + c] += g[c] * t.w[tap];
   }
 }
 
@@ -255,7 +263,8 @@ void backward_impl(const Tensor& grad, const Tensor& argmax, const Tensor& rois,
   const int64_t cblocks = (C + cb - 1) / cb;
   // Bands of rows of about 256 KiB of the task's channels.
   Scratch<T> pos, g_s;
-  Scratch<int32_t> a_s;
+  Scratch<int32_t> a_s, count_s;
+  const int64_t dense_min = std::max<int64_t>(1, cb / 8);
   Scratch<Sample<T>> samples;
   parallel_tasks(N * 4 * cblocks, [&](int64_t task) {
     const int64_t n = task / (4 * cblocks), e = task / cblocks % 4;
@@ -264,17 +273,15 @@ void backward_impl(const Tensor& grad, const Tensor& argmax, const Tensor& rois,
     Sample<T>* sm = samples.get(S);
     T* gl = g_s.get(cb);
     int32_t* al = a_s.get(cb);
+    int32_t* cnt = count_s.get(S);
     for (int64_t k = 0; k < K; ++k) {
       border_samples(boxes + (n * K + k) * 4, e, pool_size, H, W, p, sm);
       if (lanes) {
-        uint64_t picked = 0;
         for (int64_t c = c0; c < c1; ++c) {
-          const int32_t a = am[n * aN + c * aC + k * aK + e * aE];
-          al[c - c0] = a;
-          picked |= uint64_t(1) << (a & 63);
+          al[c - c0] = am[n * aN + c * aC + k * aK + e * aE];
           gl[c - c0] = static_cast<T>(g[n * gN + c * gC + k * gK + e * gE]);
         }
-        border_scatter(sm, S, al, gl, c1 - c0, gi + n * sN + (e * C + c0) * sC, sCell, picked);
+        border_scatter(sm, S, al, gl, c1 - c0, gi + n * sN + (e * C + c0) * sC, sCell, cnt, dense_min);
         continue;
       }
       for (int64_t c = c0; c < c1; ++c) {
@@ -341,7 +348,10 @@ Tensor border_align_backward(const Tensor& grad_, const Tensor& argmax_, const T
   ROIOPS_DISPATCH_FLOAT(rois.scalar_type(), [&] { check_boxes<scalar_t>(rois); });
   const Tensor grad = in_layout(grad_, channels_last), argmax = in_layout(argmax_, channels_last);
   const ScalarType s = grad.scalar_type(), acc_type = s == kDouble ? kDouble : kFloat;
-  Tensor acc = zeros({N, C, H, W}, Options{acc_type, channels_last});
+  // From the kept blocks when large (memory.h): a fresh gradient's page faults would cost
+  // more than zeroing it again.
+  Tensor acc = empty_output({N, C, H, W}, Options{acc_type, channels_last});
+  fill_zero(acc);
   ROIOPS_CHECK(argmax_in_range(argmax, pool_size), "roiops: argmax holds a sample index outside [0, pool_size = ",
                pool_size, "]");
   ROIOPS_DISPATCH(s, [&] { backward_impl<scalar_t>(grad, argmax, rois, pool_size, H, W, acc); });
