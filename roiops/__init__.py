@@ -4,7 +4,7 @@ Public API: :func:`roi_align`, :func:`roi_pool`, :func:`multi_scale_roi_align`, 
 :func:`ps_roi_align`, :func:`ps_roi_pool`, :class:`PSRoIAlign`, :class:`PSRoIPool`,
 :func:`roi_align_rotated`, :class:`RoIAlignRotated`, :func:`riroi_align_rotated`, :class:`RiRoIAlignRotated`,
 :func:`prroi_pool`, :class:`PrRoIPool`, :func:`deform_roi_pool`, :class:`DeformRoIPool`,
-:func:`bezier_align`, :class:`BezierAlign`,
+:func:`bezier_align`, :class:`BezierAlign`, :func:`border_align`, :class:`BorderAlign`,
 :func:`use_backend`, :mod:`roiops.config`, :mod:`roiops.compat` (peers' signatures) and
 :mod:`roiops.reference` (the pure-PyTorch oracle). Semantics: docs/semantics.md.
 """
@@ -25,6 +25,7 @@ from .ops import SPECS, fpn_levels, multi_scale_roi_align
 # Spelled out for type checkers and editors, which cannot follow a computed __all__;
 # tests/test_api.py checks these against roiops.ops.SPECS.
 from .ops.bezier_align import BezierAlign, bezier_align
+from .ops.border_align import BorderAlign, border_align
 from .ops.deform_roi_pool import DeformRoIPool, deform_roi_pool
 from .ops.prroi_pool import PrRoIPool, prroi_pool
 from .ops.ps_roi_align import PSRoIAlign, ps_roi_align

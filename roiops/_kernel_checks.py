@@ -36,6 +36,11 @@ in a backward):
    (a box gradient's: floating point, the input's dtype, on its device);
 8. a saved ``argmax``: grad's shape, int32, on grad's device.
 
+An op with boxes per image (``OpSpec.boxes == "per-image"``: border_align) has its own
+check, in the same order: rois ``[N, K, 4]`` with N the map's batch size, its
+``pool_size`` in [1, MAX_POOL_SIZE], the map's channels a multiple of 4 (one group per
+border), grad of the forward output's shape (``Kernels.output_shape``).
+
 Box rows and argmax *values* are not looked at: the C++ and reference kernels check them
 on the data (a ValueError naming the row), the Triton kernels mask them (no host sync).
 """
@@ -50,7 +55,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ._geometry import MAX_MAP_SIDE, MAX_ORIENTATIONS, MAX_OUTPUT_SIZE, MAX_SAMPLING_RATIO, MAX_SCALE, MIN_SCALE
+from ._geometry import (MAX_MAP_SIDE, MAX_ORIENTATIONS, MAX_OUTPUT_SIZE, MAX_POOL_SIZE, MAX_SAMPLING_RATIO, MAX_SCALE,
+                        MIN_SCALE)
 
 
 _KERNEL_DTYPES = frozenset((torch.float16, torch.bfloat16, torch.float32, torch.float64))
@@ -106,6 +112,8 @@ def kernel_check(name: str, role: str = "forward", *, empty_map: bool = False,
     a map of height or width 0 and an int64 argmax; no other kernel does."""
     spec, k = _declaration(name)
     params = parameters(name, role)
+    if spec.boxes == "per-image":
+        return _per_image_check(name, role, k, params)
     names = [n for n, _ in params]
     pos = {n: i for i, n in enumerate(names)}
     main_name = "grad" if role == "backward" else "input"
@@ -138,11 +146,7 @@ def kernel_check(name: str, role: str = "forward", *, empty_map: bool = False,
             _check_types(kinds, args)
         x, rois = args[main], args[at_rois]
         # 2. the map tensor
-        if x.dim() != 4:
-            raise ValueError(f"roiops: {main_name} must be 4-D {layout}, got {x.dim()}-D")
-        dtype = x.dtype
-        if dtype not in _KERNEL_DTYPES:
-            _unsupported(main_name, dtype)
+        dtype = _map_tensor(x, main_name, layout)
         # 3. rois and the other tensors' devices
         if rois.dim() != 2 or rois.shape[1] != width:
             raise ValueError(f"{rois_shape}, got {list(rois.shape)}")
@@ -223,6 +227,75 @@ def kernel_check(name: str, role: str = "forward", *, empty_map: bool = False,
 
     check.__qualname__ = check.__name__ = f"check_{name}_{role}"
     return check
+
+
+def _per_image_check(name: str, role: str, k: Any, params: list[tuple[str, str]]) -> Callable[..., None]:
+    """kernel_check for an op with boxes ``[N, K, 4]`` per image and a ``pool_size``."""
+    pos = {n: i for i, (n, _) in enumerate(params)}
+    main_name = "grad" if role == "backward" else "input"
+    main, at_rois, at_pool = pos[main_name], pos["rois"], pos["pool_size"]
+    layout = "[N, C, K, 4]" if main_name == "grad" else "[N, 4C, H, W]"
+    expected = tuple(_PYTHON_TYPES[t.rstrip("?")] for _, t in params)
+    kinds = tuple((i, n, t) for i, (n, t) in enumerate(params))
+    sizes = operator.itemgetter(*(pos[n] for n in ("batch_size", "channels", "height", "width"))) \
+        if role == "backward" else None
+    at_argmax = pos.get("argmax", 0)
+
+    def check(*args: Any) -> None:
+        if tuple(map(type, args)) != expected:
+            _check_types(kinds, args)
+        x, rois = args[main], args[at_rois]
+        dtype = _map_tensor(x, main_name, layout)
+        if rois.dim() != 3 or rois.shape[2] != 4:
+            raise ValueError(f"roiops: rois must be [N, K, 4] (rows (x1, y1, x2, y2)), got {list(rois.shape)}")
+        if rois.dtype != dtype and (rois.dtype != torch.float32 or dtype == torch.float64):
+            _coordinate_dtype("rois", rois.dtype, main_name, dtype)
+        device = x.device
+        if rois.device != device:
+            raise ValueError(f"roiops: rois is on {rois.device} but {main_name} is on {device}")
+        if sizes is None:
+            N, C, H, W = x.shape
+        else:
+            N, C, H, W = sizes(args)
+            if N < 0 or C < 0:
+                raise ValueError(f"roiops: batch size and channels must be non-negative, got batch_size={N}, "
+                                 f"channels={C}")
+        if not (1 <= H <= MAX_MAP_SIDE and 1 <= W <= MAX_MAP_SIDE):
+            _map_size(H, W)
+        if rois.shape[0] != N:
+            raise ValueError(f"roiops: rois must hold boxes for each of the {N} images ([N, K, 4]), got "
+                             f"{list(rois.shape)}")
+        pool_size = args[at_pool]
+        if not 1 <= pool_size <= MAX_POOL_SIZE:
+            raise ValueError(f"roiops: pool_size must be in [1, {MAX_POOL_SIZE}], got {pool_size}")
+        if C % 4:
+            raise ValueError(f"roiops: input channels ({C}) must be a multiple of 4 (top, left, bottom, right)")
+        if role == "forward":
+            return
+        out = k.output_shape((N, C, H, W), rois.shape, {"pool_size": pool_size})
+        if x.shape != out:
+            raise ValueError(f"roiops: grad must be [N, C / 4, K, 4] = {list(out)} (the forward output's shape), "
+                             f"got {list(x.shape)}")
+        argmax = args[at_argmax]
+        if argmax.shape != x.shape:
+            raise ValueError(f"roiops: argmax must have the shape of grad {list(x.shape)}, got {list(argmax.shape)}")
+        if argmax.dtype != torch.int32:
+            raise ValueError(f"roiops: argmax must be int32, got {argmax.dtype}")
+        if argmax.device != device:
+            raise ValueError(f"roiops: argmax is on {argmax.device} but grad is on {device}")
+
+    check.__qualname__ = check.__name__ = f"check_{name}_{role}"
+    return check
+
+
+def _map_tensor(x: Tensor, name: str, layout: str) -> torch.dtype:
+    """The map tensor's check: 4-D, of a kernel dtype; returns its dtype."""
+    if x.dim() != 4:
+        raise ValueError(f"roiops: {name} must be 4-D {layout}, got {x.dim()}-D")
+    dtype = x.dtype
+    if dtype not in _KERNEL_DTYPES:
+        _unsupported(name, dtype)
+    return dtype
 
 
 # ---- the messages of the checks' less common failures (kept out of check's body)

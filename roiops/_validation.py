@@ -17,6 +17,7 @@ from torch import Tensor
 
 from . import _backend, config
 from ._geometry import (MAX_ARGMAX_GRID, MAX_COORDINATE, MAX_LEVELS, MAX_MAP_SIDE, MAX_ORIENTATIONS, MAX_OUTPUT_SIZE,
+                        MAX_POOL_SIZE,
                         MAX_SAMPLING_RATIO, MAX_SCALE, MIN_SCALE, align_axis, dense)
 
 BoxesType = Union[Tensor, Sequence[Tensor]]
@@ -388,4 +389,36 @@ def bezier_rois(input: Tensor, beziers: BoxesType, scale: float) -> Tensor:
     out = _box_rows(input, beziers, _BEZIER_WIDTH, _coord_type(input), _BEZIER_HINTS, "beziers")
     if _checking_values(out):
         _check_values(out, input.shape[0], scale, "beziers")
+    return out
+
+
+# ---- border_align: boxes per image and pool_size
+
+
+def pool_size(value: object) -> int:
+    size = _as_int(value)
+    if size is None or not 1 <= size <= MAX_POOL_SIZE:
+        raise ValueError(f"pool_size must be an int in [1, {MAX_POOL_SIZE}], got {value!r}")
+    return size
+
+
+def border_boxes(input: Tensor, boxes: object) -> Tensor:
+    """Boxes ``Tensor[N, K, 4]`` (rows ``(x1, y1, x2, y2)`` of image n's box k, in
+    feature-map cells) -> contiguous, in the kernels' coordinate type; each coordinate
+    finite and within 2^24 cells (checked as for the other ops' boxes)."""
+    if not isinstance(boxes, Tensor):
+        raise TypeError(f"boxes must be a Tensor[N, K, 4], got {type(boxes).__name__}")
+    if boxes.dim() != 3 or boxes.shape[2] != 4:
+        raise BoxFormatError(f"boxes must have shape [N, K, 4] (rows (x1, y1, x2, y2)), got {tuple(boxes.shape)}")
+    if boxes.shape[0] != input.shape[0]:
+        raise ValueError(f"boxes holds boxes for {boxes.shape[0]} images but the input has batch size "
+                         f"{input.shape[0]}")
+    _box_tensor(boxes.flatten(0, 1), input, 4, "boxes")
+    out = dense(boxes, _coord_type(input))
+    if _checking_values(out) and out.numel() and not out.is_meta:
+        ok = (out.abs() <= MAX_COORDINATE).all(dim=2)  # NaN fails too
+        if not bool(ok.all()):
+            n, k = (int(i) for i in (~ok).nonzero()[0])
+            raise ValueError(f"boxes[{n}, {k}] {out[n, k].tolist()}: coordinates must be finite and within 2^24 "
+                             "feature-map cells")
     return out

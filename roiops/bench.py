@@ -127,8 +127,23 @@ def bezier_extent(rois: torch.Tensor) -> torch.Tensor:
     return torch.stack([rois[:, 0], xs.amin(1), ys.amin(1), xs.amax(1), ys.amax(1)], dim=1)
 
 
+def dense_head_boxes(w: Workload, g: torch.Generator) -> torch.Tensor:
+    """[n * boxes, 5] rows (image, x1, y1, x2, y2) in map cells, image by image: a box around
+    each of the first ``boxes`` locations (row-major), sides log-uniform from 2 to 32 cells,
+    clamped to the map as BorderDet clamps its predicted boxes. An op with boxes per image
+    takes rows 1 to 4 as ``[n, boxes, 4]``."""
+    k = torch.arange(w.boxes)
+    centre = torch.stack([k % w.width, k // w.width % w.height], dim=1).float().repeat(w.n, 1)
+    half = torch.exp(torch.empty(w.n * w.boxes, 2).uniform_(math.log(2), math.log(32), generator=g)) / 2
+    top = torch.tensor([w.width - 1.0, w.height - 1.0])
+    xy1 = torch.minimum((centre - half).clamp(min=0), top)
+    xy2 = torch.minimum((centre + half).clamp(min=0), top)
+    idx = torch.arange(w.n).repeat_interleave(w.boxes)[:, None].float()
+    return torch.cat([idx, xy1, xy2], dim=1)
+
+
 BOX_FORMATS = {"axis-aligned": AXIS_ALIGNED, "rotated": BoxFormat(rotated_boxes, rotated_extent),
-               "bezier": BoxFormat(bezier_boxes, bezier_extent)}
+               "bezier": BoxFormat(bezier_boxes, bezier_extent), "per-image": BoxFormat(dense_head_boxes, lambda rois: rois)}
 
 # Every operator's benchmark entries and workloads, from its spec (roiops/ops/<op>.py).
 OPS: dict[str, Bench] = {b.key: b for spec in SPECS for b in spec.bench}

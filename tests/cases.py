@@ -192,9 +192,14 @@ class Case:
         return boxes_for(self.spec.boxes, **kw)
 
 
+# The operators of RoI shape (boxes [K, 5] or [K, 6], output [K, C, ph, pw]), which the
+# generic tables hold; an op with boxes per image (border_align) has its own tests.
+ROI_SPECS = tuple(s for s in SPECS if s.boxes != "per-image")
+
+
 def _cases() -> list[Case]:
     found = []
-    for spec in SPECS:
+    for spec in ROI_SPECS:
         found += [Case(f"{spec.name}-{i}", spec, options) for i, options in enumerate(spec.options)]
         if spec.box_grad is not None and spec.box_grad not in spec.options:
             found.append(Case(f"{spec.name}-box_grad", spec, spec.box_grad))
@@ -398,17 +403,20 @@ def contract_args(op: str, **values: Any) -> dict[str, Any]:
 
 
 def _registered_by(select: Callable[[OpSpec, Kernels], bool]) -> tuple[str, ...]:
-    return tuple(op for spec in SPECS for k in spec.kernels if select(spec, k) for op in k.ops().values())
+    return tuple(op for spec in ROI_SPECS for k in spec.kernels if select(spec, k) for op in k.ops().values())
 
 
 # Argument variants each contract op runs with in the generic tests (test_generic.py's
 # opcheck), over the defaults of the test's call: each Kernels' variants, by role.
 VARIANTS: dict[str, list[dict[str, Any]]] = {
-    op: list(k.variants[role]) for spec in SPECS for k in spec.kernels for role, op in k.ops().items()
+    op: list(k.variants[role]) for spec in ROI_SPECS for k in spec.kernels for role, op in k.ops().items()
     if role in k.variants}
 # Per-bin tensor arguments of each registered op (Kernels.bin_channels): name -> channels.
-PER_BIN: dict[str, dict[str, int]] = {op: dict(k.bin_channels) for spec in SPECS for k in spec.kernels
+PER_BIN: dict[str, dict[str, int]] = {op: dict(k.bin_channels) for spec in ROI_SPECS for k in spec.kernels
                                       for op in k.ops().values() if k.bin_channels}
+# Registered ops whose boxes come per image, [N, K, 4] (tests/test_border_align.py).
+PER_IMAGE_OPS = tuple(op for spec in SPECS if spec.boxes == "per-image" for k in spec.kernels
+                      for op in k.ops().values())
 # Registered ops whose rois are [K, 6] (batch_index, cx, cy, w, h, theta in radians): the
 # generic tests give them rotated boxes.
 ROTATED_OPS = _registered_by(lambda spec, k: spec.boxes == "rotated")

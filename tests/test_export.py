@@ -11,8 +11,7 @@ import torch
 from torch.export import Dim
 
 import roiops
-from cases import as_bezier, per_bin_tensors
-from roiops.ops import SPECS
+from cases import ROI_SPECS, as_bezier, per_bin_tensors
 
 
 def _boxes(k: int) -> torch.Tensor:
@@ -43,7 +42,7 @@ class _Model(torch.nn.Module):
         rotated = boxes @ self.to_rotated + self.angle  # the same boxes turned by 30 degrees
         bezier = as_bezier(boxes)  # a band across each box
         outs = []
-        for spec in SPECS:
+        for spec in ROI_SPECS:
             for options in spec.options:
                 per_bin = per_bin_tensors(spec)
                 extra = [None if n in options else (boxes @ self.to_bins[:, :4 * c]).view(-1, c, 2, 2)
@@ -67,9 +66,9 @@ def test_graph_holds_the_roiops_ops(exported):
     """Every registered forward op is in the graph, as one node per call."""
     _, ep = exported
     targets = [str(n.target) for n in ep.graph.nodes if n.op == "call_function"]
-    forward = {k.ops()["forward"] for spec in SPECS for k in spec.kernels}
+    forward = {k.ops()["forward"] for spec in ROI_SPECS for k in spec.kernels}
     assert forward == {t.split(".")[1] for t in targets if t.startswith("roiops.")}
-    assert sum(t.startswith("roiops.") for t in targets) == sum(len(spec.options) for spec in SPECS)
+    assert sum(t.startswith("roiops.") for t in targets) == sum(len(spec.options) for spec in ROI_SPECS)
 
 
 @pytest.mark.parametrize("k", [0, 1, 6, 13])

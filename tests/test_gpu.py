@@ -9,7 +9,7 @@ order). Backward sums contributions of many boxes in an order that differs on th
 so it is compared within float32 rounding, for the atomic and the deterministic path,
 and the deterministic one must repeat bit for bit. Max-mode RoIAlign and the mmdetection
 convention are compared with roiops' reference (float32 and float64), half types with
-the reference on upcast inputs. Every operator (roiops.ops.SPECS, with each of its option
+the reference on upcast inputs. Every RoI-shaped operator (cases.ROI_SPECS, with each of its option
 sets) runs without a host sync, and in a captured CUDA graph. The GPU checks particular
 to one of the other operators are in its own test file (tests/test_<op>.py, tests/
 test_ps_roi.py), on the helpers of tests/gpu_cases.py.
@@ -32,10 +32,9 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(),
 
 import roiops
 import roiops.reference as REF
-from cases import Case, config_set
+from cases import ROI_SPECS, Case, config_set
 from gpu_cases import (BF16, C, F16, F32, F64, LEVEL_IDS, LEVELS, N, as_bezier_rows, as_rotated, both_backwards, close,
                        close_sums, cuda, exact, feature_map, gpu_boxes, random_grad)
-from roiops.ops import SPECS
 # Skipped, with the reason, where Triton is older than roiops supports (torch < 2.11).
 from roiops._backend import triton_too_old
 
@@ -194,7 +193,7 @@ def _name(spec, options: dict) -> str:
 # Every operator with each of its option sets; a position-sensitive one with 4 x 4 bins
 # (256 = 16 channels x 4 x 4 bins).
 OPS = {_name(spec, options): spec_call(spec, options, 4 if spec.position_sensitive else 7)
-       for spec in SPECS for options in spec.options}
+       for spec in ROI_SPECS for options in spec.options}
 OPS["multi-level"] = lambda t, b, s: roiops.multi_scale_roi_align([t, t[:, :, ::2, ::2]], b, 7, [s, s / 2], 2)
 
 
@@ -259,7 +258,7 @@ def test_repeated_launches_run_the_kernel_of_their_own_specialization(monkeypatc
     assert not slow, "a repeated launch went through JITFunction.run"
 
 
-@pytest.mark.parametrize("spec", SPECS, ids=lambda spec: spec.name)
+@pytest.mark.parametrize("spec", ROI_SPECS, ids=lambda spec: spec.name)
 def test_cuda_graph_capture_and_replay(spec):
     """A step captured in a CUDA graph and replayed after new values were copied into its
     inputs (the pattern of docs/ecosystem.md) gives what an eager call gives on them: every

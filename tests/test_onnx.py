@@ -17,9 +17,8 @@ import torch
 from torch.export import Dim
 
 import roiops
-from roiops.ops import SPECS
 from boxes import nasty_boxes, nasty_coordinates, random_boxes
-from cases import Case, in_form, per_bin_tensors
+from cases import ROI_SPECS, Case, in_form, per_bin_tensors
 from roiops import _geometry as geometry
 from roiops.compat import torchvision as tv
 
@@ -200,7 +199,8 @@ def test_export_refuses_what_it_cannot_do():
         roiops_onnx.translation_table(align_avg="RoiAlignMax")  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize("spec", [s for s in SPECS if any(k.onnx is not None for k in s.kernels)],
+# RoI-shaped ops; border_align's refusal: tests/test_border_align.py.
+@pytest.mark.parametrize("spec", [s for s in ROI_SPECS if any(k.onnx is not None for k in s.kernels)],
                          ids=lambda s: s.name)
 def test_export_refuses_what_onnx_lacks_naming_the_op(spec):
     """An op whose spec says ONNX lacks it (Kernels.onnx) is refused with an error that

@@ -64,6 +64,8 @@ EXPECTED_VARIANTS |= {"_bezier_fwd_kernel": 16,         # x aligned
                       "_bezier_bwd_atomic_kernel": 16,  # x aligned
                       "_bezier_bwd_gather_kernel": 16,  # x aligned (CF is fixed; layouts differ in unit strides)
                       "_bezier_tiles_kernel": 4}        # only rois: float32/float64 x aligned
+EXPECTED_VARIANTS |= {"_border_fwd_kernel": 8, "_border_bwd_atomic_kernel": 8,
+                      "_border_bwd_ordered_kernel": 8}  # layouts differ in unit strides
 
 # ----------------------------------------------------------------------------- the rules
 
@@ -359,6 +361,11 @@ def _calls(launchers: dict, torch) -> list:
         "bezier_align_forward": lambda f, dt, cl, aligned: f(x(dt, cl), beziers(dt), 0.25, P, P, 1, aligned),
         "bezier_align_backward": lambda f, dt, cl, aligned, deterministic: f(
             g(dt, cl), beziers(dt), 0.25, P, P, N, C, H, W, 1, aligned, cl, deterministic=deterministic),
+        # border align: C / 4 channels per border, boxes per image, pool_size 10
+        "border_align_forward": lambda f, dt, cl: f(x(dt, cl), meta((N, K, 4), dt), 10),
+        "border_align_backward": lambda f, dt, cl, deterministic: f(
+            meta((N, C // 4, K, 4), dt, cl), meta((N, C // 4, K, 4), torch.int32, cl), meta((N, K, 4), dt), 10, N, C,
+            H, W, cl, deterministic=deterministic),
     }
     missing = sorted(set(launchers) - set(recipes))
     if missing:

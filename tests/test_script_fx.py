@@ -19,7 +19,7 @@ from torch import nn
 
 import roiops
 from boxes import random_boxes
-from cases import as_bezier, per_bin_tensors, per_bin_values
+from cases import ROI_SPECS, as_bezier, per_bin_tensors, per_bin_values
 from roiops.compat import detectron2 as d2
 from roiops.compat import faster_rcnn_pytorch as frp
 from roiops.compat import maskrcnn_benchmark as mrb
@@ -58,16 +58,16 @@ def _script(fn):
 
 # ---- the operators and the drop-ins, from their declarations -----------------------------
 
-OPS = {spec.name: spec for spec in SPECS}
+OPS = {spec.name: spec for spec in ROI_SPECS}
 COMPAT = (d2, frp, mrb, mmcv, mmdet, sfr, tv)
 # Whether torchvision computes what roiops computes, by operator (its bench peer's claim):
 # PSRoIPool's torchvision forward leaves out a bin's last row (docs/semantics.md).
-SAME_AS_TORCHVISION = {b.key: b.peer.same_result for spec in SPECS for b in spec.bench
+SAME_AS_TORCHVISION = {b.key: b.peer.same_result for spec in ROI_SPECS for b in spec.bench
                        if b.peer is not None and b.peer.module == "torchvision"}
 # A drop-in's arguments after the map and the boxes, by parameter name.
 FILL = {"output_size": 2, "out_size": 2, "aligned_height": 2, "aligned_width": 2, "pooled_height": 2,
         "pooled_width": 2, "outh": 2, "outw": 2, "spatial_scale": 0.5, "sampling_ratio": 2, "offset": None,
-        "output_channels": 8}
+        "output_channels": 8, "pool_size": 2}
 
 
 def _public(module, kind):
@@ -81,7 +81,13 @@ def _fill(fn) -> dict:
 
 def _rotated_drop_in(fn) -> bool:
     """A drop-in for an operator on rotated boxes: named after one (any case)."""
-    return fn.__name__.lower() in {n.lower() for spec in SPECS if spec.boxes == "rotated"
+    return fn.__name__.lower() in {n.lower() for spec in ROI_SPECS if spec.boxes == "rotated"
+                                   for n in (spec.name, spec.module.__name__)}
+
+
+def _boxes_per_image(fn) -> bool:
+    """A drop-in for an operator with boxes per image (border_align: its own tests)."""
+    return fn.__name__.lower() in {n.lower() for spec in SPECS if spec.boxes == "per-image"
                                    for n in (spec.name, spec.module.__name__)}
 
 
@@ -150,7 +156,7 @@ def test_torchvision_modules_script(module):
     peer = getattr(torchvision.ops, type(module).__name__)(
         *[getattr(module, a) for a in inspect.signature(type(module)).parameters])
     assert torch.equal(scripted(x, _per_image(rois)), module(x, rois))
-    (spec,) = (s for s in SPECS if s.module.__name__ == type(module).__name__)
+    (spec,) = (s for s in ROI_SPECS if s.module.__name__ == type(module).__name__)
     if SAME_AS_TORCHVISION[spec.name]:  # not PSRoIPool: torchvision's forward leaves out a bin's last row
         assert torch.equal(scripted(x, rois), peer(x, rois))
 
@@ -269,11 +275,12 @@ def _leaf(spec, options: dict) -> tuple[tuple, dict]:
 # every operator with each of its option sets (a position-sensitive one reads the 8
 # channels as 2 x 2 x 2), FPN RoIAlign, and every function of the drop-ins.
 LEAVES = [pytest.param(spec.function, *_leaf(spec, options), form, id=f"roiops.{spec.name}-{i}-{form}")
-          for spec in SPECS for i, options in enumerate(spec.options)
+          for spec in ROI_SPECS for i, options in enumerate(spec.options)
           for form in _forms(_spec_boxes(spec), True)]
 LEAVES.append(pytest.param(roiops.multi_scale_roi_align, (3, [0.5, 0.25], 2), {}, "levels", id="multi_scale_roi_align"))
 LEAVES += [pytest.param(fn, (), _fill(fn), form, id=f"{fn.__module__}.{fn.__name__}-{form}")
            for fn in dict.fromkeys(fn for module in COMPAT for fn in _public(module, FunctionType))
+           if not _boxes_per_image(fn)
            for form in _forms(_drop_in_boxes(fn), _takes_lists(fn))]
 
 
@@ -309,13 +316,14 @@ def test_every_public_function_is_one_fx_node(fn, args, kwargs, form):
 # RoIAlignAvg and RoIAlignMax pool the aligned output once more, as that project's do.
 LAYERS = [cls for cls in dict.fromkeys(cls for module in COMPAT for cls in _public(module, type))
           if issubclass(cls, nn.Module) and len(inspect.signature(cls.forward).parameters) == 3
+          and not _boxes_per_image(cls)
           and not list(cls(**_fill(cls)).parameters())]  # a layer with weights (a Pack) is more than its op
 POOLED_AFTER = (frp.RoIAlignAvg, frp.RoIAlignMax)
 
 
 @pytest.mark.parametrize("layer", [
     tv.RoIAlign(5, 1.0, -1), tv.PSRoIAlign(2, 1.0, 2),
-    *(spec.module(2, 0.5, **_leaf(spec, options)[1]) for spec in SPECS for options in spec.options),
+    *(spec.module(2, 0.5, **_leaf(spec, options)[1]) for spec in ROI_SPECS for options in spec.options),
     *(cls(**_fill(cls)) for cls in LAYERS)], ids=lambda m: f"{type(m).__module__}.{type(m).__name__}")
 def test_layers_trace_to_one_node_per_op(layer):
     """torchvision's own op tester: a module holding the layer traces to its inputs and
@@ -379,7 +387,7 @@ def test_malformed_boxes_raise_what_torchvision_raises():
 
 def test_position_sensitive_ops_check_the_boxes_before_the_channels():
     x = torch.rand(1, 3, 8, 8)  # 3 channels: not a multiple of 2 * 2
-    functions = [spec.function for spec in SPECS if spec.position_sensitive]
+    functions = [spec.function for spec in ROI_SPECS if spec.position_sensitive]
     assert functions
     for fn in functions:
         with pytest.raises(ValueError, match="boxes must have shape"):
@@ -391,7 +399,7 @@ def test_position_sensitive_ops_check_the_boxes_before_the_channels():
 # The drop-ins of detectron2 and mmcv whose peer asserts the boxes' shape.
 ASSERTING = (d2.ROIAlign, d2.ROIAlignRotated, d2.roi_align, mmcv.roi_align, mmcv.RoIAlign, mmcv.roi_pool, mmcv.RoIPool,
              mmcv.deform_roi_pool, mmcv.DeformRoIPool, mmcv.DeformRoIPoolPack, mmcv.ModulatedDeformRoIPoolPack,
-             mmcv.bezier_align, mmcv.BezierAlign)
+             mmcv.bezier_align, mmcv.BezierAlign, mmcv.border_align, mmcv.BorderAlign)
 
 
 def test_detectron2_and_mmcv_drop_ins_assert_the_box_shape_as_their_peers():
@@ -424,7 +432,7 @@ def _quantized_cases(boxes: str = "rois"):
     return [(qx, rois, "input"), (x, qrois, name), (x, _per_image(qrois), f"{name}\\[0\\]")]
 
 
-@pytest.mark.parametrize("spec", SPECS, ids=lambda spec: spec.name)
+@pytest.mark.parametrize("spec", ROI_SPECS, ids=lambda spec: spec.name)
 def test_quantized_tensors_are_refused_clearly(spec):
     for x, boxes, name in _quantized_cases(_spec_boxes(spec)):
         with pytest.raises(ValueError, match=f"{name} is a quantized tensor .*PyTorch deprecates.*dequantize"):

@@ -9,7 +9,8 @@ Port with one import::
 (``PrRoIPool``/``prroi_pool``, ``RoIAlignRotated``/``roi_align_rotated``,
 ``RiRoIAlignRotated``/``riroi_align_rotated`` and the deformable RoI pooling layers
 ``DeformRoIPool``/``deform_roi_pool``, ``DeformRoIPoolPack`` and
-``ModulatedDeformRoIPoolPack``, and ``BezierAlign``/``bezier_align`` likewise.)
+``ModulatedDeformRoIPoolPack``, ``BezierAlign``/``bezier_align`` and
+``BorderAlign``/``border_align`` likewise.)
 
 Same signatures, defaults (``sampling_ratio=0`` adaptive, ``aligned=True``), ``rois[K, 5]``
 boxes and reprs. Semantics:
@@ -54,6 +55,13 @@ boxes and reprs. Semantics:
   mmcv. The bin centres follow mmcv's CPU arithmetic bit for bit in float32; the input
   gets mmcv's gradient, the control points none. mmcv has no bfloat16; roiops runs every
   floating dtype (float16 and bfloat16 in float32 arithmetic).
+- ``border_align``/``BorderAlign``: BorderDet's border align, :func:`roiops.border_align`:
+  boxes ``[N, K, 4]`` per image in feature-map cells, output ``[N, C, K, 4]``. mmcv runs it
+  on CUDA only; roiops on CPU and GPU in every floating dtype. Where they differ: a NaN
+  sample wins the maximum here (the first one), where mmcv keeps its running maximum
+  unless the first sample is NaN; the backward scatters at the point the forward sampled
+  (mmcv recomputes it as start + argmax * step, which can differ in the last bits) and
+  adds nothing for a sample outside the map; ``pool_size`` must be in [1, 1024].
 
 ``RoIAlign`` and ``RoIAlignRotated`` also take mmcv's deprecated keywords ``out_size`` and
 ``sample_num`` (for ``output_size`` and ``sampling_ratio``), with mmcv's
@@ -76,9 +84,9 @@ from .. import _validation as v
 from ..ops._declare import fx_leaf
 from ._util import box_assertions
 
-__all__ = ["BezierAlign", "DeformRoIPool", "DeformRoIPoolPack", "ModulatedDeformRoIPoolPack", "PrRoIPool",
-           "RiRoIAlignRotated", "RoIAlign", "RoIAlignRotated", "RoIPool", "bezier_align", "deform_roi_pool", "prroi_pool",
-           "riroi_align_rotated", "roi_align", "roi_align_rotated", "roi_pool"]
+__all__ = ["BezierAlign", "BorderAlign", "DeformRoIPool", "DeformRoIPoolPack", "ModulatedDeformRoIPoolPack", "PrRoIPool",
+           "RiRoIAlignRotated", "RoIAlign", "RoIAlignRotated", "RoIPool", "bezier_align", "border_align",
+           "deform_roi_pool", "prroi_pool", "riroi_align_rotated", "roi_align", "roi_align_rotated", "roi_pool"]
 
 OutputSize = Union[int, tuple[int, int], list[int]]
 _Init = TypeVar("_Init", bound=Callable[..., None])
@@ -427,3 +435,23 @@ class BezierAlign(nn.Module):
     def extra_repr(self) -> str:
         return (f"output_size={self.output_size}, spatial_scale={self.spatial_scale}, "
                 f"sampling_ratio={self.sampling_ratio}, aligned={self.aligned}")
+
+
+def border_align(input: Tensor, boxes: Tensor, pool_size: int) -> Tensor:
+    """``mmcv.ops.border_align``: ``input[N, 4C, H, W]``, ``boxes[N, K, 4]`` ->
+    ``Tensor[N, C, K, 4]``."""
+    return F.border_align(input, boxes, pool_size)
+
+
+class BorderAlign(nn.Module):
+    """``mmcv.ops.BorderAlign(pool_size)``; ``forward(input, boxes)``."""
+
+    def __init__(self, pool_size: int) -> None:
+        super().__init__()
+        self.pool_size = v.pool_size(pool_size)
+
+    def forward(self, input: Tensor, boxes: Tensor) -> Tensor:
+        return border_align(input, boxes, self.pool_size)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(pool_size={self.pool_size})"

@@ -172,6 +172,12 @@ def register(spec: Kernels) -> Callable[..., Any]:
 
     def forward_fake(input: Tensor, rois: Tensor, *args: Any) -> Any:
         named = dict(zip(arg_names, args[n_tensors:]))
+        if spec.output_shape is not None:
+            shape = spec.output_shape(input.shape, rois.shape, named)
+            fmt = memory_format(is_channels_last(input))
+            out, *saved = [torch.empty(shape, dtype=d, device=input.device, memory_format=fmt)
+                           for d in (input.dtype, *[torch.int32] * len(spec.saved))]
+            return (out, *saved) if saved else out
         ph, pw = named["pooled_height"], named["pooled_width"]
         c = spec.out_channels(input.shape[1], ph, pw) if spec.out_channels else None
         out = empty_output(input, rois, ph, pw, channels=c)
@@ -328,7 +334,7 @@ def refuse_double_backward(backward_op: Any, title: str) -> None:
 
 _CHECKS: dict[str, Callable[[Any], Any]] = {
     "output_size": v.output_size, "spatial_scale": v.spatial_scale, "sampling_ratio": v.sampling_ratio,
-    "num_orientations": v.orientations}
+    "num_orientations": v.orientations, "pool_size": v.pool_size}
 
 
 def _normalizer(name: str, annotation: Any) -> Callable[[Any], Any]:

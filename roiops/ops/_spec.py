@@ -44,7 +44,10 @@ class Kernels:
     given here by name (a deformable offset: 2); the public function takes each, after
     the boxes, as a positional argument of its name, and its dtype follows the rule of
     the boxes'. ``channel_groups``: an int argument that must lie in [1, 2^16] and divide
-    the map's channels (the orientations of a rotation-invariant op's channel fields)."""
+    the map's channels (the orientations of a rotation-invariant op's channel fields).
+    ``output_shape``: the output's shape from the input's shape, the boxes' shape and the
+    forward's arguments by name, for an op whose output is not ``[K, C_out,
+    pooled_height, pooled_width]`` (the fake kernel and the kernel checks use it)."""
 
     name: str
     args: tuple[tuple[str, str], ...]
@@ -59,6 +62,7 @@ class Kernels:
     plane_argmax: bool = False
     bin_channels: Mapping[str, int] = field(default_factory=dict)
     channel_groups: str = ""
+    output_shape: Callable[[Any, Any, Mapping[str, Any]], tuple[Any, ...]] | None = None
 
     def ops(self) -> dict[str, str]:
         """The registered ops' names, by role: ``forward``, ``backward`` and, with a box
@@ -122,7 +126,7 @@ class Bench:
     workloads: tuple[Workload, ...] = ()
     argmax: bool = False       # keeps an int32 index per output value for its backward (bytes model)
     sampled: bool = True       # the workload's sampling_ratio applies
-    boxes: Literal["axis-aligned", "rotated", "bezier"] = "axis-aligned"
+    boxes: Literal["axis-aligned", "rotated", "bezier", "per-image"] = "axis-aligned"
     # the map's channels must be a multiple of this (position-sensitive ops: size x size)
     channel_multiple: Callable[[Workload], int] = lambda w: 1
 
@@ -132,9 +136,12 @@ class OpSpec:
     """A public operator. ``function(input, boxes, output_size, spatial_scale, **options)``
     and its ``module``; ``kernels``: the op pairs it calls. ``boxes``: its box rows,
     ``"axis-aligned"`` ``(batch_index, x1, y1, x2, y2)``, ``"rotated"`` ``(batch_index,
-    cx, cy, w, h, angle)`` or ``"bezier"`` ``(batch_index, x0, y0, ..., x7, y7)``.
-    ``options``: the option sets the generic tests run it with (each a full set of keyword
-    options besides ``output_size`` and ``spatial_scale``);
+    cx, cy, w, h, angle)``, ``"bezier"`` ``(batch_index, x0, y0, ..., x7, y7)``, or
+    ``"per-image"``: ``[N, K, 4]`` rows ``(x1, y1, x2, y2)``, box k of image n at ``[n,
+    k]``, no batch index (the output is then not pooled per box: the RoI-shaped generic
+    tests leave such an op out). ``options``: the option sets the generic tests run it
+    with (each a full set of keyword options besides ``output_size`` and
+    ``spatial_scale``);
     ``box_grad``: options under which the boxes receive a gradient (None: never).
     ``position_sensitive``: the input has ``C_out * ph * pw`` channels. ``bench``: its
     benchmark entries. ``reference_bin_error``: the reference's results lose up to
@@ -146,7 +153,7 @@ class OpSpec:
     module: type
     kernels: tuple[Kernels, ...]
     options: tuple[dict[str, Any], ...] = ({},)
-    boxes: Literal["axis-aligned", "rotated", "bezier"] = "axis-aligned"
+    boxes: Literal["axis-aligned", "rotated", "bezier", "per-image"] = "axis-aligned"
     box_grad: dict[str, Any] | None = None
     position_sensitive: bool = False
     bench: tuple[Bench, ...] = ()

@@ -237,7 +237,7 @@ def level_starts(programs: list[int]) -> list[int]:
 # pattern, and no `.to()` on it). Strides are left specializable: stride 1 tells the
 # compiler which dimension is contiguous.
 _RUNTIME_INTS = {"scale_bits", "gamma_bits", "K", "N", "C", "H", "W", "ph", "pw", "sampling_ratio", "n_pblocks", "n_tw",
-                 "n_tiles", "TILE", "n_words", "n_levels", "num_orientations",
+                 "n_tiles", "TILE", "n_words", "n_levels", "num_orientations", "pool_size", "n_kblocks", "n_cblocks",
                  *(f"{name}{level}" for name in ("sb", "H", "W", "p") for level in range(5))}  # per-level arguments
 
 
