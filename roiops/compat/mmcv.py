@@ -437,6 +437,8 @@ class BezierAlign(nn.Module):
                 f"sampling_ratio={self.sampling_ratio}, aligned={self.aligned}")
 
 
+@fx_leaf
+@box_assertions
 def border_align(input: Tensor, boxes: Tensor, pool_size: int) -> Tensor:
     """``mmcv.ops.border_align``: ``input[N, 4C, H, W]``, ``boxes[N, K, 4]`` ->
     ``Tensor[N, C, K, 4]``."""
