@@ -2,10 +2,9 @@
 //
 // The blend weights of a box are constant over its bins, so the op is rotated RoIAlign
 // (aligned=False) of every channel, A, followed by a blend pass over the output:
-// out[k, c' O + o] = r * A[k, c' O + i0] + l * A[k, c' O + i1]. Its gradient is rotated
-// RoIAlign's backward of the adjoint blend of grad (in the opmath type): for channels_last,
-// blended as that backward reads grad; for NCHW, a pass before it. The blend passes run one
-// box per task over dense blocks of [C, ph, pw].
+// out[k, c' O + o] = r * A[k, c' O + i0] + l * A[k, c' O + i1]. Its gradient is the
+// adjoint blend of grad (in the opmath type) followed by rotated RoIAlign's backward. Both
+// passes run one box per task over dense NCHW or channels_last blocks of [C, ph, pw].
 
 #include <cfloat>
 #include <cmath>
@@ -20,16 +19,21 @@
 namespace roiops {
 namespace {
 
-// Each box's orientation bin and blend weights (semantics.md "riroi_align_rotated") from
-// the sampling angles of rows (batch, cx, cy, w, h, theta) of rois (opmath T, checked):
-// the orientation angle is theta, or -theta when clockwise; f = t * O / (2 pi) in double,
-// made finite; ind = floor(f) mod O, l = f - floor(f), r = 1 - l (rounded to T where used).
+// A box's orientation bin and blend weights (semantics.md "riroi_align_rotated").
 template <typename T>
-OrientationBlend orientations(const Tensor& rois, int64_t O, bool clockwise) {
+struct Orientation {
+  int64_t ind;
+  T r, l;
+};
+
+// From the sampling angles of rows (batch, cx, cy, w, h, theta) of rois (opmath, checked):
+// the orientation angle is theta, or -theta when clockwise; f = t * O / (2 pi) in double,
+// made finite; ind = floor(f) mod O, l = f - floor(f), r = 1 - l, rounded once to T.
+template <typename T>
+std::vector<Orientation<T>> orientations(const Tensor& rois, int64_t O, bool clockwise) {
   const int64_t K = rois.size(0);
   const T* r = rois.const_data_ptr<T>();
-  OrientationBlend out{O, std::vector<int64_t>(static_cast<size_t>(K)), std::vector<double>(static_cast<size_t>(K)),
-                       std::vector<double>(static_cast<size_t>(K))};
+  std::vector<Orientation<T>> out(static_cast<size_t>(K));
   for (int64_t k = 0; k < K; ++k) {
     double t = static_cast<double>(r[6 * k + 5]);
     if (clockwise) t = -t;
@@ -38,10 +42,7 @@ OrientationBlend orientations(const Tensor& rois, int64_t O, bool clockwise) {
     const double whole = std::floor(f), frac = f - whole;
     double ind = std::fmod(whole, static_cast<double>(O));
     if (ind < 0) ind += static_cast<double>(O);
-    const size_t i = static_cast<size_t>(k);
-    out.ind[i] = static_cast<int64_t>(ind);
-    out.r[i] = 1.0 - frac;
-    out.l[i] = frac;
+    out[static_cast<size_t>(k)] = {static_cast<int64_t>(ind), static_cast<T>(1.0 - frac), static_cast<T>(frac)};
   }
   return out;
 }
@@ -73,22 +74,19 @@ ROIOPS_SIMD void blend_box(const S* __restrict__ src, D* __restrict__ dst, int64
 // i0 = (o + ind) mod O, i1 = i0 - 1 (mod O), which sends each output's r and l parts back
 // to the orientations it read.
 template <typename T, typename S, typename D>
-void blend(const S* src, D* dst, int64_t K, int64_t C, int64_t P, bool channels_last, const OrientationBlend& orient,
-           bool adjoint) {
-  const int64_t O = orient.orientations;
+void blend(const S* src, D* dst, int64_t K, int64_t C, int64_t P, int64_t O, bool channels_last,
+           const std::vector<Orientation<T>>& orient, bool adjoint) {
   parallel_tasks(K, [&](int64_t k) {
-    const size_t b = static_cast<size_t>(k);
-    const int64_t ind = orient.ind[b];
+    const Orientation<T> b = orient[static_cast<size_t>(k)];
     // The two source channels of each output channel.
     std::vector<int64_t> j0(static_cast<size_t>(C)), j1(static_cast<size_t>(C));
     for (int64_t c = 0; c < C; ++c) {
-      const int64_t o = c % O, i0 = adjoint ? (o + ind) % O : (o - ind + O) % O;
+      const int64_t o = c % O, i0 = adjoint ? (o + b.ind) % O : (o - b.ind + O) % O;
       const int64_t i1 = adjoint ? (i0 + O - 1) % O : (i0 + 1) % O;
       j0[c] = c - o + i0;
       j1[c] = c - o + i1;
     }
-    blend_box(src + k * C * P, dst + k * C * P, C, P, channels_last, static_cast<T>(orient.r[b]),
-              static_cast<T>(orient.l[b]), j0.data(), j1.data());
+    blend_box(src + k * C * P, dst + k * C * P, C, P, channels_last, b.r, b.l, j0.data(), j1.data());
   });
 }
 
@@ -109,8 +107,8 @@ Tensor riroi_align_rotated_forward(const Tensor& input, const Tensor& rois_, dou
   const Tensor rois = opmath_rois(rois_, input.scalar_type());
   ROIOPS_DISPATCH(input.scalar_type(), [&] {
     using T = opmath_type<scalar_t>;
-    blend<T>(a.const_data_ptr<scalar_t>(), out.mutable_data_ptr<scalar_t>(), K, C, ph * pw, channels_last,
-             orientations<T>(rois, num_orientations, clockwise), false);
+    blend(a.const_data_ptr<scalar_t>(), out.mutable_data_ptr<scalar_t>(), K, C, ph * pw, num_orientations,
+          channels_last, orientations<T>(rois, num_orientations, clockwise), false);
   });
   return out;
 }
@@ -125,24 +123,16 @@ Tensor riroi_align_rotated_backward(const Tensor& grad_, const Tensor& rois_, do
   check_grad_shape(grad_, rois_.size(0), C, ph, pw);
   const BackwardArgs a(grad_, rois_, N, spatial_scale, channels_last);  // grad dense in the gradient's layout
   const int64_t K = a.grad.size(0);
-  OrientationBlend orient;
-  ROIOPS_DISPATCH(grad_.scalar_type(), [&] {
-    orient = orientations<opmath_type<scalar_t>>(a.rois, num_orientations, clockwise);
-  });
-  // channels_last: a task of the rotated backward holds a bin's every channel, so it reads
-  // grad blended, and no blended copy of grad is made.
-  if (channels_last)
-    return roi_align_rotated_backward_blended(a.grad, a.rois, spatial_scale, ph, pw, N, C, H, W, sampling_ratio,
-                                              orient);
   Tensor grad_a;
   ROIOPS_DISPATCH(grad_.scalar_type(), [&] {
     using T = opmath_type<scalar_t>;
     // The gradient of A in T: rotated RoIAlign's backward sums in T and rounds once.
-    grad_a = empty_output({K, C, ph, pw}, Options{scalar_type_of<T>, false});
-    blend<T>(a.grad.const_data_ptr<scalar_t>(), grad_a.mutable_data_ptr<T>(), K, C, ph * pw, false, orient, true);
+    grad_a = empty_output({K, C, ph, pw}, Options{scalar_type_of<T>, channels_last});
+    blend(a.grad.const_data_ptr<scalar_t>(), grad_a.mutable_data_ptr<T>(), K, C, ph * pw, num_orientations,
+          channels_last, orientations<T>(a.rois, num_orientations, clockwise), true);
   });
   const Tensor gi = roi_align_rotated_backward(grad_a, a.rois, spatial_scale, ph, pw, N, C, H, W, sampling_ratio,
-                                               false, false);
+                                               false, channels_last);
   if (gi.scalar_type() == grad_.scalar_type()) return gi;
   Tensor out = empty_output({N, C, H, W}, a.grad_options);
   copy_into(out, gi);

@@ -334,13 +334,11 @@ __attribute__((always_inline)) inline void add_band(const RotatedPlan<T>& p, int
 // bins contiguous) is first transposed into q (ph * pw * n; else n suffices). Channel c
 // at stride mC in m. Up to 32 channels at unit stride (NCHW tiles) have their grad in
 // registers for a pass over a bin's samples; more (channels_last) are better added tap by
-// tap, each tap one long contiguous run. With j0 (channels_last only), channel c's grad
-// is the blend r * grad[j0[c]] + l * grad[j1[c]] (OrientationBlend).
+// tap, each tap one long contiguous run.
 template <typename scalar_t, typename T>
 ROIOPS_SIMD void backward_band(const RotatedPlan<T>& p, const scalar_t* g, int64_t gC, int64_t gH, int64_t gW,
                                int64_t n, int64_t ph, int64_t pw, T* __restrict__ q_, const Cells<T>& m, int64_t mC,
-                               int64_t r0, int64_t r1, const int64_t* __restrict__ j0 = nullptr,
-                               const int64_t* __restrict__ j1 = nullptr, T r = 0, T l = 0) {
+                               int64_t r0, int64_t r1) {
   const bool planes = gC != 1;
   int exp;
   const bool pow2 = std::frexp(p.count, &exp) == T(0.5);
@@ -372,8 +370,6 @@ ROIOPS_SIMD void backward_band(const RotatedPlan<T>& p, const scalar_t* g, int64
     const auto scale = [&](auto f) __attribute__((always_inline)) {
       if (planes) {
         for (int64_t c = 0; c < n; ++c) q[c] = f(q[c]);
-      } else if (j0) {
-        for (int64_t c = 0; c < n; ++c) q[c] = f(r * static_cast<T>(gb[j0[c]]) + l * static_cast<T>(gb[j1[c]]));
       } else {
         for (int64_t c = 0; c < n; ++c) q[c] = f(static_cast<T>(gb[c]));
       }
@@ -520,11 +516,10 @@ Tensor roi_align_rotated_forward(const Tensor& input_, const Tensor& rois_, doub
   return out;
 }
 
-namespace {
-
-Tensor backward(const Tensor& grad_, const Tensor& rois_, double spatial_scale, int64_t ph, int64_t pw, int64_t N,
-                int64_t C, int64_t H, int64_t W, int64_t sampling_ratio, bool aligned, bool channels_last,
-                const OrientationBlend* blend) {
+ROIOPS_ENTRY
+Tensor roi_align_rotated_backward(const Tensor& grad_, const Tensor& rois_, double spatial_scale,
+                                  int64_t ph, int64_t pw, int64_t N, int64_t C, int64_t H, int64_t W,
+                                  int64_t sampling_ratio, bool aligned, bool channels_last) {
   check_backward_args(grad_, rois_, 6, N, C, H, W, spatial_scale, ph, pw);
   check_sampling_ratio(sampling_ratio);
   check_grad_shape(grad_, rois_.size(0), C, ph, pw);
@@ -558,8 +553,6 @@ Tensor backward(const Tensor& grad_, const Tensor& rois_, double spatial_scale, 
         const int64_t c0 = (t % blocks) * cb_max, cb = std::min(C, c0 + cb_max) - c0;
         // NCHW grad (channels ph * pw apart) is transposed into q whole; else q holds one bin.
         std::vector<T> q(static_cast<size_t>((gC != 1 ? ph * pw : 1) * cb));
-        // A blend's source channels of the current box (channels_last: cb == C).
-        std::vector<int64_t> j0(blend ? static_cast<size_t>(C) : 0), j1(j0.size());
         T* img = a + n * sN + c0 * sC;
         std::vector<T> tile;
         Cells<T> m{img + r0 * sH, sH, sW, r0, 0};
@@ -578,18 +571,6 @@ Tensor backward(const Tensor& grad_, const Tensor& rois_, double spatial_scale, 
         for (const int64_t k : boxes[n]) {
           const RotatedPlan<T>& p = plans[k - k0];
           if (p.y1 <= r0 || p.y0 >= r1) continue;
-          if (blend) {
-            const int64_t O = blend->orientations, ind = blend->ind[static_cast<size_t>(k)];
-            for (int64_t c = 0; c < C; ++c) {
-              const int64_t o = c % O, i0 = (o + ind) % O;
-              j0[static_cast<size_t>(c)] = c - o + i0;
-              j1[static_cast<size_t>(c)] = c - o + (i0 + O - 1) % O;
-            }
-            backward_band(p, g + k * gK, gC, gH, gW, cb, ph, pw, q.data(), m, sC, r0, r1, j0.data(), j1.data(),
-                          static_cast<T>(blend->r[static_cast<size_t>(k)]),
-                          static_cast<T>(blend->l[static_cast<size_t>(k)]));
-            continue;
-          }
           backward_band(p, g + k * gK + c0 * gC, gC, gH, gW, cb, ph, pw, q.data(), m, in_place ? sC : 1, r0, r1);
         }
         if (!in_place) rect_to_planes(tile.data(), cb, r0, r1, 0, W, img, sC, sH);
@@ -598,21 +579,6 @@ Tensor backward(const Tensor& grad_, const Tensor& rois_, double spatial_scale, 
     if (!std::is_same_v<T, scalar_t>) copy_into(gi, acc);
   });
   return gi;
-}
-
-}  // namespace
-
-ROIOPS_ENTRY
-Tensor roi_align_rotated_backward(const Tensor& grad, const Tensor& rois, double spatial_scale, int64_t ph,
-                                  int64_t pw, int64_t N, int64_t C, int64_t H, int64_t W, int64_t sampling_ratio,
-                                  bool aligned, bool channels_last) {
-  return backward(grad, rois, spatial_scale, ph, pw, N, C, H, W, sampling_ratio, aligned, channels_last, nullptr);
-}
-
-Tensor roi_align_rotated_backward_blended(const Tensor& grad, const Tensor& rois, double spatial_scale, int64_t ph,
-                                          int64_t pw, int64_t N, int64_t C, int64_t H, int64_t W,
-                                          int64_t sampling_ratio, const OrientationBlend& blend) {
-  return backward(grad, rois, spatial_scale, ph, pw, N, C, H, W, sampling_ratio, false, true, &blend);
 }
 
 }  // namespace roiops
