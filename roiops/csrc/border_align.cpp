@@ -261,7 +261,6 @@ void backward_impl(const Tensor& grad, const Tensor& argmax, const Tensor& rois,
   const bool lanes = sC == 1 && C > 1;  // channels_last: a cell's channels are contiguous
   const int64_t cb = std::max<int64_t>(1, lanes ? C : std::min<int64_t>(C, 32));
   const int64_t cblocks = (C + cb - 1) / cb;
-  // Bands of rows of about 256 KiB of the task's channels.
   Scratch<T> pos, g_s;
   Scratch<int32_t> a_s, count_s;
   const int64_t dense_min = std::max<int64_t>(1, cb / 8);
