@@ -118,15 +118,15 @@ def _border_fwd_kernel(
 
 
 @triton.jit
-def _scatter(a, m, p0, x, y, step, along_x, H, W):
+def _scatter(a, m, p0, x, y, step, along_x, pool_size, H, W):
     """The taps of the sample each argmax a names (m: the outputs that scatter, less those
-    outside the map): the walk from p0 is replayed up to the largest argmax of the tile,
-    steps added one after another as the forward placed its samples."""
+    outside the map): the walk from p0 is replayed, steps added one after another as the
+    forward placed its samples. (To the end of the walk: a loop up to the tile's largest
+    argmax, a reduction, does not compile for float64 under Triton 3.6.)"""
     T = p0.dtype
-    top = tl.max(tl.max(tl.where(m, a, 0), axis=1), axis=0)
     p = p0
     at = tl.zeros(a.shape, dtype=T) + p0[:, None]
-    for i in range(1, top + 1):
+    for i in range(1, pool_size + 1):
         p = p + step
         at = tl.where(a == i, p[:, None], at)
     ylo, yhi, xlo, xhi, w1, w2, w3, w4, inside = _sample_taps(at, x[:, None], y[:, None], along_x, H, W)
@@ -145,7 +145,7 @@ def _add_grads(grad_ptr, arg_ptr, gi_ptr, n, e, C, k, c, m, x, y, step, along_x,
     a = tl.load(arg_ptr + n64 * saN + c64 * saC + k64 * saK + e * saE, mask=m, other=0)
     m = m & (a >= 0) & (a <= pool_size)
     g = tl.load(grad_ptr + n64 * sgN + c64 * sgC + k64 * sgK + e * sgE, mask=m, other=0.0).to(step.dtype)
-    m, ylo, yhi, xlo, xhi, w1, w2, w3, w4 = _scatter(a, m, tl.where(along_x, x, y), x, y, step, along_x, H, W)
+    m, ylo, yhi, xlo, xhi, w1, w2, w3, w4 = _scatter(a, m, tl.where(along_x, x, y), x, y, step, along_x, pool_size, H, W)
     dst = gi_ptr + n64 * siN + (e * C + c64) * siC
     dtype = gi_ptr.dtype.element_ty
     oylo = ylo.to(tl.int64) * siH
@@ -253,6 +253,8 @@ def border_align_backward(grad: torch.Tensor, argmax: torch.Tensor, rois: torch.
         _border_bwd_ordered_kernel[(N * 4 * n_cb,)](grad, argmax, rois, gi, C, H, W, K, int(pool_size), n_cb,
                                                     *strides, BLOCK_C=block_c, **LAUNCH_OPTS)
     else:
+        if rois.dtype == torch.float64 and not grad.is_cpu:
+            block_k = 1  # Triton 3.6 fails to compile the float64 kernel for a tile of several boxes
         n_kb = cdiv(K, block_k)
         _border_bwd_atomic_kernel[(N * 4 * n_kb, cdiv(C, block_c))](
             grad, argmax, rois, gi, C, H, W, K, int(pool_size), n_kb, *strides, BLOCK_K=block_k, BLOCK_C=block_c,
