@@ -94,7 +94,7 @@ test-oldest: $(VENV_OLD)/.built
 	$(MAKE) --no-print-directory test-other-torch ENV=$(VENV_OLD)
 
 # tests/test_ptx.py runs under the pinned Triton and under 3.6 (.venv-oldest), the pair it
-# is written for; under torch 2.12's Triton 3.7.1 one of its 350 variants does not compile
+# is written for; under torch 2.12's Triton 3.7.1 one of its variants does not compile
 # (README, "Supported"), so .venv-middle leaves it out. The fuzzing and the conformance
 # vectors (over a quarter of the suite's time) run under the pinned torch only: the other releases
 # run the same library and kernels, which every other test file checks against the
