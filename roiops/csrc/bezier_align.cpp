@@ -42,27 +42,16 @@ T bezier_point(T p0, T p1, T p2, T p3, T u) {
 // curves' end points over pw and as high as the larger y span over ph (1 cell at least
 // when not aligned), and the sampling grid.
 template <typename T>
-struct BezierBox {
+struct BezierBox : GridRule<T> {
   int64_t batch;
   T p[16];
-  T bin_h, bin_w;
-  int64_t grid_h, grid_w;
-  T count;
 
   BezierBox(const T* roi, T scale, int64_t ph, int64_t pw, int64_t sampling_ratio, bool aligned) {
     batch = static_cast<int64_t>(roi[0]);
     for (int n = 0; n < 16; ++n) p[n] = roi[1 + n] * scale;
     T roi_w = std::max(std::abs(p[0] - p[6]), std::abs(p[14] - p[8]));
     T roi_h = std::max(std::abs(p[1] - p[7]), std::abs(p[15] - p[9]));
-    if (!aligned) {
-      roi_w = std::max(roi_w, T(1));
-      roi_h = std::max(roi_h, T(1));
-    }
-    bin_h = roi_h / static_cast<T>(ph);
-    bin_w = roi_w / static_cast<T>(pw);
-    grid_h = sampling_ratio > 0 ? sampling_ratio : static_cast<int64_t>(std::ceil(bin_h));
-    grid_w = sampling_ratio > 0 ? sampling_ratio : static_cast<int64_t>(std::ceil(bin_w));
-    count = static_cast<T>(std::max<int64_t>(grid_h * grid_w, 1));  // grids < 2^26 per axis: no overflow
+    this->set(roi_h, roi_w, ph, pw, sampling_ratio, aligned);
   }
 
   // Axis a's (0: x, 1: y) coordinate of the top curve (bottom: the bottom one) at u.

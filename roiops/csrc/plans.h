@@ -159,13 +159,33 @@ constexpr int64_t kMaxSampleTable = 4096;
 // Entries of all boxes' tables together in one call (128 MiB of MaxSample<float>).
 constexpr int64_t kSampleTableBudget = int64_t(1) << 22;
 
-// The sampling grid of one box (semantics.md "roi_align avg"), in torchvision's arithmetic.
+// RoIAlign's rule from a box's sides (semantics.md "roi_align avg"): the sides at least 1
+// cell when not aligned, the bins, the sample grids (a positive sampling_ratio, else
+// ceil(bin)) and the divisor. Shared by the ops that size their bins the same way.
 template <typename T>
-struct BoxGrid {
-  int64_t batch;
-  T x_start, y_start, roi_w, roi_h, bin_h, bin_w;
+struct GridRule {
+  T bin_h, bin_w;
   int64_t grid_h, grid_w;
   T count;
+
+  void set(T& roi_h, T& roi_w, int64_t ph, int64_t pw, int64_t sampling_ratio, bool aligned) {
+    if (!aligned) {
+      roi_w = std::max(roi_w, T(1));
+      roi_h = std::max(roi_h, T(1));
+    }
+    bin_h = roi_h / static_cast<T>(ph);
+    bin_w = roi_w / static_cast<T>(pw);
+    grid_h = sampling_ratio > 0 ? sampling_ratio : static_cast<int64_t>(std::ceil(bin_h));
+    grid_w = sampling_ratio > 0 ? sampling_ratio : static_cast<int64_t>(std::ceil(bin_w));
+    count = static_cast<T>(std::max<int64_t>(grid_h * grid_w, 1));  // grids < 2^26 per axis: no overflow
+  }
+};
+
+// The sampling grid of one box (semantics.md "roi_align avg"), in torchvision's arithmetic.
+template <typename T>
+struct BoxGrid : GridRule<T> {
+  int64_t batch;
+  T x_start, y_start, roi_w, roi_h;
   // The box was widened to 1 cell along the axis (aligned=False).
   bool clamped_h, clamped_w;
 
@@ -178,15 +198,7 @@ struct BoxGrid {
     roi_h = roi[4] * scale - offset - y_start;
     clamped_w = !aligned && roi_w < T(1);
     clamped_h = !aligned && roi_h < T(1);
-    if (!aligned) {
-      roi_w = std::max(roi_w, T(1));
-      roi_h = std::max(roi_h, T(1));
-    }
-    bin_h = roi_h / static_cast<T>(ph);
-    bin_w = roi_w / static_cast<T>(pw);
-    grid_h = sampling_ratio > 0 ? sampling_ratio : static_cast<int64_t>(std::ceil(bin_h));
-    grid_w = sampling_ratio > 0 ? sampling_ratio : static_cast<int64_t>(std::ceil(bin_w));
-    count = static_cast<T>(std::max<int64_t>(grid_h * grid_w, 1));  // grids < 2^26 per axis: no overflow
+    this->set(roi_h, roi_w, ph, pw, sampling_ratio, aligned);
   }
 };
 
