@@ -378,17 +378,22 @@ def test_ps_triton_agrees_with_the_reference(backend, case, deterministic):
 # ---- rotated boxes: many at any angle ------------------------------------------------------
 
 
-@st.composite
-def rotated_cases(draw):
-    op = draw(op_cases(ROTATED, ratios=[-1, 0, 1, 2, 5]))
+def _small_map(draw, op):
+    """A small map for a case of ``op`` (whole channel fields), in a drawn dtype and layout:
+    (n, h, w, the generator its boxes come from, the map, a scale, a box count)."""
     n, c = draw(st.integers(1, 2)), draw(st.sampled_from([1, 3, 8, 19]))  # 8, 19: one vector of lanes, past it
     c *= op.options.get(op.spec.kernels[0].channel_groups, 1)  # whole fields
     h, w = draw(st.integers(1, 12)), draw(st.integers(1, 12))
     dtype = draw(st.sampled_from(DTYPES))
     g = torch.Generator().manual_seed(draw(st.integers(0, 2**16)))
     x = draw(laid_out(torch.randn(n, c, h, w, generator=g, dtype=torch.float64).to(dtype)))
-    scale = draw(st.sampled_from(SCALES))
-    k = draw(st.integers(0, 24))
+    return n, h, w, g, x, draw(st.sampled_from(SCALES)), draw(st.integers(0, 24))
+
+
+@st.composite
+def rotated_cases(draw):
+    op = draw(op_cases(ROTATED, ratios=[-1, 0, 1, 2, 5]))
+    n, h, w, g, x, scale, k = _small_map(draw, op)
     u = torch.rand(k, 5, generator=g, dtype=torch.float64)
     centres = (u[:, :2] * 1.4 - 0.2) * torch.tensor([w, h])
     sides = u[:, 2:4] * 1.2 * max(h, w)
@@ -472,13 +477,7 @@ def triton_agrees_with_the_reference(backend, case, deterministic):
 @st.composite
 def bezier_cases(draw):
     op = draw(op_cases(BEZIER, ratios=[-1, 0, 1, 2, 5]))
-    n, c = draw(st.integers(1, 2)), draw(st.sampled_from([1, 3, 8, 19]))
-    h, w = draw(st.integers(1, 12)), draw(st.integers(1, 12))
-    dtype = draw(st.sampled_from(DTYPES))
-    g = torch.Generator().manual_seed(draw(st.integers(0, 2**16)))
-    x = draw(laid_out(torch.randn(n, c, h, w, generator=g, dtype=torch.float64).to(dtype)))
-    scale = draw(st.sampled_from(SCALES))
-    k = draw(st.integers(0, 24))
+    n, h, w, g, x, scale, k = _small_map(draw, op)
     points = (torch.rand(k, 8, 2, generator=g, dtype=torch.float64) * 1.4 - 0.2) * torch.tensor([w, h])
     kind = torch.randint(0, 10, (k,), generator=g)
     points[kind == 0] = points[kind == 0][:, :1]  # a single point: empty adaptive grids
