@@ -295,6 +295,17 @@ def test_results_do_not_depend_on_the_thread_count():
     assert torch.equal(results[0][0], results[1][0]) and torch.equal(results[0][1], results[1][1])
 
 
+@pytest.mark.parametrize("dtype", [F32, F64, torch.bfloat16])
+@pytest.mark.parametrize("c", [11, 520])
+def test_channels_last_backward_over_many_channels(c, dtype):
+    """The CPU channels_last backward adds 8 channels at a time, passes of 512: channel
+    counts with a remainder of 3, and with two passes, against the reference."""
+    x, b = feature(dtype, channels_last=True, c=c, seed=5), boxes(F64 if dtype == F64 else F32, seed=5)
+    got, want = run(x, b, 10, "cpu"), run(x, b, 10, "reference")
+    assert torch.equal(got[0], want[0])
+    torch.testing.assert_close(got[1], want[1], **tol(dtype))
+
+
 @pytest.mark.parametrize("deterministic", [True, False])
 def test_triton_backward_paths(deterministic):
     x, b = feature(F64, seed=4), boxes(F64, seed=4)

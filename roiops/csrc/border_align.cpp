@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
 #include "geometry.h"
@@ -212,31 +213,39 @@ void forward_impl(const Tensor& image, const opmath_type<scalar_t>* boxes, int64
   });
 }
 
-// Adds grads g[c] at the taps of the samples that channels [0, n) picked (a[c]) into a
-// channels_last gradient (cells `cell` apart from `base`). A sample that many channels
-// picked is added for all channels at once, each masked by whether it picked the sample
-// (the others add an exact 0), so that the adds vectorise; the channels of the other
-// samples one by one. Either way each channel adds one sample per box, its taps in order.
-// count: scratch of S.
+// Adds grads g[c] at the taps of the sample that channel c < n picked (a[c]) into a
+// channels_last gradient (cells `cell` apart from `base`), 8 channels at a time: for each
+// sample, only the groups of 8 channels in which some channel picked it, each lane masked
+// by whether its channel did (the others add nothing). Each channel adds one sample per
+// box, its taps in order. bits: scratch of S.
 template <typename T>
 ROIOPS_SIMD void border_scatter(const Sample<T>* s, int64_t S, const int32_t* __restrict__ a,
                                 const T* __restrict__ g, int64_t n, T* base, int64_t cell,
-                                int32_t* __restrict__ count, int64_t dense_min) {
-  std::fill(count, count + S, 0);
-  for (int64_t c = 0; c < n; ++c) ++count[a[c]];
-  for (int64_t i = 0; i < S; ++i) {
-    const Sample<T>& t = s[i];
-    if (!t.inside || count[i] < dense_min) continue;
-    const int32_t at = static_cast<int32_t>(i);
-    for (int64_t tap = 0; tap < 4; ++tap) {
-      T* __restrict__ d = base + t.cell[tap] * cell;
-      const T w = t.w[tap];
-      for (int64_t c = 0; c < n; ++c) d[c] += (a[c] == at ? g[c] : T(0)) * w;
+                                uint64_t* __restrict__ bits) {
+  constexpr int64_t kGroups = 64;  // groups of 8 channels per pass: one bit each
+  using I = std::conditional_t<sizeof(T) == 8, int64_t, int32_t>;  // a lane mask's integers
+  const int64_t n8 = n / 8 * 8;
+  for (int64_t c0 = 0; c0 < n8; c0 += 8 * kGroups) {
+    const int64_t c1 = std::min(n8, c0 + 8 * kGroups);
+    std::fill(bits, bits + S, uint64_t(0));
+    for (int64_t c = c0; c < c1; ++c) bits[a[c]] |= uint64_t(1) << ((c - c0) / 8);
+    for (int64_t i = 0; i < S; ++i) {
+      const Sample<T>& t = s[i];
+      if (!t.inside) continue;
+      const int32_t at = static_cast<int32_t>(i);
+      for (uint64_t b = bits[i]; b; b &= b - 1) {
+        const int64_t c = c0 + 8 * __builtin_ctzll(b);
+        const lanes8<T> m = __builtin_convertvector(load8(a + c), lanes8<I>) == at ? load8(g + c) : lanes8<T>{};
+        for (int64_t tap = 0; tap < 4; ++tap) {
+          T* d = base + t.cell[tap] * cell + c;
+          store8(d, load8(d) + m * t.w[tap]);
+        }
+      }
     }
   }
-  for (int64_t c = 0; c < n; ++c) {
+  for (int64_t c = n8; c < n; ++c) {
     const Sample<T>& t = s[a[c]];
-    if (!t.inside || count[a[c]] >= dense_min) continue;
+    if (!t.inside) continue;
     for (int64_t tap = 0; tap < 4; ++tap) base[t.cell[tap] * cell + c] += g[c] * t.w[tap];
   }
 }
@@ -258,12 +267,12 @@ void backward_impl(const Tensor& grad, const Tensor& argmax, const Tensor& rois,
   const int64_t gN = grad.stride(0), gC = grad.stride(1), gK = grad.stride(2), gE = grad.stride(3);
   const int64_t aN = argmax.stride(0), aC = argmax.stride(1), aK = argmax.stride(2), aE = argmax.stride(3);
   const int64_t sN = acc.stride(0), sC = acc.stride(1), sCell = acc.stride(3);
-  const bool lanes = sC == 1 && C > 1;  // channels_last: a cell's channels are contiguous
+  // channels_last: a cell's channels are contiguous, and so are a box border's grad and argmax
+  const bool lanes = sC == 1 && gC == 1 && aC == 1 && C > 1;
   const int64_t cb = std::max<int64_t>(1, lanes ? C : std::min<int64_t>(C, 32));
   const int64_t cblocks = (C + cb - 1) / cb;
   Scratch<T> pos, g_s;
-  Scratch<int32_t> a_s, count_s;
-  const int64_t dense_min = std::max<int64_t>(1, cb / 8);
+  Scratch<uint64_t> bits_s;
   Scratch<Sample<T>> samples;
   parallel_tasks(N * 4 * cblocks, [&](int64_t task) {
     const int64_t n = task / (4 * cblocks), e = task / cblocks % 4;
@@ -271,16 +280,23 @@ void backward_impl(const Tensor& grad, const Tensor& argmax, const Tensor& rois,
     T* p = pos.get(S);
     Sample<T>* sm = samples.get(S);
     T* gl = g_s.get(cb);
-    int32_t* al = a_s.get(cb);
-    int32_t* cnt = count_s.get(S);
+    uint64_t* bits = bits_s.get(S);
     for (int64_t k = 0; k < K; ++k) {
       border_samples(boxes + (n * K + k) * 4, e, pool_size, H, W, p, sm);
       if (lanes) {
-        for (int64_t c = c0; c < c1; ++c) {
-          al[c - c0] = am[n * aN + c * aC + k * aK + e * aE];
-          gl[c - c0] = static_cast<T>(g[n * gN + c * gC + k * gK + e * gE]);
+        const scalar_t* gk = g + n * gN + k * gK + e * gE;
+        const int32_t* ak = am + n * aN + k * aK + e * aE;
+        if (k + 1 < K) {  // runs 2 KiB or more apart: the hardware prefetchers do not follow
+          prefetch_run(gk + gK, C);
+          prefetch_run(ak + aK, C);
         }
-        border_scatter(sm, S, al, gl, c1 - c0, gi + n * sN + (e * C + c0) * sC, sCell, cnt, dense_min);
+        const T* gv = gl;
+        if constexpr (std::is_same_v<scalar_t, T>) {
+          gv = gk;
+        } else {
+          for (int64_t c = 0; c < C; ++c) gl[c] = static_cast<T>(gk[c]);
+        }
+        border_scatter(sm, S, ak, gv, C, gi + n * sN + e * C, sCell, bits);
         continue;
       }
       for (int64_t c = c0; c < c1; ++c) {
