@@ -150,12 +150,8 @@ def kernel_check(name: str, role: str = "forward", *, empty_map: bool = False,
         # 3. rois and the other tensors' devices
         if rois.dim() != 2 or rois.shape[1] != width:
             raise ValueError(f"{rois_shape}, got {list(rois.shape)}")
-        rois_dtype = rois.dtype
-        if rois_dtype != dtype and (rois_dtype != torch.float32 or dtype == torch.float64):
-            _coordinate_dtype("rois", rois_dtype, main_name, dtype)
         device = x.device
-        if rois.device != device:
-            raise ValueError(f"roiops: rois is on {rois.device} but {main_name} is on {device}")
+        _rois_placement(rois, main_name, dtype, device)
         for i, n in extra:
             t = args[i]
             if t is not None and t.device != device:
@@ -165,15 +161,7 @@ def kernel_check(name: str, role: str = "forward", *, empty_map: bool = False,
             if t is not None and t.dtype != dtype and (t.dtype != torch.float32 or dtype == torch.float64):
                 _coordinate_dtype(n, t.dtype, main_name, dtype)
         # 4. sizes
-        if sizes is None:
-            _, C, H, W = x.shape
-        else:
-            N, C, H, W = sizes(args)
-            if N < 0 or C < 0:
-                raise ValueError(f"roiops: batch size and channels must be non-negative, got batch_size={N}, "
-                                 f"channels={C}")
-        if not (min_side <= H <= MAX_MAP_SIDE and min_side <= W <= MAX_MAP_SIDE):
-            _map_size(H, W)
+        _, C, H, W = _map_sizes(x, sizes, args, min_side)
         # 5. scalars
         if at_pooled is None:  # roi_pool's backward: the pooled size is grad's
             ph, pw, source = x.shape[2], x.shape[3], " (grad's last two sizes)"
@@ -248,20 +236,9 @@ def _per_image_check(name: str, role: str, k: Any, params: list[tuple[str, str]]
         dtype = _map_tensor(x, main_name, layout)
         if rois.dim() != 3 or rois.shape[2] != 4:
             raise ValueError(f"roiops: rois must be [N, K, 4] (rows (x1, y1, x2, y2)), got {list(rois.shape)}")
-        if rois.dtype != dtype and (rois.dtype != torch.float32 or dtype == torch.float64):
-            _coordinate_dtype("rois", rois.dtype, main_name, dtype)
         device = x.device
-        if rois.device != device:
-            raise ValueError(f"roiops: rois is on {rois.device} but {main_name} is on {device}")
-        if sizes is None:
-            N, C, H, W = x.shape
-        else:
-            N, C, H, W = sizes(args)
-            if N < 0 or C < 0:
-                raise ValueError(f"roiops: batch size and channels must be non-negative, got batch_size={N}, "
-                                 f"channels={C}")
-        if not (1 <= H <= MAX_MAP_SIDE and 1 <= W <= MAX_MAP_SIDE):
-            _map_size(H, W)
+        _rois_placement(rois, main_name, dtype, device)
+        N, C, H, W = _map_sizes(x, sizes, args, 1)
         if rois.shape[0] != N:
             raise ValueError(f"roiops: rois must hold boxes for each of the {N} images ([N, K, 4]), got "
                              f"{list(rois.shape)}")
@@ -296,6 +273,30 @@ def _map_tensor(x: Tensor, name: str, layout: str) -> torch.dtype:
     if dtype not in _KERNEL_DTYPES:
         _unsupported(name, dtype)
     return dtype
+
+
+def _rois_placement(rois: Tensor, main_name: str, dtype: torch.dtype, device: torch.device) -> None:
+    """The boxes' dtype (the coordinate type's rule) and device."""
+    if rois.dtype != dtype and (rois.dtype != torch.float32 or dtype == torch.float64):
+        _coordinate_dtype("rois", rois.dtype, main_name, dtype)
+    if rois.device != device:
+        raise ValueError(f"roiops: rois is on {rois.device} but {main_name} is on {device}")
+
+
+def _map_sizes(x: Tensor, sizes: Callable[..., Any] | None, args: tuple[Any, ...],
+               min_side: int) -> tuple[int, int, int, int]:
+    """N, C, H, W: the map's shape, or a backward's batch_size, channels, height and width
+    arguments (``sizes`` picks them; N and C non-negative); H and W in [min_side, 2^24]."""
+    if sizes is None:
+        N, C, H, W = x.shape
+    else:
+        N, C, H, W = sizes(args)
+        if N < 0 or C < 0:
+            raise ValueError(f"roiops: batch size and channels must be non-negative, got batch_size={N}, "
+                             f"channels={C}")
+    if not (min_side <= H <= MAX_MAP_SIDE and min_side <= W <= MAX_MAP_SIDE):
+        _map_size(H, W)
+    return N, C, H, W
 
 
 # ---- the messages of the checks' less common failures (kept out of check's body)

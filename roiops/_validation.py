@@ -95,10 +95,7 @@ def per_bin(name: str, value: object, input: Tensor, rois: Tensor, h: int, w: in
 
 
 def orientations(value: object) -> int:
-    count = _as_int(value)
-    if count is None or not 1 <= count <= MAX_ORIENTATIONS:
-        raise ValueError(f"num_orientations must be an int in [1, {MAX_ORIENTATIONS}], got {value!r}")
-    return count
+    return _int_in("num_orientations", value, MAX_ORIENTATIONS)
 
 
 def orientation_fields(input: Tensor, count: int) -> None:
@@ -323,6 +320,14 @@ def _is_numpy(v: object, name: str) -> bool:
     return np is not None and isinstance(v, getattr(np, name))
 
 
+def _int_in(name: str, value: object, high: int) -> int:
+    """An int argument in [1, high]."""
+    n = _as_int(value)
+    if n is None or not 1 <= n <= high:
+        raise ValueError(f"{name} must be an int in [1, {high}], got {value!r}")
+    return n
+
+
 def _as_int(v: object) -> int | None:
     """Python, numpy and 0-d tensor integers (as torchvision takes them), not bools."""
     if type(v) is int:
@@ -396,10 +401,7 @@ def bezier_rois(input: Tensor, beziers: BoxesType, scale: float) -> Tensor:
 
 
 def pool_size(value: object) -> int:
-    size = _as_int(value)
-    if size is None or not 1 <= size <= MAX_POOL_SIZE:
-        raise ValueError(f"pool_size must be an int in [1, {MAX_POOL_SIZE}], got {value!r}")
-    return size
+    return _int_in("pool_size", value, MAX_POOL_SIZE)
 
 
 def border_boxes(input: Tensor, boxes: object) -> Tensor:
