@@ -253,8 +253,8 @@ ROIOPS_SIMD void border_scatter(const Sample<T>* s, int64_t S, const int32_t* __
 // Adds each output's grad at its sample's taps into acc (the opmath gradient, in the
 // input's layout). Tasks own (image, border, block of channels) of the gradient and add
 // the boxes in increasing k. The argmax values are in [0, pool_size] (checked before).
-// (Bands of rows per task, to keep what a task adds to in cache, measured slower: a left
-// or right border crosses many bands, each of which builds its samples again.)
+// Not bands of rows, as in the RoI ops' backwards: a left or right border crosses many
+// bands, each of which would build its samples again.
 template <typename scalar_t>
 void backward_impl(const Tensor& grad, const Tensor& argmax, const Tensor& rois, int64_t pool_size, int64_t H,
                    int64_t W, Tensor& acc) {

@@ -230,7 +230,7 @@ inline Tensor empty_output(const std::vector<int64_t>& sizes, const Options& opt
 // One scratch buffer per thread, grown on demand and left uninitialised (pages of a large
 // tile that a task never touches cost nothing). Each buffer has its cache lines to itself:
 // small buffers of two threads that shared a line would take it from each other at every
-// write (false sharing), which once cost a kernel a third of its time on 2 threads.
+// write (false sharing).
 template <typename T>
 class Scratch {
   static_assert(std::is_trivially_default_constructible_v<T> && std::is_trivially_destructible_v<T>);
