@@ -88,6 +88,7 @@ def cases() -> list[tuple[str, str, Callable[[], object]]]:
     import torch
 
     from roiops import cpu
+    from roiops._boxes import AXIS_ALIGNED, BEZIER, PER_IMAGE, ROTATED
 
     g = torch.Generator().manual_seed(0)
 
@@ -104,11 +105,13 @@ def cases() -> list[tuple[str, str, Callable[[], object]]]:
     data = []
     for i in INPUTS:
         x = torch.randn(i.n, i.channels, i.height, i.width, generator=g)
-        rois = {"axis-aligned": boxes(i.n, i.boxes, i.width / i.scale, i.height / i.scale)}
-        if i is INPUTS[0]:  # the same boxes turned about their centres
-            r = rois["axis-aligned"]
+        r = boxes(i.n, i.boxes, i.width / i.scale, i.height / i.scale)
+        rois = {AXIS_ALIGNED: r}
+        if i is INPUTS[0]:  # the same boxes turned about their centres, as bands, and per image in map cells
             angles = torch.rand(i.boxes, 1, generator=g) * 360 - 180
-            rois["rotated"] = torch.cat([r[:, :1], (r[:, 1:3] + r[:, 3:5]) / 2, r[:, 3:5] - r[:, 1:3], angles], 1)
+            rois[ROTATED] = torch.cat([r[:, :1], (r[:, 1:3] + r[:, 3:5]) / 2, r[:, 3:5] - r[:, 1:3], angles], 1)
+            rois[BEZIER] = BEZIER.from_axis_aligned(r)
+            rois[PER_IMAGE] = (r[:, 1:] * i.scale).reshape(i.n, -1, 4).contiguous()
         grad = torch.randn(i.boxes, i.out_channels, POOLED, POOLED, generator=g)
         data.append((i, x, rois, grad))
 
@@ -119,8 +122,6 @@ def cases() -> list[tuple[str, str, Callable[[], object]]]:
                 continue
             rois = all_rois[spec.boxes]
             for k in spec.kernels:
-                if (k.out_channels(i.channels, POOLED, POOLED) if k.out_channels else i.channels) != i.out_channels:
-                    sys.exit(f"callgrind: {k.name}'s output on {i.what} has not {i.out_channels} channels")
                 # The forward's arguments: the first forward variant's, the input's scale and the bins.
                 values = {"spatial_scale": i.scale, "pooled_height": POOLED, "pooled_width": POOLED}
                 values |= k.variants.get("forward", ({},))[0]
@@ -128,9 +129,15 @@ def cases() -> list[tuple[str, str, Callable[[], object]]]:
                 if missing:
                     sys.exit(f"callgrind: no value for {k.name}'s arguments {missing}")
                 args = [values[n] for _, n in k.args]
+                op_grad = grad
+                if k.output_shape is not None:  # not [K, C_out, ph, pw]: its own upstream gradient
+                    shape = k.output_shape(x.shape, rois.shape, values)
+                    op_grad = torch.randn(shape, generator=torch.Generator().manual_seed(1))
+                elif (k.out_channels(i.channels, POOLED, POOLED) if k.out_channels else i.channels) != i.out_channels:
+                    sys.exit(f"callgrind: {k.name}'s output on {i.what} has not {i.out_channels} channels")
                 extra = [None] * len(k.tensors)  # the optional extra tensor inputs, left out
                 for tag, cl in LAYOUTS.items():
-                    xi, gi = layout(x, cl), layout(grad, cl)
+                    xi, gi = layout(x, cl), layout(op_grad, cl)
                     from_input = {"batch_size": i.n, "channels": i.channels, "height": i.height, "width": i.width,
                                   "channels_last": cl}
                     backward = [values[n] if n in values and n not in from_input else from_input[n]

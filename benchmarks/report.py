@@ -1,11 +1,15 @@
-"""BENCHMARKS.md's tables and the charts, regenerated from the result files in
+"""BENCHMARKS.md's summary, tables and the charts, regenerated from the result files in
 benchmarks/results/.
 
 A result file is a results.json as ``roiops bench --out DIR`` writes it, one per device;
 a file transcribed from an earlier run may leave out the columns that run did not print,
-and may name each row's run (``source``, a key of ``meta["sources"]``). BENCHMARKS.md
-marks where each file's table goes:
+and may name each row's run (``source``, a key of ``meta["sources"]``, where that run's
+date, commit and what it timed are kept). BENCHMARKS.md marks where each file's table
+goes, and where the summary of all of them against their targets (``Bench.target``) goes:
 
+    <!-- summary -->
+    (generated)
+    <!-- end summary -->
     <!-- table: cpu.json -->
     (generated)
     <!-- end table -->
@@ -26,11 +30,17 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from roiops.bench import OPS, WORKLOADS
+from roiops.bench._case import Target
+
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 MARKDOWN = ROOT / "BENCHMARKS.md"
 BLOCK = re.compile(r"(<!-- table: (\S+) -->\n)(.*?)(<!-- end table -->)", re.DOTALL)
+SUMMARY = re.compile(r"(<!-- summary -->\n)(.*?)(<!-- end summary -->)", re.DOTALL)
 DIRECTIONS = ("forward", "backward", "backward det", "forward+backward")
+JUDGED_DTYPE = "float32"
+JUDGED_THREADS = 2   # on the CPU; a target may also set the forward's at 1 thread
 
 
 def load(path: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
@@ -78,22 +88,25 @@ def setup(meta: dict[str, Any]) -> str:
 
 
 def table(rows: list[dict[str, Any]]) -> list[str]:
-    """A row per workload and layout (and dtype where the file has several), a column per
+    """A row per workload (and dtype where the file has several), a column per layout and
     thread count (where it has several) and direction; a cell is roiops' ms and, where
     there is a peer, the ratio (peer ms / roiops ms)."""
-    def several(key: str) -> bool:
-        return len({r[key] for r in rows if r.get(key) is not None}) > 1
+    def values(key: str) -> list[Any]:
+        return list(dict.fromkeys(r[key] for r in rows if r.get(key) is not None))
 
-    keys = ["workload", "layout"] + (["dtype"] if several("dtype") else [])
-    threads = several("threads")
-    groups: dict[tuple[str, ...], dict[tuple[int, int], dict[str, Any]]] = {}
+    keys = ["workload"] + (["dtype"] if len(values("dtype")) > 1 else [])
+    layouts = values("layout") if len(values("layout")) > 1 else []
+    threads = len(values("threads")) > 1
+    groups: dict[tuple[str, ...], dict[tuple[int, int, int], dict[str, Any]]] = {}
     for r in rows:
-        column = (r["threads"] if threads else 0, DIRECTIONS.index(r["direction"]))
+        column = (layouts.index(r["layout"]) if layouts else 0, r["threads"] if threads else 0,
+                  DIRECTIONS.index(r["direction"]))
         groups.setdefault(tuple(r[k] for k in keys), {})[column] = r
     columns = sorted({c for cells in groups.values() for c in cells})
-    peers = several("peer")
+    peers = len(values("peer")) > 1
     head = keys + (["peer"] if peers else []) + [
-        (f"{t} thr " if threads else "") + DIRECTIONS[d] for t, d in columns]
+        " ".join(layouts[layout:layout + 1] + ([f"{t} thr"] if threads else []) + [DIRECTIONS[d]])
+        for layout, t, d in columns]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * (len(head) - len(columns)) + "---:|" * len(columns)]
     for group, cells in groups.items():
         peer = [next((r["peer"] for r in cells.values() if r.get("peer")), "-")] if peers else []
@@ -102,28 +115,109 @@ def table(rows: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
-def render(meta: dict[str, Any], rows: list[dict[str, Any]]) -> str:
-    """A file's block of BENCHMARKS.md: its setup, its table, then its runs and notes."""
-    parts = [setup(meta), "", *table(rows)]
-    sources = meta.get("sources", {})
-    if sources:
-        parts.append("")
-        parts += [f"- [{key}] {s['date']}: {s['what']}; {s['statistic']}." for key, s in sources.items()]
+def runs(meta: dict[str, Any], name: str) -> str:
+    """The runs a cell's bracket names, their dates and commits (the rest of what each run
+    was is kept in the file)."""
+    alike: dict[str, list[str]] = {}
+    for key, s in meta["sources"].items():
+        alike.setdefault(s["date"] + (f", commit {s['commit']}" if s.get("commit") else ""), []).append(f"[{key}]")
+    return ("Runs in brackets: " + "; ".join(f"{' '.join(keys)} {when}" for when, keys in alike.items())
+            + f" (what each timed: `sources` in benchmarks/results/{name}).")
+
+
+def render(meta: dict[str, Any], rows: list[dict[str, Any]], name: str) -> str:
+    """A file's block of BENCHMARKS.md: its setup and runs, its table, then its notes."""
+    parts = [setup(meta) + (f" {runs(meta, name)}" if meta.get("sources") else ""), "", *table(rows)]
     notes = [f"- {r['workload']}, {r['layout']}, {r['direction']}: {r['note']}." for r in rows if "note" in r]
-    if notes:
-        parts += ([] if sources else [""]) + notes
-    return "\n".join(parts) + "\n"
+    return "\n".join(parts + ([""] + notes if notes else [])) + "\n"
+
+
+def where(meta: dict[str, Any]) -> str:
+    """The device, as the summary and the chart name it."""
+    return "CPU" if meta["device"] == "cpu" else meta.get("gpu") or meta["device"]
+
+
+def at_setting(row: dict[str, Any], threads: int = JUDGED_THREADS) -> bool:
+    """Whether a row has a peer's ratio for a direction targets judge, at the setting they
+    are judged at (float32; on the CPU, `threads` threads)."""
+    return (row["direction"] in ("forward", "backward") and row.get("ratio") is not None
+            and row.get("dtype", JUDGED_DTYPE) == JUDGED_DTYPE and row.get("threads") in (None, threads))
+
+
+def goal(target: Target, row: dict[str, Any]) -> float | None:
+    """The ratio a row must reach under target; None: the row is not judged."""
+    if at_setting(row):
+        value = getattr(target, row["direction"])
+        return value[row["layout"]] if isinstance(value, dict) else value
+    if target.one_thread is not None and row["direction"] == "forward" and at_setting(row, threads=1):
+        return target.one_thread
+    return None
+
+
+def verdict(target: Target, rows: list[dict[str, Any]]) -> str:
+    """'met', 'missed: forward' and so on, from the rows' ratios; '-' where none is judged."""
+    goals = [(r, goal(target, r)) for r in rows]
+    if all(g is None for _, g in goals):
+        return "-"
+    missed = [d for d in ("forward", "backward")
+              if any(r["direction"] == d and g is not None and r["ratio"] < g for r, g in goals)]
+    return "missed: " + ", ".join(missed) if missed else "met"
+
+
+def span(ratios: list[float]) -> str:
+    """'0.8-1.65x', or '2.0x' for one value, '-' for none."""
+    if not ratios:
+        return "-"
+    low, high = number(min(ratios), 3), number(max(ratios), 3)
+    return f"{low}x" if low == high else f"{low}-{high}x"
+
+
+def describe(target: Target) -> str:
+    """'>= 10x / >= 5x': the forward's and the backward's minimum ratios."""
+    def minimum(value: float | dict[str, float]) -> str:
+        if isinstance(value, dict):
+            return ", ".join(f">= {v:.2g}x {layout}" for layout, v in value.items())
+        return f">= {value:.2g}x"
+
+    one_thread = f", >= {target.one_thread:.2g}x at 1 thread" if target.one_thread is not None else ""
+    return f"{minimum(target.forward)}{one_thread} / {minimum(target.backward)}"
+
+
+def summary(files: list[tuple[dict[str, Any], list[dict[str, Any]]]]) -> str:
+    """A row per operator and device: its ratio ranges at the judged setting, its target
+    and whether the run met it."""
+    op = {w.name: w.op for w in WORKLOADS}
+    lines = [f"Ratio ranges over each operator's workloads and layouts in {JUDGED_DTYPE}, at {JUDGED_THREADS} "
+             "threads on the CPU, from the tables below; met: every judged row of that run reaches the target "
+             "(each operator's in roiops/bench/<op>.py); -: no target there.", "",
+             "| operator | device | forward | backward | target: forward / backward | met |",
+             "|---|---|---:|---:|---|---|"]
+    for key in OPS:
+        for meta, rows in files:
+            mine = [r for r in rows if op[r["workload"]] == key]
+            if not mine:
+                continue
+            ranges = [span([r["ratio"] for r in mine if at_setting(r) and r["direction"] == d])
+                      for d in ("forward", "backward")]
+            target = OPS[key].target
+            goals = (["-", "-"] if target is None or meta["device"] not in target.devices
+                     else [describe(target), verdict(target, mine)])
+            lines.append("| " + " | ".join([key, where(meta), *ranges, *goals]) + " |")
+    return "\n".join(lines) + "\n"
 
 
 def update(text: str, results: Path = RESULTS) -> str:
-    """text with every marked table regenerated from its result file."""
-    def block(match: re.Match[str]) -> str:
-        path = results / match[2]
+    """text with every marked table, and the summary of them all, regenerated from the
+    result files."""
+    def named(name: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+        path = results / name
         if not path.is_file():
-            raise SystemExit(f"report: BENCHMARKS.md asks for {match[2]}, and {path} does not exist")
-        return match[1] + render(*load(path)) + match[4]
+            raise SystemExit(f"report: BENCHMARKS.md asks for {name}, and {path} does not exist")
+        return load(path)
 
-    return BLOCK.sub(block, text)
+    files = {name: named(name) for _, name, _, _ in BLOCK.findall(text)}
+    text = BLOCK.sub(lambda m: m[1] + render(*files[m[2]], m[2]) + m[4], text)
+    return SUMMARY.sub(lambda m: m[1] + summary(list(files.values())) + m[3], text)
 
 
 def chart(path: Path, out: Path) -> None:
@@ -132,7 +226,7 @@ def chart(path: Path, out: Path) -> None:
     meta, rows = load(path)
     # roiops bench's chart, which wants every column a full results.json has
     full = [{"threads": None, "dtype": None, "ratio": None, "peer": None, **r} for r in rows]
-    draw(full, out, "CPU" if meta["device"] == "cpu" else meta.get("gpu") or meta["device"])
+    draw(full, out, where(meta))
 
 
 def main(argv: list[str] | None = None) -> int:

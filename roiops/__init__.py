@@ -12,9 +12,9 @@ Public API: :func:`roi_align`, :func:`roi_pool`, :func:`multi_scale_roi_align`, 
 import importlib
 from types import ModuleType
 
-from . import _backend
+from . import _requirements
 
-_WHY = _backend.torch_too_old()
+_WHY = _requirements.torch_too_old()
 if _WHY:
     raise ImportError(_WHY)
 

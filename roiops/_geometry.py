@@ -30,7 +30,7 @@ MAX_OUTPUT_SIZE = 2**16  # per side: bin indices exact in float32, <= 2^32 bins 
 MAX_SAMPLING_RATIO = 1024  # a fixed ratio costs ratio^2 samples per bin, whatever the box
 MAX_ARGMAX_GRID = 2**31 - 1  # samples per bin in mode "max": its argmax is int32 iy * grid_w + ix
 MIN_SCALE, MAX_SCALE = 2.0**-64, 2.0**64  # the kernels use spatial_scale as a float32
-MAX_POOL_SIZE = 1024  # border_align: each output value takes pool_size + 1 samples, as a fixed sampling ratio
+MAX_POOL_SIZE = 1024  # border align: each output value takes pool_size + 1 samples, as a fixed sampling ratio
 MAX_LEVELS = 5  # feature maps of a multi-level op: pick() in triton/_jit.py selects among five arguments
 MAX_ORIENTATIONS = 2**16  # per channel field of rotation-invariant RoIAlign: angle * O exact in float64 for float32
 
@@ -298,7 +298,7 @@ def hat_antiderivative(t: Tensor) -> Tensor:
     return torch.where(u <= 0, (1 + u) * (1 + u) / 2, 1 - (1 - u) * (1 - u) / 2)
 
 
-# ---- Bezier alignment (docs/semantics.md, "bezier_align")
+# ---- Bezier alignment (docs/semantics.md, "Bezier alignment of ABCNet")
 
 def bezier_point(p0: Tensor, p1: Tensor, p2: Tensor, p3: Tensor, u: Tensor) -> Tensor:
     """The cubic Bezier curve of control points p0..p3 (one coordinate, the type T of the

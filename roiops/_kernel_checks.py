@@ -8,20 +8,20 @@ backend.
 A separate module from ``_validation``, which normalises what users pass to the public
 functions (box lists, numpy scalars, output_size pairs) and reads box values: this one
 checks the registered ops' own arguments by their schema names, reads only shapes, dtypes,
-devices and Python scalars (no host sync on a GPU), and needs the op declarations, which
-import ``_validation``.
+devices and Python scalars (no host sync on a GPU), and sits below the ops, beside the
+kernels that run it.
 
-What a check knows of its op comes from ``roiops.ops.SPECS`` when it is built: the
-function's parameters and their schema types (``Kernels.args``, ``backward``, ``saved``,
-``tensors``), the box format (``OpSpec.boxes``: rows of 5, 6 or 17) and whether the op is
-position-sensitive. The checks, in this order (the map tensor is ``input``, or ``grad``
+What a check knows of its op comes from its declaration (``roiops._registry``) when it is
+built: the function's parameters and their schema types (``Kernels.args``, ``backward``,
+``saved``, ``tensors``), the box format (``OpSpec.boxes``) and whether
+the op is position-sensitive. The checks, in this order (the map tensor is ``input``, or ``grad``
 in a backward):
 
 1. argument types, by schema type (Python only: the op schema refuses them before any
    kernel, and the dispatcher before a C++ one): TypeError;
 2. the map tensor: 4-D; floating point; one of the kernels' dtypes (all ValueError from
    here on: the only Python exception a C++ kernel can raise for a refused argument);
-3. rois: ``[K, 5]`` (``[K, 6]`` rotated, ``[K, 17]`` bezier); floating point, float64 for a float64 map
+3. rois: ``[K, width]`` of the op's box format (``roiops._boxes``); floating point, float64 for a float64 map
    (other floating dtypes are converted to the opmath type); on the map's device;
    extra tensor inputs on the map's device; per-bin tensors (``Kernels.bin_channels``)
    floating point with the dtype rule of rois;
@@ -36,7 +36,7 @@ in a backward):
    (a box gradient's: floating point, the input's dtype, on its device);
 8. a saved ``argmax``: grad's shape, int32, on grad's device.
 
-An op with boxes per image (``OpSpec.boxes == "per-image"``: border_align) has its own
+An op with boxes per image (``BoxFormat.per_image``: border align) has its own
 check, in the same order: rois ``[N, K, 4]`` with N the map's batch size, its
 ``pool_size`` in [1, MAX_POOL_SIZE], the map's channels a multiple of 4 (one group per
 border), grad of the forward output's shape (``Kernels.output_shape``).
@@ -57,45 +57,19 @@ from torch import Tensor
 
 from ._geometry import (MAX_MAP_SIDE, MAX_ORIENTATIONS, MAX_OUTPUT_SIZE, MAX_POOL_SIZE, MAX_SAMPLING_RATIO, MAX_SCALE,
                         MIN_SCALE)
+from ._boxes import BoxFormat
+from ._registry import declaration
 
 
 _KERNEL_DTYPES = frozenset((torch.float16, torch.bfloat16, torch.float32, torch.float64))
 _INT32_MAX = 2**31 - 1
-# Backward arguments that describe the input rather than repeat a forward argument
-# (ops/_declare.py gives them to the backward op).
-_FROM_INPUT = {"batch_size": "int", "channels": "int", "height": "int", "width": "int", "channels_last": "bool"}
 _PYTHON_TYPES = {"Tensor": Tensor, "int": int, "float": float, "bool": bool}
-_ROWS = {5: "batch_index, x1, y1, x2, y2", 6: "batch_index, cx, cy, w, h, theta",
-         17: "batch_index, x0, y0, ..., x7, y7"}
-_BOX_WIDTH = {"axis-aligned": 5, "rotated": 6, "bezier": 17}
 
 
 def parameters(name: str, role: str) -> list[tuple[str, str]]:
     """``(name, schema type)`` of kernel function ``<name>_<role>``'s parameters, in the
-    kernel contract's order (ops/_declare.py builds the op schemas in the same one)."""
-    spec, k = _declaration(name)
-    types = dict((n, t) for t, n in k.args) | _FROM_INPUT
-    tensors = [(n, "Tensor?") for n, _ in k.tensors]
-    args = [(n, t) for t, n in k.args]
-    if role == "forward":
-        return [("input", "Tensor"), ("rois", "Tensor"), *tensors, *args]
-    if role == "backward":
-        return [("grad", "Tensor"), *((s, "Tensor") for s in k.saved), ("rois", "Tensor"), *tensors,
-                *((n, types[n]) for n in k.backward)]
-    if role in k.ops() and role not in ("forward", "backward"):  # a gradient that reads the input
-        return [("grad", "Tensor"), ("input", "Tensor"), ("rois", "Tensor"), *tensors, *args]
-    raise ValueError(f"roiops: op {name} has no kernel role {role!r}")
-
-
-def _declaration(name: str) -> tuple[Any, Any]:
-    """The OpSpec and Kernels that declare registered op ``roiops::<name>``."""
-    from .ops import SPECS  # the op modules import roiops._validation, not this module
-
-    for spec in SPECS:
-        for k in spec.kernels:
-            if k.name == name:
-                return spec, k
-    raise KeyError(f"roiops: no op declares kernels {name!r}")
+    kernel contract's order (the registered op's)."""
+    return declaration(name)[1].parameters(role)
 
 
 def kernel_check(name: str, role: str = "forward", *, empty_map: bool = False,
@@ -110,16 +84,16 @@ def kernel_check(name: str, role: str = "forward", *, empty_map: bool = False,
     ``empty_map`` and ``int64_argmax``: what
     the reference kernels of RoIAlign and RoIPool also take (tests/test_reference.py),
     a map of height or width 0 and an int64 argmax; no other kernel does."""
-    spec, k = _declaration(name)
-    params = parameters(name, role)
-    if spec.boxes == "per-image":
-        return _per_image_check(name, role, k, params)
+    spec, k = declaration(name)
+    params = k.parameters(role)
+    if spec.boxes.per_image:
+        return _per_image_check(name, role, k, params, spec.boxes)
     names = [n for n, _ in params]
     pos = {n: i for i, n in enumerate(names)}
     main_name = "grad" if role == "backward" else "input"
     main, at_rois = pos[main_name], pos["rois"]
-    width = _BOX_WIDTH[spec.boxes]
-    rois_shape = f"roiops: rois must be [K, {width}] (rows ({_ROWS[width]}))"
+    width = spec.boxes.width
+    rois_shape = f"roiops: rois must be [K, {width}] (rows {spec.boxes.rows(kernel=True)})"
     layout = "[K, C, pooled_height, pooled_width]" if main_name == "grad" else "[N, C, H, W]"
     # Argument types: the call's types, in one comparison, where every argument has its
     # schema type exactly (a plain Tensor, a Python int, float, bool); otherwise each is
@@ -217,7 +191,8 @@ def kernel_check(name: str, role: str = "forward", *, empty_map: bool = False,
     return check
 
 
-def _per_image_check(name: str, role: str, k: Any, params: list[tuple[str, str]]) -> Callable[..., None]:
+def _per_image_check(name: str, role: str, k: Any, params: list[tuple[str, str]],
+                     form: BoxFormat) -> Callable[..., None]:
     """kernel_check for an op with boxes ``[N, K, 4]`` per image and a ``pool_size``."""
     pos = {n: i for i, (n, _) in enumerate(params)}
     main_name = "grad" if role == "backward" else "input"
@@ -228,14 +203,16 @@ def _per_image_check(name: str, role: str, k: Any, params: list[tuple[str, str]]
     sizes = operator.itemgetter(*(pos[n] for n in ("batch_size", "channels", "height", "width"))) \
         if role == "backward" else None
     at_argmax = pos.get("argmax", 0)
+    width = form.width
+    rois_shape = f"roiops: rois must be [N, K, {width}] (rows {form.rows(batch_index=False)})"
 
     def check(*args: Any) -> None:
         if tuple(map(type, args)) != expected:
             _check_types(kinds, args)
         x, rois = args[main], args[at_rois]
         dtype = _map_tensor(x, main_name, layout)
-        if rois.dim() != 3 or rois.shape[2] != 4:
-            raise ValueError(f"roiops: rois must be [N, K, 4] (rows (x1, y1, x2, y2)), got {list(rois.shape)}")
+        if rois.dim() != 3 or rois.shape[2] != width:
+            raise ValueError(f"{rois_shape}, got {list(rois.shape)}")
         device = x.device
         _rois_placement(rois, main_name, dtype, device)
         N, C, H, W = _map_sizes(x, sizes, args, 1)

@@ -15,7 +15,8 @@ from typing import TypeGuard, Union
 import torch
 from torch import Tensor
 
-from . import _backend, config
+from . import _library, config
+from ._boxes import AXIS_ALIGNED, BEZIER, FORMATS, PER_IMAGE, ROTATED, BoxFormat
 from ._geometry import (MAX_ARGMAX_GRID, MAX_COORDINATE, MAX_LEVELS, MAX_MAP_SIDE, MAX_ORIENTATIONS, MAX_OUTPUT_SIZE,
                         MAX_POOL_SIZE,
                         MAX_SAMPLING_RATIO, MAX_SCALE, MIN_SCALE, align_axis, dense)
@@ -170,7 +171,7 @@ def rois(input: Tensor, boxes: BoxesType, scale: float,
 
     ``max_grid = (h, w, sampling_ratio, aligned)`` for RoIAlign mode "max": also check that
     each box's sampling grid fits its int32 argmax."""
-    out = _box_rows(input, boxes, 5, _coord_type(input), _AXIS_ALIGNED_HINTS)
+    out = _box_rows(input, boxes, AXIS_ALIGNED, _coord_type(input))
     if _checking_values(out):
         _check_values(out, input.shape[0], scale)
         if max_grid is not None and max_grid[2] <= 0:
@@ -178,27 +179,24 @@ def rois(input: Tensor, boxes: BoxesType, scale: float,
     return out
 
 
-_AXIS_ALIGNED_HINTS = {5: " (rows (batch_index, x1, y1, x2, y2))", 4: " (rows (x1, y1, x2, y2))"}
-
-
 def _coord_type(input: Tensor) -> torch.dtype:
     """The kernels' coordinate type: float64 for float64 input, float32 otherwise."""
     return torch.float64 if input.dtype == torch.float64 else torch.float32
 
 
-def _box_rows(input: Tensor, boxes: BoxesType, width: int, dtype: torch.dtype, hints: dict[int, str],
-               name: str = "boxes") -> Tensor:
-    """Boxes as ``Tensor[K, width]`` rows led by the batch index, or a list of N
+def _box_rows(input: Tensor, boxes: BoxesType, form: BoxFormat, dtype: torch.dtype) -> Tensor:
+    """Boxes of ``form`` as ``Tensor[K, width]`` rows led by the batch index, or a list of N
     ``Tensor[L_i, width - 1]`` (image i's rows, without it) -> contiguous ``[K, width]`` in
     ``dtype``."""
+    name, width = form.argument, form.width
     if isinstance(boxes, Tensor):
-        _box_tensor(boxes, input, width, name, hints)
+        _box_tensor(boxes, input, width, name, form.hint())
         return dense(boxes, dtype)
     if isinstance(boxes, (list, tuple)):
         if len(boxes) != input.shape[0]:
             raise ValueError(f"{name} is a list of {len(boxes)} tensors but the input has batch size {input.shape[0]}")
         for i, b in enumerate(boxes):
-            _box_tensor(b, input, width - 1, f"{name}[{i}]", hints)
+            _box_tensor(b, input, width - 1, f"{name}[{i}]", form.hint(batch_index=False))
         if not boxes:
             return input.new_zeros((0, width), dtype=dtype)
         # narrow, not b[:, :1]: torch 2.6's export would guard the box count against 2^63 - 1
@@ -215,11 +213,10 @@ def _checking_values(rois: Tensor) -> bool:
     return not torch.compiler.is_compiling() and (rois.is_cpu if check is None else check)
 
 
-def _box_tensor(b: object, input: Tensor, width: int, name: str, hints: dict[int, str] = _AXIS_ALIGNED_HINTS) -> None:
+def _box_tensor(b: object, input: Tensor, width: int, name: str, hint: str) -> None:
     if not isinstance(b, Tensor):
         raise TypeError(f"{name} must be a Tensor, got {type(b).__name__}")
     if b.dim() != 2 or b.shape[1] != width:
-        hint = hints[width]
         raise BoxFormatError(f"{name} must have shape [K, {width}]{hint}, got {tuple(b.shape)}")
     if b.layout != torch.strided:
         raise ValueError(f"{name} must be a dense (strided) tensor, got layout {b.layout}")
@@ -231,10 +228,9 @@ def _box_tensor(b: object, input: Tensor, width: int, name: str, hints: dict[int
         raise ValueError(f"{name} is on {b.device} but the input is on {input.device}")
 
 
-def _check_values(rois: Tensor, batch_size: int, scale: float, name: str = "boxes") -> None:
-    """Rows ``(batch_index, 4 coordinates[, angle])``: the index an integer in
-    ``[0, batch_size)``, coordinates finite and within 2^24 cells after ``scale``, the angle
-    finite."""
+def _check_values(rois: Tensor, batch_size: int, scale: float, form: BoxFormat = AXIS_ALIGNED) -> None:
+    """Rows of ``form``: the batch index an integer in ``[0, batch_size)``, coordinates
+    finite and within 2^24 cells after ``scale``, the other columns (an angle) finite."""
     if rois.shape[0] == 0 or rois.is_meta:  # meta tensors hold no values
         return
     k, column = _scan(rois, batch_size, scale)
@@ -242,13 +238,13 @@ def _check_values(rois: Tensor, batch_size: int, scale: float, name: str = "boxe
         return
     try:
         row = rois[k].tolist()
-        where, index = f"{name} row {k} {row}", f" {row[0]}"
+        where, index = f"{form.argument} row {k} {row}", f" {row[0]}"
     except RuntimeError:  # no readable storage (torch.func before torch 2.7)
-        where, index = f"{name} row {k}", ""
+        where, index = f"{form.argument} row {k}", ""
     if column == 0:
         raise ValueError(f"{where}: batch index{index} is not an integer in [0, {batch_size})")
-    if column == 5 and rois.shape[1] == 6:
-        raise ValueError(f"{where}: the angle must be finite")
+    if column > form.coordinates:
+        raise ValueError(f"{where}: the {form.columns[column - 1]} must be finite")
     raise ValueError(f"{where}: coordinates must be finite and within 2^24 feature-map cells after spatial_scale")
 
 
@@ -268,30 +264,35 @@ def _scan(rois: Tensor, batch_size: int, scale: float) -> tuple[int, int]:
 @functools.cache
 def _row_scan() -> Callable[[Tensor, int, float], tuple[int, int]] | None:
     """The C++ row check, if the kernels load."""
-    try:
-        return _backend._cpu_kernels().first_invalid
-    except ImportError:
-        return None
+    return None if _library.error() else _library.first_invalid
+
+
+# The formats whose rows the kernels take with a batch index, by the rows' width.
+_ROWS_OF_WIDTH = {f.width: f for f in FORMATS if not f.per_image}
 
 
 def _first_invalid(rois: Tensor, batch_size: int, scale: float) -> tuple[int, int]:
-    """``(row, column)`` of the first invalid value, ``(-1, -1)`` if none; in tensor ops, for
-    any device (the C++ first_invalid is the same rule)."""
-    index, coords = rois[:, 0], rois[:, 1:] if rois.shape[1] == _BEZIER_WIDTH else rois[:, 1:5]
+    """``(row, column)`` of the first invalid value, ``(-1, -1)`` if none, of rows of the box
+    format of their width; in tensor ops, for any device (the C++ first_invalid is the same
+    rule)."""
+    last = 1 + _ROWS_OF_WIDTH[rois.shape[1]].coordinates
+    index, coords = rois[:, 0], rois[:, 1:last]
     # NaN and infinities fail these comparisons, which need no test of their own.
     # Coordinates in the kernels' arithmetic (x * scale in their type).
     ok_index = (index == index.floor()) & (index >= 0) & (index < batch_size)
     ok_coords = (coords * scale).abs() <= MAX_COORDINATE
     ok = ok_index & ok_coords.all(dim=1)
-    if rois.shape[1] > 5:
-        ok &= torch.isfinite(rois[:, 5])
+    if rois.shape[1] > last:
+        ok &= torch.isfinite(rois[:, last:]).all(dim=1)
     if bool(ok.all()):  # a device sync on GPU tensors: see config.check_box_values
         return -1, -1
     k = int((~ok).nonzero()[0, 0])
     if not bool(ok_index[k]):
         return k, 0
     bad = (~ok_coords[k]).nonzero()
-    return k, 1 + int(bad[0, 0]) if bad.numel() else 5
+    if bad.numel():
+        return k, 1 + int(bad[0, 0])
+    return k, last + int((~torch.isfinite(rois[k, last:])).nonzero()[0, 0])
 
 
 def _check_max_grid(rois: Tensor, scale: float, h: int, w: int, ratio: int, aligned: bool) -> None:
@@ -365,7 +366,7 @@ def rotated_rois(input: Tensor, boxes: BoxesType, scale: float, degrees: bool, c
     kernels' coordinate type with the angle in counter-clockwise radians. ``degrees``: the
     angle is converted as ``angle * pi / 180`` in float64 (detectron2's arithmetic) and
     rounded once; ``clockwise``: it is negated."""
-    rows = _box_rows(input, boxes, 6, torch.float64, _ROTATED_HINTS)
+    rows = _box_rows(input, boxes, ROTATED, torch.float64)
     if degrees or clockwise:
         # Out of place: torch 2.6's ONNX export cannot decompose an in-place op on a view.
         turn = rows.narrow(1, 5, 1)
@@ -373,31 +374,21 @@ def rotated_rois(input: Tensor, boxes: BoxesType, scale: float, degrees: bool, c
         rows = torch.cat([rows.narrow(1, 0, 5), -turn if clockwise else turn], dim=1)
     out = dense(rows, _coord_type(input))
     if _checking_values(out):
-        _check_values(out, input.shape[0], scale)
+        _check_values(out, input.shape[0], scale, ROTATED)
     return out
-
-
-_ROTATED_HINTS = {6: " (rows (batch_index, cx, cy, w, h, angle))", 5: " (rows (cx, cy, w, h, angle))"}
-
-
-_BEZIER_WIDTH = 17
-_BEZIER_HINTS = {17: " (rows (batch_index, x0, y0, ..., x7, y7): the top curve's control points left to right, "
-                     "the bottom curve's right to left)",
-                 16: " (rows (x0, y0, ..., x7, y7): the top curve's control points left to right, the bottom "
-                     "curve's right to left)"}
 
 
 def bezier_rois(input: Tensor, beziers: BoxesType, scale: float) -> Tensor:
     """Bezier boxes as ``Tensor[K, 17]`` rows ``(batch_index, x0, y0, ..., x7, y7)`` or a list
     of N ``Tensor[L_i, 16]`` -> contiguous ``[K, 17]`` in the kernels' coordinate type; every
     coordinate finite and within 2^24 cells after ``scale``."""
-    out = _box_rows(input, beziers, _BEZIER_WIDTH, _coord_type(input), _BEZIER_HINTS, "beziers")
+    out = _box_rows(input, beziers, BEZIER, _coord_type(input))
     if _checking_values(out):
-        _check_values(out, input.shape[0], scale, "beziers")
+        _check_values(out, input.shape[0], scale, BEZIER)
     return out
 
 
-# ---- border_align: boxes per image and pool_size
+# ---- boxes per image (border align) and pool_size
 
 
 def pool_size(value: object) -> int:
@@ -408,19 +399,20 @@ def border_boxes(input: Tensor, boxes: object) -> Tensor:
     """Boxes ``Tensor[N, K, 4]`` (rows ``(x1, y1, x2, y2)`` of image n's box k, in
     feature-map cells) -> contiguous, in the kernels' coordinate type; each coordinate
     finite and within 2^24 cells (checked as for the other ops' boxes)."""
+    name, width, hint = PER_IMAGE.argument, PER_IMAGE.width, PER_IMAGE.hint(batch_index=False)
     if not isinstance(boxes, Tensor):
-        raise TypeError(f"boxes must be a Tensor[N, K, 4], got {type(boxes).__name__}")
-    if boxes.dim() != 3 or boxes.shape[2] != 4:
-        raise BoxFormatError(f"boxes must have shape [N, K, 4] (rows (x1, y1, x2, y2)), got {tuple(boxes.shape)}")
+        raise TypeError(f"{name} must be a Tensor[N, K, {width}], got {type(boxes).__name__}")
+    if boxes.dim() != 3 or boxes.shape[2] != width:
+        raise BoxFormatError(f"{name} must have shape [N, K, {width}]{hint}, got {tuple(boxes.shape)}")
     if boxes.shape[0] != input.shape[0]:
-        raise ValueError(f"boxes holds boxes for {boxes.shape[0]} images but the input has batch size "
+        raise ValueError(f"{name} holds boxes for {boxes.shape[0]} images but the input has batch size "
                          f"{input.shape[0]}")
-    _box_tensor(boxes.flatten(0, 1), input, 4, "boxes")
+    _box_tensor(boxes.flatten(0, 1), input, width, name, hint)
     out = dense(boxes, _coord_type(input))
     if _checking_values(out) and out.numel() and not out.is_meta:
         ok = (out.abs() <= MAX_COORDINATE).all(dim=2)  # NaN fails too
         if not bool(ok.all()):
             n, k = (int(i) for i in (~ok).nonzero()[0])
-            raise ValueError(f"boxes[{n}, {k}] {out[n, k].tolist()}: coordinates must be finite and within 2^24 "
+            raise ValueError(f"{name}[{n}, {k}] {out[n, k].tolist()}: coordinates must be finite and within 2^24 "
                              "feature-map cells")
     return out

@@ -19,11 +19,18 @@ def package_version() -> str:
         return roiops.__version__
 
 
+def operators() -> str:
+    """Every operator's title, from the specs: "A, B and C"."""
+    from .ops import SPECS, multi_scale
+
+    titles = [spec.title for spec in SPECS] + [multi_scale.TITLE]
+    return ", ".join(titles[:-1]) + " and " + titles[-1]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="roiops",
-        description="Region-of-interest operators for PyTorch: RoIAlign, RoIPool, position-sensitive RoIAlign "
-                    "and RoIPool, rotated RoIAlign, Precise RoI Pooling and multi-scale RoIAlign.",
+        description=f"Region-of-interest operators for PyTorch: {operators()}.",
         epilog="Run 'roiops COMMAND --help' for a command's options.")
     parser.add_argument("--version", action="version", version=f"roiops {package_version()}")
     parser.add_argument("command", choices=["demo", "explain", "bench"],

@@ -63,7 +63,7 @@ from onnxscript import opset18
 
 from . import ops
 from ._geometry import align_axis, bilinear_taps, round_half_away, sample_position
-from .ops._spec import Kernels
+from ._spec import Kernels
 
 __all__ = ["MIN_OPSET", "export", "translation_table"]
 

@@ -17,9 +17,9 @@ import pytest
 import torch
 
 import roiops
-from boxes import bezier_boxes, nasty_bezier_boxes, nasty_boxes, nasty_rotated_boxes, random_boxes, rotated_boxes
+from roiops._boxes import AXIS_ALIGNED, BoxFormat
+from roiops._spec import Kernels, OpSpec
 from roiops.ops import SPECS
-from roiops.ops._spec import Kernels, OpSpec
 
 F16, BF16, F32, F64 = torch.float16, torch.bfloat16, torch.float32, torch.float64
 DTYPES = (F16, BF16, F32, F64)
@@ -192,9 +192,9 @@ class Case:
         return boxes_for(self.spec.boxes, **kw)
 
 
-# The operators of RoI shape (boxes [K, 5] or [K, 6], output [K, C, ph, pw]), which the
-# generic tables hold; an op with boxes per image (border_align) has its own tests.
-ROI_SPECS = tuple(s for s in SPECS if s.boxes != "per-image")
+# The operators of RoI shape (rows led by a batch index, output [K, C, ph, pw]), which the
+# generic tables hold; an op with boxes per image has its own tests.
+ROI_SPECS = tuple(s for s in SPECS if not s.boxes.per_image)
 
 
 def _cases() -> list[Case]:
@@ -263,48 +263,13 @@ def feature(dtype: torch.dtype = F32, channels_last: bool = False, seed: int = 0
     return x.contiguous(memory_format=torch.channels_last) if channels_last else x
 
 
-def boxes_for(form: str = "axis-aligned", dtype: torch.dtype = F32, seed: int = 0, count: int = 6, n: int = N,
+def boxes_for(form: BoxFormat = AXIS_ALIGNED, dtype: torch.dtype = F32, seed: int = 0, count: int = 6, n: int = N,
               width: float = W / SCALE, height: float = H / SCALE, nasty: bool = True) -> torch.Tensor:
-    """``count`` random boxes and (with ``nasty``) the nasty ones of tests/boxes.py, in
-    pixels of a ``width x height`` image, in ``form``: ``"axis-aligned"`` rows ``(b, x1, y1,
-    x2, y2)``, ``"rotated"`` rows ``(b, cx, cy, w, h, angle in degrees)`` or ``"bezier"``
-    rows ``(b, x0, y0, ..., x7, y7)``."""
+    """``count`` random boxes of ``form`` and (with ``nasty``) its nasty ones, in pixels of a
+    ``width x height`` image (``roiops._boxes``)."""
     g = torch.Generator().manual_seed(seed)
-    if form == "bezier":
-        rows = [bezier_boxes(n, count, width, height, g, F64)] + ([nasty_bezier_boxes(n, width, height, F64)]
-                                                                   if nasty else [])
-    elif form == "rotated":
-        rows = [rotated_boxes(n, count, width, height, g, F64)] + ([nasty_rotated_boxes(n, width, height, F64)]
-                                                                    if nasty else [])
-    else:
-        rows = [random_boxes(n, count, width, height, g, F64)] + ([nasty_boxes(n, width, height, F64)] if nasty else [])
+    rows = [form.random(n, count, width, height, g, F64)] + ([form.nasty(n, width, height, F64)] if nasty else [])
     return torch.cat(rows).to(dtype)
-
-
-def in_form(form: str, boxes: torch.Tensor) -> torch.Tensor:
-    """Axis-aligned rows as the rows of ``form``: for ``"rotated"``, the box's centre and
-    sides, turned by an angle that differs from row to row (differentiably: autograd and
-    tracing see the conversion)."""
-    if form == "bezier":
-        return as_bezier(boxes)
-    if form != "rotated":
-        return boxes
-    i, x1, y1, x2, y2 = boxes.unbind(1)
-    angle = torch.arange(len(boxes), dtype=boxes.dtype, device=boxes.device) * 37.0 - 60.0
-    return torch.stack([i, (x1 + x2) / 2, (y1 + y2) / 2, x2 - x1, y2 - y1, angle], 1)
-
-
-def as_bezier(boxes: torch.Tensor) -> torch.Tensor:
-    """Axis-aligned rows as bezier rows ``(b, top curve left to right, bottom curve right to
-    left)`` (differentiably): a slanted band across the box, each curve's end points half
-    its height apart, so that bins have a height; control points at dyadic fractions of
-    the box, so that rows exact in float16 stay so."""
-    i, x1, y1, x2, y2 = boxes.unbind(1)
-    dx, dy = x2 - x1, y2 - y1
-    at = (0.0, 0.25, 0.75, 1.0)
-    top = [(x1 + dx * f, y1 + dy * (f / 2)) for f in at]
-    bottom = [(x1 + dx * f, y2 - dy * ((1 - f) / 2)) for f in at]
-    return torch.stack([i] + [c for p in top + bottom[::-1] for c in p], 1)
 
 
 def per_image(boxes: torch.Tensor, n: int = N) -> tuple[list[torch.Tensor], torch.Tensor]:
@@ -414,13 +379,12 @@ VARIANTS: dict[str, list[dict[str, Any]]] = {
 # Per-bin tensor arguments of each registered op (Kernels.bin_channels): name -> channels.
 PER_BIN: dict[str, dict[str, int]] = {op: dict(k.bin_channels) for spec in ROI_SPECS for k in spec.kernels
                                       for op in k.ops().values() if k.bin_channels}
-# Registered ops whose boxes come per image, [N, K, 4] (tests/test_border_align.py).
-PER_IMAGE_OPS = tuple(op for spec in SPECS if spec.boxes == "per-image" for k in spec.kernels
+# Registered ops whose boxes come per image, [N, K, 4] (their own test files).
+PER_IMAGE_OPS = tuple(op for spec in SPECS if spec.boxes.per_image for k in spec.kernels
                       for op in k.ops().values())
-# Registered ops whose rois are [K, 6] (batch_index, cx, cy, w, h, theta in radians): the
-# generic tests give them rotated boxes.
-ROTATED_OPS = _registered_by(lambda spec, k: spec.boxes == "rotated")
-BEZIER_OPS = _registered_by(lambda spec, k: spec.boxes == "bezier")
+# The box format of each registered op of RoI shape.
+BOX_FORMAT: dict[str, BoxFormat] = {op: spec.boxes for spec in ROI_SPECS for k in spec.kernels
+                                    for op in k.ops().values()}
 # Registered ops that read pooled_height * pooled_width input channels per output channel.
 POSITION_SENSITIVE_OPS = _registered_by(lambda spec, k: spec.position_sensitive)
 
@@ -445,7 +409,7 @@ def backward_in_bands(fn: Any, dtype: torch.dtype, channels_last: bool) -> None:
     and the reference's gradient."""
     x = feature(dtype, channels_last, seed=3, shape=(2, 40, 180, 160))
     g = torch.Generator().manual_seed(4)
-    boxes = torch.cat([random_boxes(2, 12, 320, 360, g), nasty_boxes(2, 320, 360),
+    boxes = torch.cat([AXIS_ALIGNED.random(2, 12, 320, 360, g), AXIS_ALIGNED.nasty(2, 320, 360),
                        torch.tensor([[0, 10.0, 2.0, 300.0, 355.0], [1, 40.0, 100.0, 60.0, 350.0]])])
     with num_threads(1):
         _, grad1, _ = run(fn, x, boxes)

@@ -13,7 +13,7 @@ def pytest_collection_modifyitems(config, items):
     """Cases run on the Triton backend skip, with roiops' reason, where Triton is older than
     roiops supports (torch < 2.11): the other backends are still tested there. Only the
     version decides: any other failure to import roiops.triton must fail the tests."""
-    from roiops._backend import triton_too_old
+    from roiops._requirements import triton_too_old
 
     if triton_too_old():
         skip = pytest.mark.skip(reason=triton_too_old())

@@ -14,8 +14,8 @@ from types import ModuleType
 import pytest
 import torch
 
-from cases import as_bezier, tol
-from roiops._backend import triton_too_old
+from cases import tol
+from roiops._requirements import triton_too_old
 
 F16, BF16, F32, F64 = torch.float16, torch.bfloat16, torch.float32, torch.float64
 N, C = 2, 256
@@ -126,15 +126,9 @@ def api_forward_backward(fn, x: torch.Tensor, rois, g: torch.Tensor):
     return out.detach().cpu(), xr.grad.cpu()
 
 
-def as_bezier_rows(b):
-    """Axis-aligned boxes as bezier rows (cases.as_bezier), built on the device (no sync)."""
+def in_format(form, b):
+    """Axis-aligned boxes (a tensor of rows or a per-image list) as boxes of ``form``, built
+    on the device (no sync)."""
     if isinstance(b, list):
-        return [as_bezier(torch.cat([r[:, :1] * 0, r], dim=1))[:, 1:] for r in b]
-    return as_bezier(b)
-
-
-def as_rotated(b):
-    """Axis-aligned boxes as rotated rows at angle 0, built on the device (no sync)."""
-    if isinstance(b, list):
-        return [torch.cat([(r[:, :2] + r[:, 2:]) / 2, r[:, 2:] - r[:, :2], r[:, :1] * 0], dim=1) for r in b]
-    return torch.cat([b[:, :1], (b[:, 1:3] + b[:, 3:]) / 2, b[:, 3:] - b[:, 1:3], b[:, :1] * 0], dim=1)
+        return [form.from_axis_aligned(torch.cat([r[:, :1] * 0, r], dim=1))[:, 1:] for r in b]
+    return form.from_axis_aligned(b)

@@ -384,7 +384,7 @@ def test_gpu_suite_flow_on_cpu_tensors(monkeypatch, peer_call, failing):
         assert calls == ["roiops", "peer"] + ["roiops"] * 2 + ["peer"] * 2 + ["roiops", "peer"] * 3
     assert _Probe.switch == [False] * 5 + [True] * 5  # backward: warm-ups and repeats; then backward det
     assert roiops.config.deterministic_backward is False
-    cells = bench.covered_cells(bench.AXIS_ALIGNED.make(w, _seeded_after_map(w)), w)
+    cells = bench.covered_cells(bench.draw_boxes(w, _seeded_after_map(w)), w)
     nbytes = bench.bytes_moved(w, False, cells, (2, 3, 2, 2), 4, 4 * 5 * 4)
     for r in rows:
         assert r["roiops_ms"] > 0 and r["bytes"] == nbytes[r["direction"]]
@@ -411,7 +411,7 @@ def _seeded_after_map(w):
 def test_gpu_suite_end_to_end_on_cpu_tensors(monkeypatch, tmp_path, capsys):
     """`--device cuda` as far as it goes without a GPU: the CUDA checks and device queries
     answered by stand-ins, the cases run on CPU tensors with the wall clock."""
-    from roiops._backend import triton_too_old
+    from roiops._requirements import triton_too_old
 
     if triton_too_old():
         pytest.skip(triton_too_old())
@@ -562,7 +562,7 @@ def _row(workload, layout, threads, direction, roiops_ms, peer_ms, peer="torchvi
 
 def test_report_tables_a_result_file(tmp_path):
     """A CPU results.json becomes its setup line and a table of roiops ms (ratio) per
-    workload and layout, a column per thread count and direction, '-' where no row is."""
+    workload, a column per layout, thread count and direction, '-' where no row is."""
     meta = {"date": "2026-01-02", "device": "cpu", "cpu": "AMD EPYC (family 25, model 17; L2 1024K, L3 32768K)",
             "gpu": None, "host": {"os": "Linux-6.1", "logical_cpus": 2, "load_average_1min": 1.25},
             "commit": "0123456789ab", "versions": {"python": "3.11.7", "torch": "2.14.1", "torchvision": "0.29.1"},
@@ -581,39 +581,90 @@ def test_report_tables_a_result_file(tmp_path):
         "Linux-6.1, 2 logical CPUs, load average 1.2 at the start. python 3.11.7, torch 2.14.1, torchvision 0.29.1. "
         "`--order alternate-awake`; median of 5 timed calls after 1 warm-up; time.perf_counter around each call.\n"
         "\n"
-        "| workload | layout | peer | 1 thr forward | 1 thr backward | 2 thr forward | 2 thr backward |\n"
-        "|---|---|---|---:|---:|---:|---:|\n"
-        "| box head train | NCHW | torchvision | 54.53 (9.01x) | 73.8 (14.1x) | 0.5 (4.0x) | 1000 (0.5x) |\n"
-        "| rotated box head | channels_last | roiops | - | - | - | 44.0 (0.725x) |\n"
+        "| workload | peer | NCHW 1 thr forward | NCHW 1 thr backward | NCHW 2 thr forward | NCHW 2 thr backward "
+        "| channels_last 2 thr backward |\n"
+        "|---|---|---:|---:|---:|---:|---:|\n"
+        "| box head train | torchvision | 54.53 (9.01x) | 73.8 (14.1x) | 0.5 (4.0x) | 1000 (0.5x) | - |\n"
+        "| rotated box head | roiops | - | - | - | - | 44.0 (0.725x) |\n"
         "<!-- end table -->\n\nAfter.\n")
 
 
 def test_report_tables_a_transcribed_file(tmp_path):
     """A file transcribed from earlier runs: columns a run did not print are left out, each
-    cell names its run, and the runs and notes follow the table."""
+    cell names its run, the setup line names each run's date and commit once (what the run
+    was stays in the file), and the notes follow the table."""
     meta = {"date": "2026-01-03", "device": "cuda", "gpu": "NVIDIA H100 80GB HBM3", "commit": None,
             "versions": {"torch": "2.11.0", "triton": "3.6.0"}, "timer": "a pair of CUDA events around each call",
-            "order": "alternate", "transcribed": "from two runs",
+            "order": "alternate", "transcribed": "from three runs",
             "sources": {"a": {"date": "2026-01-01", "what": "run a", "statistic": "median of 20"},
-                        "b": {"date": "2026-01-03", "what": "run b", "statistic": "median of 10"}}}
+                        "b": {"date": "2026-01-03", "commit": "0123abc", "what": "run b", "statistic": "median of 10"},
+                        "c": {"date": "2026-01-01", "what": "run c", "statistic": "median of 20"}}}
     rows = [{"workload": "mask head", "layout": "NCHW", "dtype": "float32", "direction": "forward", "roiops_ms": 0.593,
              "peer": "torchvision", "peer_ms": 0.451, "ratio": 0.76, "source": "b"},
             {"workload": "mask head", "layout": "NCHW", "dtype": "float32", "direction": "backward det",
-             "roiops_ms": 8.9, "source": "a", "note": "a note"},
+             "roiops_ms": 8.9, "source": "c", "note": "a note"},
             {"workload": "mask head", "layout": "NCHW", "dtype": "float32", "direction": "backward",
              "roiops_ms": 1.56, "peer": "torchvision", "ratio": 0.8, "source": "a"}]
     (tmp_path / "gpu.json").write_text(json.dumps({"meta": meta, "rows": rows}))
-    assert _report().render(*_report().load(tmp_path / "gpu.json")) == (
+    assert _report().render(*_report().load(tmp_path / "gpu.json"), "gpu.json") == (
         "**Setup:** 2026-01-03, NVIDIA H100 80GB HBM3. torch 2.11.0, triton 3.6.0. `--order alternate`; "
-        "a pair of CUDA events around each call. Transcribed from two runs.\n"
+        "a pair of CUDA events around each call. Transcribed from three runs. Runs in brackets: [a] [c] 2026-01-01; "
+        "[b] 2026-01-03, commit 0123abc (what each timed: `sources` in benchmarks/results/gpu.json).\n"
         "\n"
-        "| workload | layout | forward | backward | backward det |\n"
-        "|---|---|---:|---:|---:|\n"
-        "| mask head | NCHW | 0.593 (0.76x) [b] | 1.56 (0.8x) [a] | 8.9 [a] |\n"
+        "| workload | forward | backward | backward det |\n"
+        "|---|---:|---:|---:|\n"
+        "| mask head | 0.593 (0.76x) [b] | 1.56 (0.8x) [a] | 8.9 [c] |\n"
         "\n"
-        "- [a] 2026-01-01: run a; median of 20.\n"
-        "- [b] 2026-01-03: run b; median of 10.\n"
         "- mask head, NCHW, backward det: a note.\n")
+
+
+def test_report_summary_judges_each_operator_on_each_device(tmp_path):
+    """The summary: a row per operator and device, its forward and backward ratio ranges at
+    the judged setting (float32; 2 threads on the CPU) and its target met or missed, both
+    computed from the rows: per layout for roi_align, at 1 thread where a target says so,
+    '-' where the operator has no target on the device."""
+    def meta(device, gpu=None):
+        return {"date": "2026-01-02", "device": device, "gpu": gpu, "commit": "0123456789ab",
+                "versions": {"torch": "2.14.1"}, "timer": "a timer", "order": "alternate-awake"}
+
+    cpu = [  # roi_pool: >= 10x forward, >= 5x backward
+        _row("roi_pool", "NCHW", 2, "forward", 1.0, 12.0), _row("roi_pool", "channels_last", 2, "forward", 1.0, 20.0),
+        _row("roi_pool", "NCHW", 2, "backward", 1.0, 4.0), _row("roi_pool", "channels_last", 2, "backward", 1.0, 6.0),
+        _row("roi_pool", "NCHW", 1, "forward", 1.0, 2.0),  # 1 thread: neither in the range nor judged
+        _row("roi_pool", "NCHW", 2, "forward", 1.0, 1.0, dtype="bfloat16"),  # not the judged dtype
+        # roi_align: >= 5x NCHW, >= 10x channels_last, >= 4x at 1 thread forward; >= 15x backward
+        _row("box head train", "NCHW", 2, "forward", 1.0, 6.0),
+        _row("box head train", "channels_last", 2, "forward", 1.0, 11.0),
+        _row("box head train", "NCHW", 1, "forward", 1.0, 3.0),
+        _row("box head train", "NCHW", 2, "backward", 1.0, 16.0),
+        _row("box head max", "NCHW", 2, "forward", 1.0, 6.0), _row("box head max", "NCHW", 1, "forward", 1.0, 4.5),
+        _row("box head max", "channels_last", 2, "backward", 1.0, 15.0),  # at the target: met
+        _row("rotated box head", "NCHW", 2, "forward", 1.0, 0.7, peer="roiops"),  # >= 1 / 1.5 both ways
+        _row("rotated box head", "NCHW", 2, "backward", 1.0, 0.66, peer="roiops")]
+    gpu = [_row("rotated box head", "NCHW", None, "forward", 1.0, 0.9, peer="roiops"),
+           _row("rotated box head", "NCHW", None, "backward", 1.0, 0.8, peer="roiops"),
+           _row("rotated box head", "NCHW", None, "backward det", 3.0, None, peer=None),
+           _row("roi_pool", "NCHW", None, "forward", 1.0, 1.2), _row("roi_pool", "NCHW", None, "backward", 1.0, 0.5)]
+    (tmp_path / "cpu.json").write_text(json.dumps({"meta": meta("cpu"), "rows": cpu}))
+    (tmp_path / "gpu.json").write_text(json.dumps({"meta": meta("cuda", "Some GPU"), "rows": gpu}))
+    text = ("<!-- summary -->\nstale\n<!-- end summary -->\n"
+            "<!-- table: cpu.json -->\n<!-- end table -->\n<!-- table: gpu.json -->\n<!-- end table -->\n")
+    summary = re.search(r"<!-- summary -->\n(.*)<!-- end summary -->", _report().update(text, tmp_path), re.DOTALL)[1]
+    table = summary[summary.index("| operator"):].splitlines()
+    assert table[0] == "| operator | device | forward | backward | target: forward / backward | met |"
+    assert sorted(table[2:]) == sorted([
+        "| roi_pool | CPU | 12.0-20.0x | 4.0-6.0x | >= 10x / >= 5x | missed: backward |",
+        "| roi_pool | Some GPU | 1.2x | 0.5x | - | - |",
+        "| roi_align | CPU | 6.0-11.0x | 16.0x | >= 10x channels_last, >= 5x NCHW, >= 4x at 1 thread / >= 15x "
+        "| missed: forward |",
+        "| roi_align max | CPU | 6.0x | 15.0x | >= 10x channels_last, >= 5x NCHW, >= 4x at 1 thread / >= 15x | met |",
+        "| roi_align_rotated | CPU | 0.7x | 0.66x | >= 0.67x / >= 0.67x | missed: backward |",
+        "| roi_align_rotated | Some GPU | 0.9x | 0.8x | >= 0.67x / >= 0.67x | met |"])
+    # an operator's rows stand together, its devices in the order of the tables
+    operators = [line.split(" | ")[0] for line in table[2:]]
+    assert operators == sorted(operators, key=operators.index)
+    assert table.index("| roi_pool | Some GPU | 1.2x | 0.5x | - | - |") == 1 + table.index(
+        "| roi_pool | CPU | 12.0-20.0x | 4.0-6.0x | >= 10x / >= 5x | missed: backward |")
 
 
 def test_report_wants_the_files_benchmarks_md_names(tmp_path):
@@ -623,9 +674,11 @@ def test_report_wants_the_files_benchmarks_md_names(tmp_path):
 
 
 def test_benchmarks_md_tables_are_those_of_the_result_files(capsys):
-    """BENCHMARKS.md's tables are regenerated from benchmarks/results/, not edited by hand."""
+    """BENCHMARKS.md's summary and tables are regenerated from benchmarks/results/, not
+    edited by hand, and it stays a short report."""
     assert _report().main(["--check"]) == 0, capsys.readouterr().err
     text = (ROOT / "BENCHMARKS.md").read_text()
+    assert text.count("<!-- summary -->") == 1 and len(text.splitlines()) <= 150
     assert {name for name in re.findall(r"<!-- table: (\S+) -->", text)} == {
         p.name for p in (ROOT / "benchmarks" / "results").glob("*.json")}
 

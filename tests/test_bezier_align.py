@@ -17,6 +17,7 @@ import roiops
 from cases import F32, F64, device_for, tol
 from cases import boxes_for as _boxes_for
 from cases import feature as _feature
+from roiops._boxes import BEZIER
 from roiops.compat import mmcv
 
 N, C, H, W = 2, 3, 9, 11
@@ -29,8 +30,8 @@ def feature(dtype=F64, channels_last=False, seed=0, c=C):
 
 
 def beziers(dtype=F64, seed=0, count=6, nasty=True):
-    """``count`` random text-line beziers, and with ``nasty`` the nasty ones of tests/boxes.py."""
-    return _boxes_for("bezier", dtype, seed, count, N, W / SCALE, H / SCALE, nasty)
+    """``count`` random text-line beziers, and with ``nasty`` the nasty ones of its box format."""
+    return _boxes_for(BEZIER, dtype, seed, count, N, W / SCALE, H / SCALE, nasty)
 
 
 def run(x, b, size=(3, 4), scale=SCALE, sr=1, aligned=True, backend=None, seed=1):

@@ -8,13 +8,13 @@ import pytest
 import torch
 
 import roiops
-from roiops._backend import triton_too_old
+from roiops._boxes import AXIS_ALIGNED
+from roiops._requirements import triton_too_old
 
 if triton_too_old():
     pytest.skip(triton_too_old(), allow_module_level=True)
 import roiops.reference as REF
 import roiops.triton as rt
-from boxes import nasty_boxes, random_boxes
 from cases import BF16, F16, F32, F64, device_for, tol
 
 DEVICE = device_for("triton")
@@ -34,11 +34,11 @@ def make_input(dtype, channels_last, seed=0):
 
 
 def make_rois(dtype, seed=0, k=4, nasty=()):
-    """k random boxes (partly outside the map too) plus the nasty_boxes rows listed, in opmath."""
+    """k random boxes (partly outside the map too) plus the nasty rows listed, in opmath."""
     g = torch.Generator().manual_seed(seed)
-    rows = [random_boxes(N, k, IMG_W, IMG_H, g, dtype=F64)]
+    rows = [AXIS_ALIGNED.random(N, k, IMG_W, IMG_H, g, dtype=F64)]
     if nasty:
-        rows.append(nasty_boxes(N, IMG_W, IMG_H, dtype=F64)[list(nasty)])
+        rows.append(AXIS_ALIGNED.nasty(N, IMG_W, IMG_H, dtype=F64)[list(nasty)])
     return torch.cat(rows).to(F64 if dtype == F64 else F32).to(DEVICE)
 
 

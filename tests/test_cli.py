@@ -3,11 +3,13 @@
 import importlib.metadata
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 import roiops
 from roiops import cli
+from roiops.ops import SPECS, multi_scale
 
 
 def test_version_is_the_installed_one(capsys):
@@ -41,11 +43,24 @@ def test_usage_errors(argv, message, capsys):
     assert "usage: roiops" in err and message in err
 
 
-def test_help_lists_the_commands(capsys):
+def test_help_lists_the_commands_and_every_operator(capsys):
     assert cli.main(["--help"]) == 0
-    out = capsys.readouterr().out
+    out = " ".join(capsys.readouterr().out.split())  # argparse wraps the description
     for word in ("demo", "explain", "bench", "--version"):
         assert word in out, word
+    titles = [spec.title for spec in SPECS] + [multi_scale.TITLE]
+    assert len(set(titles)) == len(SPECS) + 1
+    for title in titles:
+        assert title in out, title
+
+
+@pytest.mark.parametrize("path", ["README.md", "pyproject.toml"])
+def test_the_package_descriptions_name_every_operator(path):
+    """Text written by hand that lists the operators: each spec's title, less its
+    parenthesis, in any case."""
+    text = " ".join((Path(__file__).resolve().parents[1] / path).read_text().lower().split())
+    for spec in SPECS:
+        assert spec.title.split(" (")[0].lower() in text, spec.title
 
 
 def test_explain_needs_a_box_and_leaves_the_demo_picture_alone(tmp_path, monkeypatch, capsys):

@@ -16,7 +16,7 @@ import torchvision
 from torchvision.ops import poolers as tv_poolers
 
 import roiops
-from boxes import random_boxes
+from roiops._boxes import AXIS_ALIGNED
 from roiops.compat import detectron2 as d2
 from roiops.compat import mmcv
 from roiops.compat import torchvision as tv
@@ -55,7 +55,7 @@ def test_torchvision_reprs():
 def test_torchvision_roi_align_forward_backward(aligned, sampling_ratio):
     g = torch.Generator().manual_seed(sampling_ratio + 5 * aligned)
     x = torch.randn(2, 4, 12, 15, generator=g)
-    boxes = random_boxes(2, 17, 60, 48, g)
+    boxes = AXIS_ALIGNED.random(2, 17, 60, 48, g)
     boxes[:3, 1:] -= 6  # partly outside the map
     for b in (boxes, [boxes[boxes[:, 0] == i, 1:] for i in range(2)]):
         xa, xb = x.clone().requires_grad_(), x.clone().requires_grad_()
@@ -73,7 +73,7 @@ def test_torchvision_roi_align_forward_backward(aligned, sampling_ratio):
 def test_torchvision_roi_pool_forward_backward_and_short_box_list():
     g = torch.Generator().manual_seed(3)
     x = torch.randn(3, 4, 12, 15, generator=g)
-    boxes = random_boxes(2, 17, 60, 48, g)
+    boxes = AXIS_ALIGNED.random(2, 17, 60, 48, g)
     per_image = [boxes[boxes[:, 0] == i, 1:] for i in range(2)]  # 2 lists for 3 images: allowed
     for b in (boxes, per_image):
         xa, xb = x.clone().requires_grad_(), x.clone().requires_grad_()
@@ -189,7 +189,7 @@ def test_detectron2_signature_default_and_repr():
 def test_detectron2_matches_torchvision_aligned_and_empty_boxes_give_zeros():
     g = torch.Generator().manual_seed(4)
     x = torch.randn(2, 4, 12, 15, generator=g)
-    boxes = random_boxes(2, 17, 60, 48, g)
+    boxes = AXIS_ALIGNED.random(2, 17, 60, 48, g)
     for ratio in (0, 2):
         _equal(d2.ROIAlign((3, 3), 0.25, ratio)(x, boxes), torchvision.ops.roi_align(x, boxes, 3, 0.25, ratio, True))
     # detectron2's test_empty_box: a zero-height box pools to zeros with a zero gradient
@@ -246,7 +246,7 @@ def test_mmcv_deprecated_keywords(layer):
 def test_mmcv_roi_align_modes():
     g = torch.Generator().manual_seed(6)
     x = torch.randn(2, 4, 12, 15, generator=g)
-    boxes = random_boxes(2, 17, 60, 48, g)
+    boxes = AXIS_ALIGNED.random(2, 17, 60, 48, g)
     for mode in ("avg", "max"):
         expected = roiops.roi_align(x, boxes, 7, 0.25, 0, True, mode=mode)
         _equal(mmcv.roi_align(x, boxes, 7, 0.25, pool_mode=mode), expected)
@@ -281,7 +281,7 @@ def _mmcv_roi_pool_kernel(x: torch.Tensor, rois: torch.Tensor, ph: int, pw: int,
 def test_mmcv_roi_pool_is_the_continuous_convention():
     g = torch.Generator().manual_seed(8)
     x = torch.randn(2, 3, 10, 12, generator=g)
-    boxes = torch.cat([random_boxes(2, 12, 48, 40, g),
+    boxes = torch.cat([AXIS_ALIGNED.random(2, 12, 48, 40, g),
                        torch.tensor([[0, 0.4, 0.4, 2.6, 2.6], [1, 5.5, 3.5, 6.5, 9.5], [0, 9.0, 9.0, 3.0, 20.0],
                                      [1, -8.0, -6.0, 50.0, 44.0]])])
     expected = _mmcv_roi_pool_kernel(x, boxes, 3, 2, 0.25)

@@ -16,7 +16,7 @@ import torch
 import torch._dynamo
 from torch._dynamo.testing import CompileCounterWithBackend
 
-from cases import CASES, in_form
+from cases import CASES
 
 # 8 channels: 2 x 2 bins of two output channels for the position-sensitive ops, whole fields
 # of 8 (or fewer) orientations for rotation-invariant RoIAlign.
@@ -35,8 +35,8 @@ def _boxes(k: int, n_images: int = 2, size: float = 16.0) -> torch.Tensor:
 def _all_ops(x: torch.Tensor, boxes: torch.Tensor, tensors: list[dict]) -> torch.Tensor:
     """Every case on the same map and boxes (turned into the op's box form in the graph),
     with its per-bin tensors (made outside the compiled function)."""
-    return torch.cat([case(x, in_form(case.spec.boxes, boxes), OUT, 0.5, **t) for case, t in zip(CASES, tensors)],
-                     dim=1)
+    return torch.cat([case(x, case.spec.boxes.from_axis_aligned(boxes), OUT, 0.5, **t)
+                      for case, t in zip(CASES, tensors)], dim=1)
 
 
 def _channels() -> int:
@@ -83,7 +83,8 @@ class _Head(torch.nn.Module):
         outs = []
         for case, pool in zip(CASES, self.pools):
             # Each image's rows in the op's box form, without the batch index.
-            rows = [in_form(case.spec.boxes, torch.cat([torch.zeros_like(b[:, :1]), b], 1))[:, 1:] for b in boxes]
+            rows = [case.spec.boxes.from_axis_aligned(torch.cat([torch.zeros_like(b[:, :1]), b], 1))[:, 1:]
+                    for b in boxes]
             outs.append(pool(f, rows).sum(dim=(1, 2, 3)))
         return torch.stack(outs, 1)
 

@@ -18,6 +18,7 @@ import torch
 
 import roiops
 from cases import Case
+from roiops._boxes import AXIS_ALIGNED, ROTATED
 from roiops.ops import SPECS
 
 F64 = torch.float64
@@ -132,7 +133,7 @@ def test_peer_vectors(index, entry, backend):
             x, rois = torch.rand(1, 1, 5, 5, generator=torch.Generator().manual_seed(7), dtype=F64), t(entry["rois"])
         else:
             x = torch.zeros(0, 3, 10, 10, dtype=F64)
-            rois = torch.zeros(0, 6 if spec.boxes == "rotated" else 5, dtype=F64)
+            rois = torch.zeros(0, spec.boxes.width, dtype=F64)
         for options in option_sets:
             xg = x.clone().requires_grad_()
             with roiops.use_backend(backend):
@@ -145,7 +146,7 @@ def test_peer_vectors(index, entry, backend):
         # detectron2: rotated boxes at angle 0 have roi_align(aligned=True)'s output and
         # gradient on the axis-aligned boxes, at its test's scale/sampling and its gradcheck's.
         x = torch.rand(1, 1, 10, 10, generator=torch.Generator().manual_seed(7), dtype=F64)
-        rois = {"rotated": t(entry["rois"]["rotated"]), "axis-aligned": t(entry["rois"]["axis_aligned"])}
+        rois = {ROTATED: t(entry["rois"]["rotated"]), AXIS_ALIGNED: t(entry["rois"]["axis_aligned"])}
         for scale, sr in ((p["spatial_scale"], p["sampling_ratio"]), (0.5, 1)):
             results = []
             for spec in specs:

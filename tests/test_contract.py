@@ -16,10 +16,11 @@ import pytest
 import torch
 
 import roiops
-from cases import (OPTIONAL_OPS, PER_BIN, PER_IMAGE_OPS, ROI_SPECS, VARIANTS, contract_ops, in_form, kernel_name,
-                   registered_ops, schema)
-from roiops._backend import triton_too_old
+from cases import (OPTIONAL_OPS, PER_BIN, PER_IMAGE_OPS, ROI_SPECS, VARIANTS, contract_ops, kernel_name, registered_ops,
+                   schema)
+from roiops._boxes import ROTATED
 from roiops._kernel_checks import parameters
+from roiops._requirements import triton_too_old
 from roiops.ops import SPECS
 
 KERNEL_SETS = {"cpu": "roiops.cpu", "triton": "roiops.triton", "reference": "roiops.reference"}
@@ -168,7 +169,7 @@ INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 def kernel_functions() -> list[tuple[str, str, object]]:
     """(op, role, its OpSpec) of every kernel function the declarations give: each
     Kernels' forward, backward and, with a box gradient, rois_backward."""
-    # RoI-shaped ops: border_align's table of bad calls is in tests/test_border_align.py.
+    # RoI-shaped ops: an op with boxes per image has its table of bad calls in its own test file.
     return [(k.name, role, spec) for spec in ROI_SPECS for k in spec.kernels for role in k.ops()]
 
 
@@ -182,9 +183,9 @@ def good_args(name: str, role: str, spec, device: str = "cpu") -> dict:
     per_bin = PH * PW if spec.position_sensitive else 1
     c = CHANNELS * per_bin
     g = torch.Generator().manual_seed(3)
-    rows = ([[0, 3.0, 3.0, 4.0, 4.0, 0.25], [1, 1.5, 2.0, 3.0, 4.0, -0.5]] if spec.boxes == "rotated" else
+    rows = ([[0, 3.0, 3.0, 4.0, 4.0, 0.25], [1, 1.5, 2.0, 3.0, 4.0, -0.5]] if spec.boxes is ROTATED else
             [[0, 1.0, 1.0, 5.0, 5.0], [1, 0.0, 0.5, 3.0, 4.0]])
-    rois = in_form(spec.boxes, torch.tensor(rows)) if spec.boxes == "bezier" else torch.tensor(rows)
+    rois = torch.tensor(rows) if spec.boxes is ROTATED else spec.boxes.from_axis_aligned(torch.tensor(rows))
     values = dict(input=torch.randn(BATCH, c, HEIGHT, WIDTH, generator=g), rois=rois,
                   grad=torch.randn(len(rows), CHANNELS, PH, PW, generator=g),
                   argmax=torch.zeros(len(rows), CHANNELS, PH, PW, dtype=torch.int32), spatial_scale=0.5,

@@ -11,7 +11,7 @@ import torch
 
 from roiops import _backend
 from roiops.ops import _declare
-from roiops.ops._spec import Kernels
+from roiops._spec import Kernels
 
 # out[k, c, i, j] = x[b_k, c, i, j] + scale * offset[k, 0, i, j], offset optional: the input,
 # then the offset, are differentiable.

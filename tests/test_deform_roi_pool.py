@@ -16,6 +16,7 @@ import roiops
 from cases import F32, F64, device_for, tol
 from cases import boxes_for as _boxes_for
 from cases import feature as _feature
+from roiops._boxes import AXIS_ALIGNED
 
 N, C, H, W = 2, 3, 9, 11
 SCALE = 0.5  # boxes in pixels of a 22 x 18 image
@@ -28,7 +29,7 @@ def feature(dtype=F64, channels_last=False, seed=0, c=C):
 
 def boxes(dtype=F64, seed=0, count=6, nasty=True):
     """``count`` random boxes, and with ``nasty`` the nasty ones of tests/boxes.py."""
-    return _boxes_for("axis-aligned", dtype, seed, count, N, W / SCALE, H / SCALE, nasty)
+    return _boxes_for(AXIS_ALIGNED, dtype, seed, count, N, W / SCALE, H / SCALE, nasty)
 
 
 def offsets(b, size, seed=0, scale=0.5):

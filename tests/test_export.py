@@ -11,7 +11,8 @@ import torch
 from torch.export import Dim
 
 import roiops
-from cases import ROI_SPECS, as_bezier, per_bin_tensors
+from cases import ROI_SPECS, per_bin_tensors
+from roiops._boxes import BEZIER, ROTATED
 
 
 def _boxes(k: int) -> torch.Tensor:
@@ -40,7 +41,7 @@ class _Model(torch.nn.Module):
     def forward(self, x: torch.Tensor, boxes: torch.Tensor) -> torch.Tensor:
         f = self.conv(x)  # 8 channels: 2 x 2 x 2 for a position-sensitive op, one field of 8 orientations
         rotated = boxes @ self.to_rotated + self.angle  # the same boxes turned by 30 degrees
-        bezier = as_bezier(boxes)  # a band across each box
+        bezier = BEZIER.from_axis_aligned(boxes)  # a band across each box
         outs = []
         for spec in ROI_SPECS:
             for options in spec.options:
@@ -48,7 +49,7 @@ class _Model(torch.nn.Module):
                 extra = [None if n in options else (boxes @ self.to_bins[:, :4 * c]).view(-1, c, 2, 2)
                          for n, c in per_bin.items()]
                 kw = {k: v for k, v in options.items() if k not in per_bin}
-                rows = {"rotated": rotated, "bezier": bezier}.get(spec.boxes, boxes)
+                rows = {ROTATED: rotated, BEZIER: bezier}.get(spec.boxes, boxes)
                 outs.append(spec.function(f, rows, *extra, 2, 0.5, **kw))
         return torch.cat(outs, dim=1)
 

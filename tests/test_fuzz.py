@@ -32,6 +32,7 @@ from hypothesis import strategies as st
 import roiops
 from cases import (Case, config_set, contract_args, device_for, num_threads, odd_unit_strides, per_bin_tensors,
                    takes_max, tol)
+from roiops._boxes import AXIS_ALIGNED, BEZIER, ROTATED
 from roiops.ops import SPECS
 
 SETTINGS = dict(derandomize=True, database=None, deadline=None, print_blob=True,
@@ -42,10 +43,10 @@ RATIOS = [-1, 0, 1, 2, 3, 5]
 
 # The ops on axis-aligned boxes that read any channel count; the position-sensitive ones
 # and those on rotated boxes have strategies of their own below.
-PLAIN = [s for s in SPECS if s.boxes == "axis-aligned" and not s.position_sensitive]
+PLAIN = [s for s in SPECS if s.boxes is AXIS_ALIGNED and not s.position_sensitive]
 POSITION_SENSITIVE = [s for s in SPECS if s.position_sensitive]
-ROTATED = [s for s in SPECS if s.boxes == "rotated"]
-BEZIER = [s for s in SPECS if s.boxes == "bezier"]
+ON_ROTATED = [s for s in SPECS if s.boxes is ROTATED]
+ON_BEZIER = [s for s in SPECS if s.boxes is BEZIER]
 BY_NAME = {s.name: s for s in SPECS}
 
 
@@ -392,7 +393,7 @@ def _small_map(draw, op):
 
 @st.composite
 def rotated_cases(draw):
-    op = draw(op_cases(ROTATED, ratios=[-1, 0, 1, 2, 5]))
+    op = draw(op_cases(ON_ROTATED, ratios=[-1, 0, 1, 2, 5]))
     n, h, w, g, x, scale, k = _small_map(draw, op)
     u = torch.rand(k, 5, generator=g, dtype=torch.float64)
     centres = (u[:, :2] * 1.4 - 0.2) * torch.tensor([w, h])
@@ -476,7 +477,7 @@ def triton_agrees_with_the_reference(backend, case, deterministic):
 
 @st.composite
 def bezier_cases(draw):
-    op = draw(op_cases(BEZIER, ratios=[-1, 0, 1, 2, 5]))
+    op = draw(op_cases(ON_BEZIER, ratios=[-1, 0, 1, 2, 5]))
     n, h, w, g, x, scale, k = _small_map(draw, op)
     points = (torch.rand(k, 8, 2, generator=g, dtype=torch.float64) * 1.4 - 0.2) * torch.tensor([w, h])
     kind = torch.randint(0, 10, (k,), generator=g)

@@ -21,10 +21,11 @@ import torch
 from torch._dynamo.testing import CompileCounterWithBackend
 
 import roiops
-from cases import (BEZIER_OPS, BOX_GRAD_CASES, CASES, DTYPES, F32, F64, PER_BIN, POSITION_SENSITIVE_OPS, ROTATED_OPS,
-                   SCALE, VARIANTS, C, H, N, RecordOps, W, backend_used, backward_paths, boxes_for, close, config_set,
-                   contract_args, device_for, feature, forward_kernels, in_form, num_threads, odd_unit_strides, params,
-                   per_bin_tensors, per_bin_values, per_image, run, schema, spec_params, takes_max, tol)
+from cases import (BOX_FORMAT, BOX_GRAD_CASES, CASES, DTYPES, F32, F64, PER_BIN, POSITION_SENSITIVE_OPS, SCALE, VARIANTS,
+                   C, H, N, RecordOps, W, backend_used, backward_paths, boxes_for, close, config_set, contract_args,
+                   device_for, feature, forward_kernels, num_threads, odd_unit_strides, params, per_bin_tensors,
+                   per_bin_values, per_image, run, schema, spec_params, takes_max, tol)
+from roiops._boxes import AXIS_ALIGNED, ROTATED
 
 SIZE = (2, 3)
 
@@ -204,8 +205,8 @@ def _op_sample(op, variant):
     """The op's arguments: the variant over these defaults, and for a backward that takes
     an argmax, its forward's."""
     x = feature(channels=variant.get("channels", C))
-    rois = boxes_for("rotated" if op in ROTATED_OPS else "bezier" if op in BEZIER_OPS else "axis-aligned")
-    if op in ROTATED_OPS:
+    rois = boxes_for(BOX_FORMAT[op])
+    if BOX_FORMAT[op] is ROTATED:
         rois[:, 5] = torch.deg2rad(rois[:, 5])  # the registered op takes radians
     grad = torch.randn(len(rois), variant.get("out_channels", C), 2, 3, generator=torch.Generator().manual_seed(2))
     values = dict(input=x, rois=rois, grad=grad, spatial_scale=SCALE, pooled_height=2, pooled_width=3,
@@ -406,10 +407,8 @@ def test_results_do_not_depend_on_the_thread_count(case, channels_last):
 
 
 def _bad_arguments(form):
-    width = {"rotated": 6, "bezier": 17}.get(form, 5)
-    name = "beziers" if form == "bezier" else "boxes"
-    box = torch.tensor([[0, 1.0, 1.0, 6.0, 5.0, 30.0][:width]]) if width < 17 else in_form(
-        form, torch.tensor([[0, 1.0, 1.0, 6.0, 5.0]]))
+    width, name = form.width, form.argument
+    box = form.from_axis_aligned(torch.tensor([[0, 1.0, 1.0, 6.0, 5.0]]))
 
     def row(index, column, value):
         b = torch.cat([box, box]) if index else box.clone()
@@ -631,7 +630,7 @@ def test_large_outputs_are_written_in_full_in_reused_blocks(case, channels_last)
 
 
 # An op on axis-aligned boxes that takes any channel count and no per-bin tensor.
-PLAIN = next(c for c in CASES if c.spec.boxes == "axis-aligned" and not c.spec.position_sensitive
+PLAIN = next(c for c in CASES if c.spec.boxes is AXIS_ALIGNED and not c.spec.position_sensitive
              and not per_bin_tensors(c.spec))
 
 

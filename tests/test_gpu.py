@@ -33,10 +33,10 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(),
 import roiops
 import roiops.reference as REF
 from cases import ROI_SPECS, Case, config_set
-from gpu_cases import (BF16, C, F16, F32, F64, LEVEL_IDS, LEVELS, N, as_bezier_rows, as_rotated, both_backwards, close,
+from gpu_cases import (BF16, C, F16, F32, F64, LEVEL_IDS, LEVELS, N, both_backwards, close, in_format,
                        close_sums, cuda, exact, feature_map, gpu_boxes, random_grad)
 # Skipped, with the reason, where Triton is older than roiops supports (torch < 2.11).
-from roiops._backend import triton_too_old
+from roiops._requirements import triton_too_old
 
 if triton_too_old():
     pytest.skip(triton_too_old(), allow_module_level=True)
@@ -181,8 +181,7 @@ def spec_call(spec, options: dict, size: int = 7):
     case = Case(spec.name, spec, options)
 
     def call(t, b, s):
-        rows = as_rotated(b) if spec.boxes == "rotated" else as_bezier_rows(b) if spec.boxes == "bezier" else b
-        return case(t, rows, size, s)
+        return case(t, in_format(spec.boxes, b), size, s)
     return call
 
 

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import roiops
-from roiops import _backend
+from roiops import _requirements
 from roiops.ops import _declare
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -23,10 +23,10 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_supported_torch_is_declared_once_and_checked_at_import(monkeypatch):
     pyproject = (ROOT / "pyproject.toml").read_text()
     wanted = {tuple(int(v) for v in m) for m in re.findall(r'"torch>=(\d+)\.(\d+)"', pyproject)}
-    assert wanted == {_backend.MIN_TORCH}  # the package's and the build's requirement
-    assert _backend.torch_too_old() == ""
+    assert wanted == {_requirements.MIN_TORCH}  # the package's and the build's requirement
+    assert _requirements.torch_too_old() == ""
     monkeypatch.setattr(torch, "__version__", "2.10.0+cu128")
-    assert _backend.torch_too_old() == ("roiops needs torch >= 2.11, whose stable C++ ABI its CPU kernels are "
+    assert _requirements.torch_too_old() == ("roiops needs torch >= 2.11, whose stable C++ ABI its CPU kernels are "
                                         "built for; found torch 2.10.0+cu128")
     code = "import torch; torch.__version__ = '2.9.1'\ntry:\n import roiops\nexcept ImportError as e: print(e)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True)
@@ -35,14 +35,16 @@ def test_supported_torch_is_declared_once_and_checked_at_import(monkeypatch):
 
 def test_the_library_defines_every_op_and_runs_its_cpu_kernel():
     """The schemas come from the library (C++ programs and AOTInductor find them without
-    Python), equal to the declarations, and the CPU key holds the C++ kernel."""
+    Python): the file setup.py generates from the declarations, so equal to them; and the
+    CPU key holds the C++ kernel."""
     from roiops.ops import SPECS
 
     for spec in SPECS:
         for k in spec.kernels:
-            for op in (k.name, f"_{k.name}_backward", *([f"_{k.name}_rois_backward"] if k.rois_grad else [])):
+            for role, op in k.ops().items():
                 dump = torch._C._dispatch_dump(f"roiops::{op}")
-                assert re.search(r"debug: registered at .*csrc/\w+\.cpp", dump), dump
+                assert f"schema: roiops::{op}{k.schema(role)}\n" in dump, dump
+                assert re.search(r"debug: registered at .*generated/schemas\.cpp", dump), dump
                 assert re.search(r"CPU: registered at .*csrc/\w+\.cpp", dump), dump
                 assert "CompositeExplicitAutograd[alias]: registered at" in dump  # every other device
 

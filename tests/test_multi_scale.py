@@ -12,7 +12,7 @@ import torch
 import roiops
 from cases import RecordOps, tol
 
-from roiops._backend import triton_too_old
+from roiops._requirements import triton_too_old
 
 rt = None if triton_too_old() else importlib.import_module("roiops.triton")
 needs_triton = pytest.mark.skipif(rt is None, reason=triton_too_old())

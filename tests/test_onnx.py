@@ -17,9 +17,10 @@ import torch
 from torch.export import Dim
 
 import roiops
-from boxes import nasty_boxes, nasty_coordinates, random_boxes
-from cases import ROI_SPECS, Case, in_form, per_bin_tensors
+from boxes import nasty_coordinates
+from cases import ROI_SPECS, Case, per_bin_tensors
 from roiops import _geometry as geometry
+from roiops._boxes import AXIS_ALIGNED
 from roiops.compat import torchvision as tv
 
 onnx = pytest.importorskip("onnx")
@@ -58,7 +59,7 @@ def _export(model: torch.nn.Module, args: tuple, dynamic_shapes: dict, **kwargs)
 
 
 def _example() -> tuple[torch.Tensor, torch.Tensor]:
-    return torch.randn(2, 3, 9, 11), random_boxes(2, 4, 22, 18, torch.Generator().manual_seed(1))
+    return torch.randn(2, 3, 9, 11), AXIS_ALIGNED.random(2, 4, 22, 18, torch.Generator().manual_seed(1))
 
 
 @pytest.fixture(scope="module")
@@ -78,7 +79,7 @@ def _test_boxes() -> torch.Tensor:
     extra = torch.tensor([[0, 5.0, 2.0, 1.0, 9.0], [1, 2.0, 9.0, 8.0, 1.0], [0, 3.0, 3.0, 3.0, 9.0],
                           [1, -1e-3, 2.0, 0.0, 9.0], [0, 0.5, 0.5, 1.5, 1.5], [1, -1.5, -2.5, 2.5, 0.5],
                           [0, 19.0, 1.0, 21.9, 17.9], [1, 7.25, 3.75, 7.5, 4.0]])
-    return torch.cat([nasty_boxes(2, 22, 18), random_boxes(2, 9, 22, 18, torch.Generator().manual_seed(0)), extra])
+    return torch.cat([AXIS_ALIGNED.nasty(2, 22, 18), AXIS_ALIGNED.random(2, 9, 22, 18, torch.Generator().manual_seed(0)), extra])
 
 
 def _inputs() -> dict[str, torch.Tensor]:
@@ -199,7 +200,7 @@ def test_export_refuses_what_it_cannot_do():
         roiops_onnx.translation_table(align_avg="RoiAlignMax")  # type: ignore[arg-type]
 
 
-# RoI-shaped ops; border_align's refusal: tests/test_border_align.py.
+# RoI-shaped ops; an op with boxes per image is refused in its own test file.
 @pytest.mark.parametrize("spec", [s for s in ROI_SPECS if any(k.onnx is not None for k in s.kernels)],
                          ids=lambda s: s.name)
 def test_export_refuses_what_onnx_lacks_naming_the_op(spec):
@@ -219,11 +220,7 @@ def test_export_refuses_what_onnx_lacks_naming_the_op(spec):
     groups = spec.kernels[0].channel_groups
     fields = math.lcm(*(o[groups] for o in spec.options)) if groups else 1
     x = x.repeat(1, OUT[0] * OUT[1] * fields, 1, 1)
-    if spec.boxes == "bezier":
-        boxes = in_form("bezier", boxes)
-    if spec.boxes == "rotated":  # (batch_index, cx, cy, w, h, angle)
-        boxes = torch.cat([boxes[:, :1], (boxes[:, 1:3] + boxes[:, 3:]) / 2, boxes[:, 3:] - boxes[:, 1:3],
-                           torch.full_like(boxes[:, :1], 30.0)], dim=1)
+    boxes = spec.boxes.from_axis_aligned(boxes)
     messages = {f"roiops.{spec.name} cannot be exported to ONNX: ONNX has no {k.onnx} operator"
                 for k in spec.kernels if k.onnx is not None}
     met: set[str] = set()

@@ -292,7 +292,7 @@ TRITON_DEVICE = device_for("triton")
 
 
 def _triton():
-    from roiops._backend import triton_too_old
+    from roiops._requirements import triton_too_old
 
     if triton_too_old():
         pytest.skip(triton_too_old())

@@ -11,11 +11,11 @@ import torch
 import torchvision
 
 import roiops
-from boxes import random_boxes
 from cases import boxes_for as _boxes_for
 from cases import close, device_for, num_threads
 from cases import feature as _feature
 from cases import run as _run
+from roiops._boxes import AXIS_ALIGNED
 
 N, H, W = 2, 11, 13
 SCALE = 0.5  # boxes are in image pixels of a 26 x 22 image
@@ -80,7 +80,7 @@ def _tv_pool_boxes(dtype):
     """Boxes whose bins stay off the last row and column: torchvision's forward clips bins
     to H - 1 and W - 1 (its backward to H and W), roiops clips both to H and W."""
     g = torch.Generator().manual_seed(5)
-    b = random_boxes(N, 24, (W - 2) / SCALE, (H - 2) / SCALE, g, dtype)
+    b = AXIS_ALIGNED.random(N, 24, (W - 2) / SCALE, (H - 2) / SCALE, g, dtype)
     return torch.cat([b, torch.tensor([[0, -9.0, -7.0, 6.0, 5.0], [1, 5.0, 6.0, 1.0, 2.0], [1, 3.0, 3.0, 3.0, 3.0]],
                                       dtype=dtype)])
 
@@ -107,7 +107,7 @@ def test_bit_exact_with_torchvision_dense_and_sparse_boxes(op, sr, channels_last
     g = torch.Generator().manual_seed(3)
     x = torch.randn(2, 11 * 9, 24, 40, generator=g)
     x = x.contiguous(memory_format=torch.channels_last) if channels_last else x
-    dense = random_boxes(1, 120, 76.0, 44.0, g)  # image pixels, SCALE 0.5
+    dense = AXIS_ALIGNED.random(1, 120, 76.0, 44.0, g)  # image pixels, SCALE 0.5
     sparse = torch.tensor([[1, 1.0, 1.0, 7.0, 6.0], [1, 66.0, 36.0, 74.0, 43.0]])
     boxes = torch.cat([dense, sparse])
     out, grad = run(OPS[op], x, boxes, 3, sr)
@@ -127,7 +127,7 @@ def test_bit_exact_with_torchvision_packed_boxes(op, sr, c_out, dtype, channels_
     g = torch.Generator().manual_seed(4)
     x = torch.randn(1, c_out * 9, 20, 30, generator=g, dtype=dtype)
     x = x.contiguous(memory_format=torch.channels_last) if channels_last else x
-    boxes = random_boxes(1, 600, 56.0, 36.0, g, dtype)  # image pixels, SCALE 0.5; off the last row and column
+    boxes = AXIS_ALIGNED.random(1, 600, 56.0, 36.0, g, dtype)  # image pixels, SCALE 0.5; off the last row and column
     boxes = torch.cat([boxes, torch.tensor([[0, -30.0, -24.0, -10.0, -6.0]], dtype=dtype)])
     out, grad = run(OPS[op], x, boxes, 3, sr)
     ref, ref_grad = run(TV[op], x, boxes, 3, sr)
@@ -144,7 +144,7 @@ def test_packed_boxes_half_precision(op, sr, dtype, channels_last):
     g = torch.Generator().manual_seed(6)
     x = torch.randn(1, 11 * 9, 20, 30, generator=g).to(dtype)
     x = x.contiguous(memory_format=torch.channels_last) if channels_last else x
-    boxes = random_boxes(1, 600, 56.0, 36.0, g)
+    boxes = AXIS_ALIGNED.random(1, 600, 56.0, 36.0, g)
     out, grad = run(OPS[op], x, boxes, 3, sr)
     alone = torch.cat([OPS[op](x, boxes[k : k + 1], 3, SCALE, sr) for k in range(len(boxes))])
     assert torch.equal(out, alone)
@@ -197,7 +197,7 @@ def test_channels_last_forward_bands_agree_for_any_thread_count(op, sr):
     is the NCHW kernels' (tiles per bin, no bands) bit for bit."""
     g = torch.Generator().manual_seed(5)
     x = torch.randn(1, 11 * 9, 20, 30, generator=g)
-    boxes = random_boxes(1, 600, 56.0, 36.0, g)  # image pixels, SCALE 0.5: bins cross band edges
+    boxes = AXIS_ALIGNED.random(1, 600, 56.0, 36.0, g)  # image pixels, SCALE 0.5: bins cross band edges
     want = OPS[op](x, boxes, 3, SCALE, sr)
     xcl = x.contiguous(memory_format=torch.channels_last)
     for n in (1, 2, 3, 5):
@@ -252,7 +252,7 @@ def test_onnx_export_refuses_naming_the_op(op):
 # ---- Triton kernels (on CUDA when there is a GPU, else through Triton's interpreter)
 
 def _triton():
-    from roiops._backend import triton_too_old
+    from roiops._requirements import triton_too_old
 
     if triton_too_old():
         pytest.skip(triton_too_old())

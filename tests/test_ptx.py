@@ -181,7 +181,7 @@ def test_rules_on_known_instructions():
 @pytest.fixture(scope="module")
 def compiled(tmp_path_factory):
     """Compile every variant in a subprocess; its manifest (variants.json) and PTX files."""
-    from roiops._backend import triton_too_old
+    from roiops._requirements import triton_too_old
 
     if triton_too_old():  # a Triton roiops refuses: nothing to check
         pytest.skip(triton_too_old())

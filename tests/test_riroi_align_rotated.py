@@ -20,6 +20,7 @@ from cases import F16, F32, F64, close, device_for, sample_taps, tol
 from cases import boxes_for as _boxes_for
 from cases import feature as _feature
 from cases import run as _run
+from roiops._boxes import ROTATED
 from roiops.compat import mmcv
 
 N, H, W = 2, 9, 11
@@ -34,7 +35,7 @@ def feature(c=8, dtype=F64, channels_last=False, seed=0):
 def boxes(dtype=F64, seed=0, count=6):
     """Random rotated boxes, angles in radians (boxes_for draws degrees), and angles beyond
     a turn either way."""
-    b = _boxes_for("rotated", dtype, seed, count, N, W / SCALE, H / SCALE)
+    b = _boxes_for(ROTATED, dtype, seed, count, N, W / SCALE, H / SCALE)
     b[:, 5] = b[:, 5] * (math.pi / 180)
     b[::3, 5] += 4 * math.pi
     b[1::3, 5] -= 3 * math.pi

@@ -16,6 +16,7 @@ from cases import BF16, F16, F32, F64, close, device_for, tol
 from cases import boxes_for as _boxes_for
 from cases import feature as _feature
 from cases import run as _run
+from roiops._boxes import ROTATED
 
 N, C, H, W = 2, 3, 9, 11
 SCALE = 0.5  # boxes in pixels of a 22 x 18 image
@@ -27,7 +28,7 @@ def feature(dtype=F64, channels_last=False, seed=0, c=C):
 
 
 def boxes(dtype=F64, seed=0, count=6):
-    return _boxes_for("rotated", dtype, seed, count, N, W / SCALE, H / SCALE)
+    return _boxes_for(ROTATED, dtype, seed, count, N, W / SCALE, H / SCALE)
 
 
 def run(x, b, size=(2, 3), sr=2, aligned=True, backend=None, seed=1):
@@ -194,7 +195,7 @@ def test_direct_op_call_rejects_bad_rows(backend):
 @pytest.mark.parametrize("channels_last", [False, True])
 def test_triton_deterministic_backward(channels_last):
     """The ordered Triton backward gives the reference's gradient, the same bits on every run."""
-    from roiops._backend import triton_too_old
+    from roiops._requirements import triton_too_old
 
     if triton_too_old():
         pytest.skip(triton_too_old())

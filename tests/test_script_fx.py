@@ -18,8 +18,9 @@ import torchvision
 from torch import nn
 
 import roiops
-from boxes import random_boxes
-from cases import ROI_SPECS, as_bezier, per_bin_tensors, per_bin_values
+from cases import ROI_SPECS, per_bin_tensors, per_bin_values
+from roiops import bench
+from roiops._boxes import AXIS_ALIGNED, BEZIER, ROTATED
 from roiops.compat import detectron2 as d2
 from roiops.compat import faster_rcnn_pytorch as frp
 from roiops.compat import maskrcnn_benchmark as mrb
@@ -42,7 +43,7 @@ def _maps(c: int = 8, seed: int = 0) -> torch.Tensor:
 
 def _rois(seed: int = 1) -> torch.Tensor:
     """Rows in image order, as a per-image list gives them."""
-    rois = random_boxes(2, 6, 40, 32, torch.Generator().manual_seed(seed))
+    rois = AXIS_ALIGNED.random(2, 6, 40, 32, torch.Generator().manual_seed(seed))
     return rois[rois[:, 0].argsort(stable=True)]
 
 
@@ -62,7 +63,7 @@ OPS = {spec.name: spec for spec in ROI_SPECS}
 COMPAT = (d2, frp, mrb, mmcv, mmdet, sfr, tv)
 # Whether torchvision computes what roiops computes, by operator (its bench peer's claim):
 # PSRoIPool's torchvision forward leaves out a bin's last row (docs/semantics.md).
-SAME_AS_TORCHVISION = {b.key: b.peer.same_result for spec in ROI_SPECS for b in spec.bench
+SAME_AS_TORCHVISION = {b.key: b.peer.same_result for b in bench.OPS.values()
                        if b.peer is not None and b.peer.module == "torchvision"}
 # A drop-in's arguments after the map and the boxes, by parameter name.
 FILL = {"output_size": 2, "out_size": 2, "aligned_height": 2, "aligned_width": 2, "pooled_height": 2,
@@ -81,19 +82,19 @@ def _fill(fn) -> dict:
 
 def _rotated_drop_in(fn) -> bool:
     """A drop-in for an operator on rotated boxes: named after one (any case)."""
-    return fn.__name__.lower() in {n.lower() for spec in ROI_SPECS if spec.boxes == "rotated"
+    return fn.__name__.lower() in {n.lower() for spec in ROI_SPECS if spec.boxes is ROTATED
                                    for n in (spec.name, spec.module.__name__)}
 
 
 def _boxes_per_image(fn) -> bool:
     """A drop-in for an operator with boxes per image (border_align: its own tests)."""
-    return fn.__name__.lower() in {n.lower() for spec in SPECS if spec.boxes == "per-image"
+    return fn.__name__.lower() in {n.lower() for spec in SPECS if spec.boxes.per_image
                                    for n in (spec.name, spec.module.__name__)}
 
 
 def _bezier_drop_in(fn) -> bool:
     """A drop-in for an operator on bezier boxes: named after one (any case)."""
-    return fn.__name__.lower() in {n.lower() for spec in SPECS if spec.boxes == "bezier"
+    return fn.__name__.lower() in {n.lower() for spec in SPECS if spec.boxes is BEZIER
                                    for n in (spec.name, spec.module.__name__)}
 
 
@@ -104,7 +105,7 @@ def _drop_in_boxes(fn) -> str:
 
 def _spec_boxes(spec) -> str:
     """The box form an operator takes, as _inputs names it."""
-    return {"axis-aligned": "rois"}.get(spec.boxes, spec.boxes)
+    return "rois" if spec.boxes is AXIS_ALIGNED else spec.boxes.name
 
 
 def _takes_lists(fn) -> bool:
@@ -189,7 +190,7 @@ def test_multi_scale_roi_align_asserts_the_box_shape():
 
 
 def test_multi_scale_op_checks_the_levels_its_triton_kernel_reads_together():
-    from roiops._backend import triton_too_old
+    from roiops._requirements import triton_too_old
 
     if triton_too_old():
         pytest.skip(triton_too_old())
@@ -297,7 +298,7 @@ def _inputs(form: str):
     x, rois = _maps(), _rois()
     if form == "levels":
         return [x, _maps(seed=5)[..., :8, :10]], rois
-    boxes = _rotated(rois) if form.startswith("rotated") else as_bezier(rois) if form.startswith("bezier") else rois
+    boxes = _rotated(rois) if form.startswith("rotated") else BEZIER.from_axis_aligned(rois) if form.startswith("bezier") else rois
     return x, _per_image(boxes) if form.endswith("list") else boxes
 
 

@@ -14,14 +14,14 @@ import triton.language as tl
 
 import roiops
 # Skipped, with the reason, where Triton is older than roiops supports (torch < 2.11).
-from roiops._backend import triton_too_old
+from roiops._requirements import triton_too_old
 
 if triton_too_old():
     pytest.skip(triton_too_old(), allow_module_level=True)
 import roiops.triton as rt
 import roiops.triton._common as rt_common
-from boxes import nasty_boxes, nasty_rotated_boxes, random_boxes, rotated_boxes
-from cases import BF16, F16, F32, F64, ROTATED_OPS, config_set, contract_args, device_for, kernel_name, tol
+from cases import BF16, BOX_FORMAT, F16, F32, F64, config_set, contract_args, device_for, kernel_name, tol
+from roiops._boxes import AXIS_ALIGNED, ROTATED
 
 DEVICE = device_for("triton")
 
@@ -43,12 +43,12 @@ def make_input(dtype, channels_last, seed=0, n=N, c=C, h=H, w=W):
 
 
 def make_rois(dtype, seed=0, k=4, nasty=()):
-    """k random boxes plus the nasty_boxes rows listed in `nasty`, in opmath."""
+    """k random boxes plus the nasty rows listed in `nasty`, in opmath."""
     g = torch.Generator().manual_seed(seed)
     opm = F64 if dtype == F64 else F32
-    rows = [random_boxes(N, k, IMG_W, IMG_H, g, dtype=F64)]
+    rows = [AXIS_ALIGNED.random(N, k, IMG_W, IMG_H, g, dtype=F64)]
     if nasty:
-        rows.append(nasty_boxes(N, IMG_W, IMG_H, dtype=F64)[list(nasty)])
+        rows.append(AXIS_ALIGNED.nasty(N, IMG_W, IMG_H, dtype=F64)[list(nasty)])
     return torch.cat(rows).to(opm).to(DEVICE)
 
 
@@ -72,7 +72,7 @@ def grad_like(out, seed=1):
 
 
 # Covering set over dtype x layout x aligned x sampling x output size, each row with a
-# different pair of nasty boxes (nasty_boxes rows, see tests/boxes.py).
+# different pair of nasty boxes (AXIS_ALIGNED.nasty rows).
 ALIGN_CASES = [
     (F32, False, False, 2, (2, 3), (0, 5)),
     (F32, True, True, 0, (3, 2), (3, 7)),
@@ -209,7 +209,7 @@ def test_matches_torchvision(aligned, sr):
 def test_all_nasty_boxes(sr):
     """Every nasty box at once, both align modes and both pool conventions (float32)."""
     x = make_input(F32, False, seed=8)
-    rois = nasty_boxes(N, IMG_W, IMG_H, dtype=F32).to(DEVICE)
+    rois = AXIS_ALIGNED.nasty(N, IMG_W, IMG_H, dtype=F32).to(DEVICE)
     for aligned in (False, True):
         out = rt.roi_align_forward(x, rois, SCALE, 2, 2, sr, aligned)
         assert_close(out, REF.roi_align_forward(cpu(x), cpu(rois), SCALE, 2, 2, sr, aligned), F32)
@@ -419,11 +419,10 @@ def test_flat_nchw_tiles_split_channels(op, monkeypatch):
     assert rt_common.tile_blocks(49, 6, False, True, flat=True) == (64, 1, 5, 1, 2)
     g = torch.Generator().manual_seed(21)
     x = torch.randn(N, 6, H, W, generator=g, dtype=F64)
-    if op in ROTATED_OPS:
-        rois = torch.cat([rotated_boxes(N, 5, IMG_W, IMG_H, g, F64), nasty_rotated_boxes(N, IMG_W, IMG_H, F64)])
+    form = BOX_FORMAT[op]
+    rois = torch.cat([form.random(N, 5, IMG_W, IMG_H, g, F64), form.nasty(N, IMG_W, IMG_H, F64)])
+    if form is ROTATED:
         rois[:, 5] = torch.deg2rad(rois[:, 5])
-    else:
-        rois = torch.cat([random_boxes(N, 5, IMG_W, IMG_H, g, F64), nasty_boxes(N, IMG_W, IMG_H, F64)])
     grad = torch.randn(len(rois), 6, 7, 7, generator=g, dtype=F64)
     values = dict(input=x, rois=rois, grad=grad, spatial_scale=SCALE, pooled_height=7, pooled_width=7,
                   sampling_ratio=2, aligned=True, batch_size=N, channels=6, height=H, width=W, channels_last=False)
@@ -521,7 +520,7 @@ def test_deterministic_path(cl):
     x = make_input(F32, cl, seed=14)
     # Many overlapping boxes on one image: lots of contributions per grad cell.
     g_ = torch.Generator().manual_seed(15)
-    rois = random_boxes(1, 8, IMG_W, IMG_H, g_, dtype=F32).to(DEVICE)
+    rois = AXIS_ALIGNED.random(1, 8, IMG_W, IMG_H, g_, dtype=F32).to(DEVICE)
     out = rt.roi_align_forward(x, rois, SCALE, 2, 2, 2, True)
     g = grad_like(out)
     args = (g, rois, SCALE, 2, 2, N, C, H, W, 2, True, cl)

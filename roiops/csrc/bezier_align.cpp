@@ -199,15 +199,7 @@ Tensor bezier_align_backward(const Tensor& grad_, const Tensor& rois_, double sp
 
 }  // namespace roiops
 
-// The schemas (roiops/ops/_declare.py holds them equal to the op's spec) and the CPU kernels.
-STABLE_TORCH_LIBRARY_FRAGMENT(roiops, m) {
-  m.def("bezier_align(Tensor input, Tensor rois, float spatial_scale, int pooled_height, int pooled_width, "
-        "int sampling_ratio, bool aligned) -> Tensor");
-  m.def("_bezier_align_backward(Tensor grad, Tensor rois, float spatial_scale, int pooled_height, "
-        "int pooled_width, int batch_size, int channels, int height, int width, int sampling_ratio, bool aligned, "
-        "bool channels_last) -> Tensor");
-}
-
+// The CPU kernels (the schemas are defined from the ops' declarations: setup.py).
 STABLE_TORCH_LIBRARY_IMPL(roiops, CPU, m) {
   m.impl("bezier_align", TORCH_BOX(&roiops::bezier_align_forward));
   m.impl("_bezier_align_backward", TORCH_BOX(&roiops::bezier_align_backward));

@@ -375,13 +375,7 @@ Tensor border_align_backward(const Tensor& grad_, const Tensor& argmax_, const T
 
 }  // namespace roiops
 
-// The schemas (roiops/ops/_declare.py holds them equal to the op's spec) and the CPU kernels.
-STABLE_TORCH_LIBRARY_FRAGMENT(roiops, m) {
-  m.def("border_align(Tensor input, Tensor rois, int pool_size) -> (Tensor, Tensor)");
-  m.def("_border_align_backward(Tensor grad, Tensor argmax, Tensor rois, int pool_size, int batch_size, "
-        "int channels, int height, int width, bool channels_last) -> Tensor");
-}
-
+// The CPU kernels (the schemas are defined from the ops' declarations: setup.py).
 STABLE_TORCH_LIBRARY_IMPL(roiops, CPU, m) {
   m.impl("border_align", TORCH_BOX(&roiops::border_align_forward));
   m.impl("_border_align_backward", TORCH_BOX(&roiops::border_align_backward));

@@ -434,17 +434,7 @@ Tensor deform_roi_pool_offset_backward(const Tensor& grad_, const Tensor& input_
 
 }  // namespace roiops
 
-// The schemas (roiops/ops/_declare.py holds them equal to the op's spec) and the CPU kernels.
-STABLE_TORCH_LIBRARY_FRAGMENT(roiops, m) {
-  m.def("deform_roi_pool(Tensor input, Tensor rois, Tensor? offset, float spatial_scale, int pooled_height, "
-        "int pooled_width, int sampling_ratio, float gamma) -> Tensor");
-  m.def("_deform_roi_pool_backward(Tensor grad, Tensor rois, Tensor? offset, float spatial_scale, "
-        "int pooled_height, int pooled_width, int batch_size, int channels, int height, int width, "
-        "int sampling_ratio, float gamma, bool channels_last) -> Tensor");
-  m.def("_deform_roi_pool_offset_backward(Tensor grad, Tensor input, Tensor rois, Tensor? offset, "
-        "float spatial_scale, int pooled_height, int pooled_width, int sampling_ratio, float gamma) -> Tensor");
-}
-
+// The CPU kernels (the schemas are defined from the ops' declarations: setup.py).
 STABLE_TORCH_LIBRARY_IMPL(roiops, CPU, m) {
   m.impl("deform_roi_pool", TORCH_BOX(&roiops::deform_roi_pool_forward));
   m.impl("_deform_roi_pool_backward", TORCH_BOX(&roiops::deform_roi_pool_backward));

@@ -501,15 +501,7 @@ Tensor prroi_pool_rois_backward(const Tensor& grad_, const Tensor& input_, const
 
 }  // namespace roiops
 
-// The schemas (roiops/ops/_declare.py holds them equal to the op's spec) and the CPU kernels.
-STABLE_TORCH_LIBRARY_FRAGMENT(roiops, m) {
-  m.def("prroi_pool(Tensor input, Tensor rois, float spatial_scale, int pooled_height, int pooled_width) -> Tensor");
-  m.def("_prroi_pool_backward(Tensor grad, Tensor rois, float spatial_scale, int pooled_height, int pooled_width, "
-        "int batch_size, int channels, int height, int width, bool channels_last) -> Tensor");
-  m.def("_prroi_pool_rois_backward(Tensor grad, Tensor input, Tensor rois, float spatial_scale, "
-        "int pooled_height, int pooled_width) -> Tensor");
-}
-
+// The CPU kernels (the schemas are defined from the ops' declarations: setup.py).
 STABLE_TORCH_LIBRARY_IMPL(roiops, CPU, m) {
   m.impl("prroi_pool", TORCH_BOX(&roiops::prroi_pool_forward));
   m.impl("_prroi_pool_backward", TORCH_BOX(&roiops::prroi_pool_backward));

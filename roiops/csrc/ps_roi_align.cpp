@@ -345,15 +345,7 @@ Tensor ps_roi_align_backward(const Tensor& grad, const Tensor& rois, double spat
 
 }  // namespace roiops
 
-// The schemas (roiops/ops/_declare.py holds them equal to the op's spec) and the CPU kernels.
-STABLE_TORCH_LIBRARY_FRAGMENT(roiops, m) {
-  m.def("ps_roi_align(Tensor input, Tensor rois, float spatial_scale, int pooled_height, int pooled_width, "
-        "int sampling_ratio) -> Tensor");
-  m.def("_ps_roi_align_backward(Tensor grad, Tensor rois, float spatial_scale, int pooled_height, "
-        "int pooled_width, int batch_size, int channels, int height, int width, int sampling_ratio, "
-        "bool channels_last) -> Tensor");
-}
-
+// The CPU kernels (the schemas are defined from the ops' declarations: setup.py).
 STABLE_TORCH_LIBRARY_IMPL(roiops, CPU, m) {
   m.impl("ps_roi_align", TORCH_BOX(&roiops::ps_roi_align_forward));
   m.impl("_ps_roi_align_backward", TORCH_BOX(&roiops::ps_roi_align_backward));

@@ -309,13 +309,7 @@ Tensor ps_roi_pool_backward(const Tensor& grad, const Tensor& rois, double spati
 
 }  // namespace roiops
 
-// The schemas (roiops/ops/_declare.py holds them equal to the op's spec) and the CPU kernels.
-STABLE_TORCH_LIBRARY_FRAGMENT(roiops, m) {
-  m.def("ps_roi_pool(Tensor input, Tensor rois, float spatial_scale, int pooled_height, int pooled_width) -> Tensor");
-  m.def("_ps_roi_pool_backward(Tensor grad, Tensor rois, float spatial_scale, int pooled_height, "
-        "int pooled_width, int batch_size, int channels, int height, int width, bool channels_last) -> Tensor");
-}
-
+// The CPU kernels (the schemas are defined from the ops' declarations: setup.py).
 STABLE_TORCH_LIBRARY_IMPL(roiops, CPU, m) {
   m.impl("ps_roi_pool", TORCH_BOX(&roiops::ps_roi_pool_forward));
   m.impl("_ps_roi_pool_backward", TORCH_BOX(&roiops::ps_roi_pool_backward));

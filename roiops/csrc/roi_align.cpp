@@ -743,24 +743,7 @@ Tensor roi_align_max_rois_backward(const Tensor& grad, const Tensor& input, cons
 
 }  // namespace roiops
 
-// The schemas (roiops/ops/_declare.py holds them equal to the op's spec) and the CPU kernels.
-STABLE_TORCH_LIBRARY_FRAGMENT(roiops, m) {
-  m.def("roi_align(Tensor input, Tensor rois, float spatial_scale, int pooled_height, int pooled_width, "
-        "int sampling_ratio, bool aligned) -> Tensor");
-  m.def("_roi_align_backward(Tensor grad, Tensor rois, float spatial_scale, int pooled_height, int pooled_width, "
-        "int batch_size, int channels, int height, int width, int sampling_ratio, bool aligned, "
-        "bool channels_last) -> Tensor");
-  m.def("roi_align_max(Tensor input, Tensor rois, float spatial_scale, int pooled_height, int pooled_width, "
-        "int sampling_ratio, bool aligned) -> (Tensor, Tensor)");
-  m.def("_roi_align_max_backward(Tensor grad, Tensor argmax, Tensor rois, float spatial_scale, int pooled_height, "
-        "int pooled_width, int batch_size, int channels, int height, int width, int sampling_ratio, bool aligned, "
-        "bool channels_last) -> Tensor");
-  m.def("_roi_align_rois_backward(Tensor grad, Tensor input, Tensor rois, float spatial_scale, int pooled_height, "
-        "int pooled_width, int sampling_ratio, bool aligned) -> Tensor");
-  m.def("_roi_align_max_rois_backward(Tensor grad, Tensor input, Tensor rois, float spatial_scale, "
-        "int pooled_height, int pooled_width, int sampling_ratio, bool aligned) -> Tensor");
-}
-
+// The CPU kernels (the schemas are defined from the ops' declarations: setup.py).
 STABLE_TORCH_LIBRARY_IMPL(roiops, CPU, m) {
   m.impl("roi_align", TORCH_BOX(&roiops::roi_align_forward));
   m.impl("_roi_align_backward", TORCH_BOX(&roiops::roi_align_backward));

@@ -583,15 +583,7 @@ Tensor roi_align_rotated_backward(const Tensor& grad_, const Tensor& rois_, doub
 
 }  // namespace roiops
 
-// The schemas (roiops/ops/_declare.py holds them equal to the op's spec) and the CPU kernels.
-STABLE_TORCH_LIBRARY_FRAGMENT(roiops, m) {
-  m.def("roi_align_rotated(Tensor input, Tensor rois, float spatial_scale, int pooled_height, int pooled_width, "
-        "int sampling_ratio, bool aligned) -> Tensor");
-  m.def("_roi_align_rotated_backward(Tensor grad, Tensor rois, float spatial_scale, int pooled_height, "
-        "int pooled_width, int batch_size, int channels, int height, int width, int sampling_ratio, bool aligned, "
-        "bool channels_last) -> Tensor");
-}
-
+// The CPU kernels (the schemas are defined from the ops' declarations: setup.py).
 STABLE_TORCH_LIBRARY_IMPL(roiops, CPU, m) {
   m.impl("roi_align_rotated", TORCH_BOX(&roiops::roi_align_rotated_forward));
   m.impl("_roi_align_rotated_backward", TORCH_BOX(&roiops::roi_align_rotated_backward));

@@ -397,14 +397,7 @@ Tensor roi_pool_backward(const Tensor& grad_, const Tensor& argmax_, const Tenso
 
 }  // namespace roiops
 
-// The schemas (roiops/ops/_declare.py holds them equal to the op's spec) and the CPU kernels.
-STABLE_TORCH_LIBRARY_FRAGMENT(roiops, m) {
-  m.def("roi_pool(Tensor input, Tensor rois, float spatial_scale, int pooled_height, int pooled_width, "
-        "bool continuous) -> (Tensor, Tensor)");
-  m.def("_roi_pool_backward(Tensor grad, Tensor argmax, Tensor rois, int batch_size, int channels, int height, "
-        "int width, bool channels_last) -> Tensor");
-}
-
+// The CPU kernels (the schemas are defined from the ops' declarations: setup.py).
 STABLE_TORCH_LIBRARY_IMPL(roiops, CPU, m) {
   m.impl("roi_pool", TORCH_BOX(&roiops::roi_pool_forward));
   m.impl("_roi_pool_backward", TORCH_BOX(&roiops::roi_pool_backward));

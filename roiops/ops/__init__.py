@@ -10,8 +10,9 @@ operator adds a module, and no list changes.
 import importlib
 import pkgutil
 
+from .. import _registry
+from .._spec import OpSpec
 from .._validation import BoxesType, OutputSize
-from ._spec import OpSpec
 from .multi_scale import fpn_levels, multi_scale_roi_align
 
 
@@ -20,6 +21,7 @@ def _collect() -> tuple[OpSpec, ...]:
     for info in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
         spec = getattr(importlib.import_module(f"{__name__}.{info.name}"), "SPEC", None)
         if spec is not None:
+            _registry.add(spec)
             found.append(spec)
             globals()[spec.name] = spec.function
             globals()[spec.module.__name__] = spec.module

@@ -28,13 +28,10 @@ import torch
 from torch import Tensor, nn
 from torch.fx import Proxy
 
-from .. import _backend
+from .. import _backend, _library
 from .. import _validation as v
 from .._geometry import is_channels_last, memory_format
-from ._spec import Kernels
-
-# Backward arguments that come from the input rather than from the forward's arguments.
-_FROM_INPUT = {"batch_size": "int", "channels": "int", "height": "int", "width": "int", "channels_last": "bool"}
+from .._spec import Kernels
 
 
 # RoIAlign's arguments (Kernels.args) and its backward's (Kernels.backward); rotated
@@ -59,15 +56,10 @@ def empty_grad(grad: Tensor, n: int, c: int, h: int, w: int, channels_last: bool
     return torch.empty((n, c, h, w), dtype=grad.dtype, device=grad.device, memory_format=memory_format(channels_last))
 
 
-def _schema(params: list[tuple[str, str]], outputs: int) -> str:
-    returns = "Tensor" if outputs == 1 else "(" + ", ".join(["Tensor"] * outputs) + ")"
-    return "(" + ", ".join(f"{t} {n}" for t, n in params) + ") -> " + returns
-
-
 # Every roiops op is defined in this fragment of the "roiops" namespace (the module keeps
 # it alive), unless the C++ kernels' library has defined it: it loads first.
 _LIB = torch.library.Library("roiops", "FRAGMENT")
-_backend.cpu_library_error()
+_library.error()
 
 
 def define(name: str, schema: str, kernel: Callable[..., Any], fake: Callable[..., Any]) -> Any:
@@ -76,8 +68,9 @@ def define(name: str, schema: str, kernel: Callable[..., Any], fake: Callable[..
     CPU one; ``kernel`` picks the kernel set itself), ``fake`` gives its outputs' metadata
     (FakeTensor, meta, torch.compile and torch.export). Returns the op overload.
 
-    An op the C++ library defines (so that C++ programs and AOTInductor reach it without
-    Python) must have exactly this schema: the declaration here is the op's one source.
+    The C++ library defines every declared op (so that C++ programs and AOTInductor reach
+    it without Python) from a file setup.py generates from the declarations; a library
+    built from other sources, whose schema differs, is refused here.
 
     Not ``torch.library.custom_op``, which registers the same but runs each call through
     its own kernel table and an output aliasing check: host work on every call that these
@@ -157,9 +150,7 @@ def register(spec: Kernels) -> Callable[..., Any]:
     ``roiops::_<name>_rois_backward``) from ``spec``. Returns the call the public function
     makes, ``call(input, rois, *tensors, *args)``: the registered op, or where
     :func:`direct` allows, its kernel with the same autograd formula."""
-    types = dict((n, t) for t, n in spec.args) | _FROM_INPUT
     arg_names = [n for _, n in spec.args]
-    tensors = [("Tensor?", n) for n, _ in spec.tensors]
     n_tensors = len(spec.tensors)
     n_inputs = 2 + n_tensors + len(spec.args)
     forward_kernel, backward_kernel = f"{spec.name}_forward", f"{spec.name}_backward"
@@ -191,19 +182,14 @@ def register(spec: Kernels) -> Callable[..., Any]:
         return empty_grad(grad, named["batch_size"], named["channels"], named["height"], named["width"],
                           named["channels_last"])
 
-    fwd = define(spec.name, _schema([("Tensor", "input"), ("Tensor", "rois"), *tensors, *spec.args],
-                                    1 + len(spec.saved)),
-                 forward, forward_fake)
-    bwd = define(f"_{spec.name}_backward",
-                 _schema([("Tensor", "grad"), *(("Tensor", s) for s in spec.saved), ("Tensor", "rois"), *tensors,
-                          *((types[n], n) for n in spec.backward)], 1),
-                 backward, backward_fake)
+    fwd = define(spec.name, spec.schema("forward"), forward, forward_fake)
+    bwd = define(f"_{spec.name}_backward", spec.schema("backward"), backward, backward_fake)
     # The gradients that read the input, by position among the forward's inputs: the boxes'
     # and each differentiable extra tensor's.
-    reading = {2 + i: _register_reading_backward(spec, tensors, name, i)
+    reading = {2 + i: _register_reading_backward(spec, name, i)
                for i, (name, differentiable) in enumerate(spec.tensors) if differentiable}
     if spec.rois_grad:
-        reading[1] = _register_reading_backward(spec, tensors, "rois")
+        reading[1] = _register_reading_backward(spec, "rois")
 
     input_grad = backward_call(bwd, backward)
 
@@ -285,8 +271,7 @@ def register(spec: Kernels) -> Callable[..., Any]:
     return call_with_tensors
 
 
-def _register_reading_backward(spec: Kernels, tensors: list[tuple[str, str]], of: str,
-                               at: int | None = None) -> Callable[..., Tensor]:
+def _register_reading_backward(spec: Kernels, of: str, at: int | None = None) -> Callable[..., Tensor]:
     """Defines ``roiops::_<name>_<of>_backward(grad, input, rois, *tensors, *args)``, the
     gradient of ``rois`` or of extra tensor ``of`` (the ``at``-th); returns its call
     (:func:`backward_call`)."""
@@ -299,9 +284,7 @@ def _register_reading_backward(spec: Kernels, tensors: list[tuple[str, str]], of
         like = rois if at is None else args[at]
         return grad.new_empty(0) if like is None else torch.empty_like(like, memory_format=torch.contiguous_format)
 
-    op = define(f"_{spec.name}_{of}_backward",
-                _schema([("Tensor", "grad"), ("Tensor", "input"), ("Tensor", "rois"), *tensors, *spec.args], 1),
-                of_backward, fake)
+    op = define(f"_{spec.name}_{of}_backward", spec.schema(f"{of}_backward"), of_backward, fake)
     refuse_double_backward(op, spec.title or spec.name)
     return backward_call(op, of_backward)
 

@@ -12,9 +12,10 @@ from __future__ import annotations
 from torch import Tensor
 
 from .. import _validation as v
+from .._boxes import BEZIER
+from .._spec import Kernels, OpSpec
 from .._validation import BoxesType, OutputSize
 from ._declare import RoIModule, fx_leaf, register
-from ._spec import Bench, Kernels, OpSpec, Peer, Workload
 
 _KERNELS = Kernels(
     "bezier_align",
@@ -94,18 +95,6 @@ class BezierAlign(RoIModule):
                          aligned=aligned)
 
 
-# MMOCR's and AdelaiDet's ABCNet: a few hundred text-line beziers on the stride-4 level, one
-# sample per bin. 16 x 16 bins: as many as ABCNet's 8 x 32 (256 a box; the workloads'
-# output is square), each one sample. Timed against roiops' RoIAlign of each box's bounding
-# box with the same bins and samples: the same output elements and samples per element.
 SPEC = OpSpec(
-    bezier_align, BezierAlign, (_KERNELS,), boxes="bezier",
-    options=(dict(sampling_ratio=1, aligned=True), dict(sampling_ratio=0, aligned=False)),
-    bench=(Bench("bezier_align", "Bezier alignment",
-                 lambda w, x, b: bezier_align(x, b, w.size, w.scale, w.sampling_ratio),
-                 Peer("roiops",
-                      lambda r, w, x, b: r.roi_align(x, r.bench.bezier_extent(b), w.size, w.scale, w.sampling_ratio,
-                                                     aligned=True),
-                      same_result=False, note="its own roi_align(aligned=True) on each box's bounding box"),
-                 (Workload("abcnet text head", 2, 256, 200, 336, 1 / 4, 300, 16, sampling_ratio=1),),
-                 boxes="bezier"),))
+    bezier_align, BezierAlign, (_KERNELS,), title="Bezier alignment (ABCNet)", boxes=BEZIER,
+    options=(dict(sampling_ratio=1, aligned=True), dict(sampling_ratio=0, aligned=False)))

@@ -7,13 +7,12 @@ takes the offset as an optional tensor input, differentiable like the map."""
 
 from __future__ import annotations
 
-import torch
 from torch import Tensor
 
 from .. import _validation as v
+from .._spec import Kernels, OpSpec
 from .._validation import BoxesType, OutputSize
 from ._declare import RoIModule, fx_leaf, register
-from ._spec import Bench, Kernels, OpSpec, Peer, Workload
 
 _ARGS = (("float", "spatial_scale"), ("int", "pooled_height"), ("int", "pooled_width"), ("int", "sampling_ratio"),
          ("float", "gamma"))
@@ -98,29 +97,6 @@ class DeformRoIPool(RoIModule):
         return deform_roi_pool(input, boxes, offset, **{n: getattr(self, n) for n in self._options})
 
 
-_bench_offset: dict[tuple[int, int, int], Tensor] = {}
-
-
-def _offsets(boxes: Tensor, size: int) -> Tensor:
-    """The benchmark's offsets for these boxes, made once (outside the timed calls): small, as
-    a trained head predicts them, and differentiable, as in training."""
-    key = (boxes.data_ptr(), boxes.shape[0], size)
-    if key not in _bench_offset:
-        g = torch.Generator().manual_seed(0)
-        _bench_offset.clear()
-        _bench_offset[key] = (0.5 * torch.randn(boxes.shape[0], 2, size, size, generator=g)).to(
-            boxes.device, boxes.dtype).requires_grad_()
-    return _bench_offset[key]
-
-
-# mmdetection's deformable Faster R-CNN box head (DeformRoIPoolPack on a stride-4 level):
-# its second pooling, offsets given, against roiops' RoIAlign on the same boxes.
 SPEC = OpSpec(
-    deform_roi_pool, DeformRoIPool, (_KERNELS,),
-    options=(dict(sampling_ratio=2), dict(sampling_ratio=0, gamma=0.5, offset=None)),
-    bench=(Bench("deform_roi_pool", "Deformable RoI pooling",
-                 lambda w, x, b: deform_roi_pool(x, b, _offsets(b, w.size), w.size, w.scale, w.sampling_ratio),
-                 Peer("roiops", lambda r, w, x, b: r.roi_align(x, b, w.size, w.scale, w.sampling_ratio, aligned=True),
-                      same_result=False, note="its own roi_align(aligned=True) on the same boxes, no offset"),
-                 (Workload("deformable box head", 2, 256, 200, 336, 1 / 4, 1024, 7),
-                  Workload("deformable box head adaptive", 2, 256, 200, 336, 1 / 4, 1024, 7, sampling_ratio=0))),))
+    deform_roi_pool, DeformRoIPool, (_KERNELS,), title="deformable RoI pooling",
+    options=(dict(sampling_ratio=2), dict(sampling_ratio=0, gamma=0.5, offset=None)))

@@ -25,6 +25,10 @@ from . import roi_align as _single_level  # noqa: F401  (the per-level kernels' 
 from ._declare import (backward_call, define, direct, empty_grad, empty_output, fx_leaf,
                        refuse_double_backward, register_autograd)
 
+#: What users call it (the command line's list of operators; the other operators' specs
+#: hold theirs).
+TITLE = "multi-scale RoIAlign (FPN)"
+
 
 def fpn_levels(rois: Tensor, k_min: int, k_max: int, canonical_box_size: float = 224.0, canonical_level: int = 4,
                rule: Literal["torchvision", "detectron2"] = "torchvision", eps: float = 1e-6) -> Tensor:

@@ -7,9 +7,9 @@ import torch
 from torch import Tensor
 
 from .. import _validation as v
+from .._spec import Kernels, OpSpec
 from .._validation import BoxesType, OutputSize
 from ._declare import RoIModule, fx_leaf, register
-from ._spec import Bench, Kernels, OpSpec, Peer, Workload
 
 _KERNELS = Kernels(
     "prroi_pool", (("float", "spatial_scale"), ("int", "pooled_height"), ("int", "pooled_width")),
@@ -75,10 +75,5 @@ class PrRoIPool(RoIModule):
         super().__init__(output_size=output_size, spatial_scale=spatial_scale)
 
 
-# IoU-Net's box refinement on the stride-8 map of an 800x1344 image.
 SPEC = OpSpec(
-    prroi_pool, PrRoIPool, (_KERNELS,), box_grad={}, reference_bin_error=True,
-    bench=(Bench("prroi_pool", "PrRoIPool", lambda w, x, b: prroi_pool(x, b, w.size, w.scale),
-                 Peer("roiops", lambda r, w, x, b: r.roi_align(x, b, w.size, w.scale, 2, False), same_result=False,
-                      note="its own roi_align (sampling_ratio=2, no offset, as PrRoIPool) on the same boxes"),
-                 (Workload("prroi box head", 2, 256, 100, 168, 1 / 8, 512, 7),), sampled=False),))
+    prroi_pool, PrRoIPool, (_KERNELS,), title="Precise RoI Pooling (IoU-Net)", box_grad={}, reference_bin_error=True)

@@ -9,9 +9,9 @@ import torch
 from torch import Tensor
 
 from .. import _validation as v
+from .._spec import Kernels, OpSpec
 from .._validation import BoxesType, OutputSize
 from ._declare import RoIModule, fx_leaf, register
-from ._spec import Bench, Kernels, OpSpec, Workload, torchvision
 
 
 def ps_channels(channels: Any, ph: int, pw: int) -> Any:
@@ -87,13 +87,6 @@ class PSRoIAlign(RoIModule):
         super().__init__(output_size=output_size, spatial_scale=spatial_scale, sampling_ratio=sampling_ratio)
 
 
-# R-FCN heads on the stride-16 map of a 600x800 image: 7x7 bins of 21 classes (PASCAL VOC)
-# and of 256 channels, 300 and 1000 proposals.
 SPEC = OpSpec(
-    ps_roi_align, PSRoIAlign, (_KERNELS,), options=(dict(sampling_ratio=2), dict(sampling_ratio=-1)),
-    position_sensitive=True,
-    bench=(Bench("ps_roi_align", "PSRoIAlign", lambda w, x, b: ps_roi_align(x, b, w.size, w.scale, w.sampling_ratio),
-                 torchvision(lambda tv, w, x, b: tv.ops.ps_roi_align(x, b, w.size, w.scale, w.sampling_ratio)),
-                 (Workload("R-FCN classes", 1, 21 * 49, 38, 50, 1 / 16, 300, 7, sampling_ratio=0),
-                  Workload("R-FCN 256", 1, 256 * 49, 38, 50, 1 / 16, 1000, 7)),
-                 channel_multiple=lambda w: w.size * w.size),))
+    ps_roi_align, PSRoIAlign, (_KERNELS,), title="position-sensitive RoIAlign (R-FCN)", options=(dict(sampling_ratio=2), dict(sampling_ratio=-1)),
+    position_sensitive=True)

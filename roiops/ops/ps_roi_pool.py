@@ -7,9 +7,9 @@ import torch
 from torch import Tensor
 
 from .. import _validation as v
+from .._spec import Kernels, OpSpec
 from .._validation import BoxesType, OutputSize
 from ._declare import RoIModule, fx_leaf, register
-from ._spec import Bench, Kernels, OpSpec, Workload, torchvision
 from .ps_roi_align import ps_channels
 
 _KERNELS = Kernels(
@@ -70,14 +70,5 @@ class PSRoIPool(RoIModule):
         super().__init__(output_size=output_size, spatial_scale=spatial_scale)
 
 
-# R-FCN heads on the stride-16 map of a 600x800 image: 7x7 bins of 21 classes (PASCAL VOC)
-# and of 256 channels, 300 and 1000 proposals.
 SPEC = OpSpec(
-    ps_roi_pool, PSRoIPool, (_KERNELS,), position_sensitive=True,
-    bench=(Bench("ps_roi_pool", "PSRoIPool", lambda w, x, b: ps_roi_pool(x, b, w.size, w.scale),
-                 torchvision(lambda tv, w, x, b: tv.ops.ps_roi_pool(x, b, w.size, w.scale), same_result=False,
-                             note="its forward leaves out bins' cells on the map's last row and column "
-                                  "(docs/semantics.md)"),
-                 (Workload("R-FCN pool classes", 1, 21 * 49, 38, 50, 1 / 16, 300, 7),
-                  Workload("R-FCN pool 256", 1, 256 * 49, 38, 50, 1 / 16, 1000, 7)),
-                 sampled=False, channel_multiple=lambda w: w.size * w.size),))
+    ps_roi_pool, PSRoIPool, (_KERNELS,), title="position-sensitive RoIPool (R-FCN)", position_sensitive=True)

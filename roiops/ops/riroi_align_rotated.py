@@ -12,9 +12,10 @@ from __future__ import annotations
 from torch import Tensor
 
 from .. import _validation as v
+from .._boxes import ROTATED
+from .._spec import Kernels, OpSpec
 from .._validation import BoxesType, OutputSize
 from ._declare import RoIModule, fx_leaf, register
-from ._spec import Bench, Kernels, OpSpec, Peer, Workload
 
 _KERNELS = Kernels(
     "riroi_align_rotated",
@@ -97,18 +98,8 @@ class RiRoIAlignRotated(RoIModule):
                          num_orientations=num_orientations, clockwise=clockwise)
 
 
-# MMRotate's ReDet head: 256 channels (32 fields x 8 orientations) on the stride-4 map,
-# 7 x 7 bins, 2 x 2 samples, clockwise angles. Timed against roiops' rotated RoIAlign
-# (aligned=False, the same samples) on the same boxes: what the orientation blend costs.
 SPEC = OpSpec(
-    riroi_align_rotated, RiRoIAlignRotated, (_KERNELS,), boxes="rotated",
+    riroi_align_rotated, RiRoIAlignRotated, (_KERNELS,), title="rotation-invariant RoIAlign (ReDet)",
+    boxes=ROTATED,
     options=(dict(sampling_ratio=2, num_orientations=8, clockwise=False),
-             dict(sampling_ratio=0, num_orientations=2, clockwise=True)),
-    bench=(Bench("riroi_align_rotated", "rotation-invariant RiRoIAlign",
-                 lambda w, x, b: riroi_align_rotated(x, b, w.size, w.scale, w.sampling_ratio, 8, True),
-                 Peer("roiops",
-                      lambda r, w, x, b: r.roi_align_rotated(x, b, w.size, w.scale, w.sampling_ratio, False, True,
-                                                             "radians"),
-                      same_result=False, note="its own roi_align_rotated(aligned=False) on the same boxes"),
-                 (Workload("redet head", 2, 256, 200, 336, 1 / 4, 1000, 7),),
-                 boxes="rotated", channel_multiple=lambda w: 8),))
+             dict(sampling_ratio=0, num_orientations=2, clockwise=True)))

@@ -9,9 +9,9 @@ import torch
 from torch import Tensor
 
 from .. import _validation as v
+from .._spec import Kernels, OpSpec
 from .._validation import BoxesType, OutputSize
 from ._declare import ALIGN_ARGS, ALIGN_BACKWARD, RoIModule, fx_leaf, register
-from ._spec import Bench, Kernels, OpSpec, Workload, torchvision
 
 _AVG = Kernels("roi_align", ALIGN_ARGS, ALIGN_BACKWARD, title="roi_align", rois_grad=True, variants={
     "forward": (dict(sampling_ratio=2, aligned=True),),
@@ -110,24 +110,8 @@ class RoIAlign(RoIModule):
                          aligned=aligned, mode=mode, box_grad=box_grad)
 
 
-# Where these shapes occur: a Mask R-CNN/FPN box head on a stride-4 level of an 800x1344
-# image, its adaptive-sampling variant, the mask head (14x14 on fewer boxes), a 4-image
-# batch on a stride-8 map, and a max-mode head.
 SPEC = OpSpec(
-    roi_align, RoIAlign, (_AVG, _MAX),
+    roi_align, RoIAlign, (_AVG, _MAX), title="RoIAlign (average and max)",
     options=(dict(sampling_ratio=2, aligned=True), dict(sampling_ratio=-1, aligned=False),
              dict(sampling_ratio=2, aligned=False, mode="max"), dict(sampling_ratio=0, aligned=True, mode="max")),
-    box_grad=dict(sampling_ratio=2, box_grad=True),
-    bench=(
-        Bench("roi_align", "RoIAlign avg",
-              lambda w, x, b: roi_align(x, b, w.size, w.scale, w.sampling_ratio, w.aligned, "avg"),
-              torchvision(lambda tv, w, x, b: tv.ops.roi_align(x, b, w.size, w.scale, w.sampling_ratio, w.aligned)),
-              (Workload("box head train", 2, 256, 200, 336, 1 / 4, 1024, 7),
-               Workload("box head adaptive", 2, 256, 200, 336, 1 / 4, 1024, 7, sampling_ratio=0),
-               Workload("mask head", 2, 256, 200, 336, 1 / 4, 256, 14),
-               Workload("multi-image", 4, 256, 100, 168, 1 / 8, 2048, 7))),
-        Bench("roi_align max", "RoIAlign max",
-              lambda w, x, b: roi_align(x, b, w.size, w.scale, w.sampling_ratio, w.aligned, "max"),
-              torchvision(lambda tv, w, x, b: tv.ops.roi_align(x, b, w.size, w.scale, w.sampling_ratio, w.aligned),
-                          same_result=False, note="its average RoIAlign: torchvision has no max mode"),
-              (Workload("box head max", 2, 256, 200, 336, 1 / 4, 1024, 7),), argmax=True)))
+    box_grad=dict(sampling_ratio=2, box_grad=True))

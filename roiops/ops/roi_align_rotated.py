@@ -9,13 +9,13 @@ from __future__ import annotations
 
 from typing import Literal
 
-import torch
 from torch import Tensor
 
 from .. import _validation as v
+from .._boxes import ROTATED
+from .._spec import Kernels, OpSpec
 from .._validation import BoxesType, OutputSize
 from ._declare import ALIGN_ARGS, ALIGN_BACKWARD, RoIModule, fx_leaf, register
-from ._spec import Bench, Kernels, OpSpec, Peer, Workload
 
 _KERNELS = Kernels("roi_align_rotated", ALIGN_ARGS, ALIGN_BACKWARD, title="roi_align_rotated", onnx="rotated RoIAlign",
                    variants={"forward": (dict(sampling_ratio=2, aligned=True), dict(sampling_ratio=0, aligned=False)),
@@ -94,23 +94,6 @@ class RoIAlignRotated(RoIModule):
                          aligned=aligned, clockwise=clockwise, angle=angle)
 
 
-def _unrotated(rois: Tensor) -> Tensor:
-    """The axis-aligned ``[K, 5]`` box each rotated box is at angle 0."""
-    i, cx, cy, w, h = rois[:, :5].unbind(1)
-    return torch.stack([i, cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2], dim=1)
-
-
-# Rotated heads: a box head on the stride-4 map, and detectron2's rotated Faster R-CNN box
-# head (ROIAlignRotated, adaptive sampling) on a stride-8 map. Timed against roiops' own
-# RoIAlign on the same boxes unrotated: what the rotation costs.
 SPEC = OpSpec(
-    roi_align_rotated, RoIAlignRotated, (_KERNELS,), boxes="rotated",
-    options=(dict(sampling_ratio=2), dict(sampling_ratio=0, aligned=False, clockwise=True, angle="radians")),
-    bench=(Bench("roi_align_rotated", "RoIAlign rotated",
-                 lambda w, x, b: roi_align_rotated(x, b, w.size, w.scale, w.sampling_ratio, w.aligned),
-                 Peer("roiops",
-                      lambda r, w, x, b: r.roi_align(x, _unrotated(b), w.size, w.scale, w.sampling_ratio, w.aligned),
-                      same_result=False, note="its own axis-aligned roi_align on the same boxes unrotated"),
-                 (Workload("rotated box head", 2, 256, 200, 336, 1 / 4, 1000, 7),
-                  Workload("rotated rpn adaptive", 2, 256, 100, 168, 1 / 8, 512, 7, sampling_ratio=0)),
-                 boxes="rotated"),))
+    roi_align_rotated, RoIAlignRotated, (_KERNELS,), title="rotated RoIAlign", boxes=ROTATED,
+    options=(dict(sampling_ratio=2), dict(sampling_ratio=0, aligned=False, clockwise=True, angle="radians")))

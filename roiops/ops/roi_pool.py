@@ -9,9 +9,9 @@ import torch
 from torch import Tensor
 
 from .. import _validation as v
+from .._spec import Kernels, OpSpec
 from .._validation import BoxesType, OutputSize
 from ._declare import RoIModule, fx_leaf, register
-from ._spec import Bench, Kernels, OpSpec, Workload, torchvision
 
 _KERNELS = Kernels(
     "roi_pool", (("float", "spatial_scale"), ("int", "pooled_height"), ("int", "pooled_width"), ("bool", "continuous")),
@@ -69,9 +69,5 @@ class RoIPool(RoIModule):
         super().__init__(output_size=output_size, spatial_scale=spatial_scale, convention=convention)
 
 
-# Fast R-CNN's RoIPool on a stride-4 level of an 800x1344 image.
 SPEC = OpSpec(
-    roi_pool, RoIPool, (_KERNELS,), options=(dict(), dict(convention="mmdet")),
-    bench=(Bench("roi_pool", "RoIPool", lambda w, x, b: roi_pool(x, b, w.size, w.scale),
-                 torchvision(lambda tv, w, x, b: tv.ops.roi_pool(x, b, w.size, w.scale)),
-                 (Workload("roi_pool", 2, 256, 200, 336, 1 / 4, 1024, 7),), argmax=True, sampled=False),))
+    roi_pool, RoIPool, (_KERNELS,), title="RoIPool (Caffe and mmdetection conventions)", options=(dict(), dict(convention="mmdet")))

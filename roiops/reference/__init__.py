@@ -27,6 +27,6 @@ Conventions shared by every kernel:
   gradient with respect to them is its ``*_rois_backward`` kernels'.
 """
 
-from .._backend import collect_kernels
+from .._registry import collect_kernels
 
 __all__ = collect_kernels(__name__, __path__, globals())

@@ -20,11 +20,11 @@ by ``deterministic=``, else by ``roiops.config.deterministic_backward``, else by
 ``torch.are_deterministic_algorithms_enabled()``.
 """
 
-from .._backend import triton_too_old
+from .._requirements import triton_too_old
 
 if triton_too_old():
     raise ImportError(triton_too_old())
 
-from .._backend import collect_kernels  # noqa: E402
+from .._registry import collect_kernels  # noqa: E402
 
 __all__ = collect_kernels(__name__, __path__, globals())

@@ -9,9 +9,10 @@ call, on a GPU between a pair of CUDA events. Every row also gives the effective
 (the bytes the op must move at the least over roiops' time) and, where the memory bandwidth
 is known, its share of it. Writes a table to stdout, ``results.json`` and ``ratios.png`` to ``--out``.
 
-An operator joins the suite through its spec (``roiops/ops/<op>.py``): a ``Bench`` entry
-(how to call roiops and its peer on a workload's map and boxes) with one ``Workload`` per
-shape; the timing code does not change.
+An operator joins the suite through a module beside this one, ``roiops/bench/<op>.py``,
+whose ``BENCH`` lists its ``Bench`` entries (how to call roiops and its peer on a workload's
+map and boxes, the speed target) with one ``Workload`` per shape; the timing code does not
+change.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import importlib
 import json
 import math
 import os
+import pkgutil
 import platform
 import statistics
 import subprocess
@@ -39,9 +41,8 @@ import torch
 
 import roiops
 
-from . import _backend
-from .ops import SPECS
-from .ops._spec import Bench, Peer, Workload
+from .. import _requirements
+from ._case import Bench, Peer, Workload
 
 # ----------------------------------------------------------------------------- declarations
 
@@ -55,99 +56,23 @@ def describe(w: Workload) -> str:
             f"{w.n}x{w.channels}x{w.height}x{w.width} map, scale 1/{1 / w.scale:g}{where}")
 
 
-def log_uniform_boxes(count: int, n_images: int, img_w: float, img_h: float,
-                      generator: torch.Generator) -> torch.Tensor:
-    """[count, 5] float32 boxes: sides log-uniform from 16 to 512 px, centres uniform over
-    an img_w x img_h image, image index uniform in [0, n_images)."""
-    log_size = torch.empty(count, 2).uniform_(math.log(16), math.log(512), generator=generator)
-    size = torch.exp(log_size)
-    centre = torch.rand(count, 2, generator=generator) * torch.tensor([img_w, img_h])
-    xy1, xy2 = centre - size / 2, centre + size / 2
-    idx = torch.randint(0, n_images, (count, 1), generator=generator).float()
-    return torch.cat([idx, xy1, xy2], dim=1)
+def _collect() -> dict[str, Bench]:
+    found: dict[str, Bench] = {}
+    for info in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
+        if not info.name.startswith("_"):
+            found |= {b.key: b for b in importlib.import_module(f"{__name__}.{info.name}").BENCH}
+    return found
 
 
-@dataclass(frozen=True)
-class BoxFormat:
-    """How the suite draws an op's boxes for a workload, and the image region each box
-    touches (rows ``(image, x1, y1, x2, y2)`` in pixels), which the bytes model counts."""
-    make: Callable[[Workload, torch.Generator], torch.Tensor]
-    extent: Callable[[torch.Tensor], torch.Tensor]
-
-
-AXIS_ALIGNED = BoxFormat(
-    lambda w, g: log_uniform_boxes(w.boxes, w.n, w.width / w.scale, w.height / w.scale, g),
-    lambda rois: rois)  # rows are already (image, x1, y1, x2, y2)
-
-
-def rotated_boxes(w: Workload, g: torch.Generator) -> torch.Tensor:
-    """[count, 6] rotated boxes (image, cx, cy, w, h, angle in degrees): the log-uniform boxes
-    turned by angles uniform in [-180, 180)."""
-    b = log_uniform_boxes(w.boxes, w.n, w.width / w.scale, w.height / w.scale, g)
-    angle = torch.rand(w.boxes, 1, generator=g) * 360 - 180
-    return torch.cat([b[:, :1], (b[:, 1:3] + b[:, 3:5]) / 2, b[:, 3:5] - b[:, 1:3], angle], dim=1)
-
-
-def rotated_extent(rois: torch.Tensor) -> torch.Tensor:
-    """The axis-aligned bounding box of each rotated box."""
-    t = torch.deg2rad(rois[:, 5])
-    half_w = (rois[:, 3] * t.cos().abs() + rois[:, 4] * t.sin().abs()) / 2
-    half_h = (rois[:, 3] * t.sin().abs() + rois[:, 4] * t.cos().abs()) / 2
-    cx, cy = rois[:, 1], rois[:, 2]
-    return torch.stack([rois[:, 0], cx - half_w, cy - half_h, cx + half_w, cy + half_h], dim=1)
-
-
-def bezier_boxes(w: Workload, g: torch.Generator) -> torch.Tensor:
-    """[count, 17] bezier boxes (image, top curve left to right, bottom curve right to left)
-    of text lines: lengths log-uniform from 64 to 640 px, heights from 16 to 64 px (at most
-    half the length), slanted up to 0.3 radians, the inner control points bent by up to
-    half the height; centres uniform over the image."""
-    count, img_w, img_h = w.boxes, w.width / w.scale, w.height / w.scale
-    u = torch.rand(count, 6, generator=g)
-    length = torch.exp(math.log(64) + u[:, 0] * math.log(10))
-    height = torch.minimum(torch.exp(math.log(16) + u[:, 1] * math.log(4)), length / 2)
-    angle, bend = (u[:, 2] - 0.5) * 0.6, (u[:, 3] - 0.5) * height
-    cx, cy = u[:, 4] * img_w, u[:, 5] * img_h
-    t = torch.tensor([-0.5, -1 / 6, 1 / 6, 0.5])
-    along = torch.stack([angle.cos(), angle.sin()], 1)  # [K, 2]
-    across = torch.stack([-angle.sin(), angle.cos()], 1)
-    lift = torch.tensor([0.0, 1.0, 1.0, 0.0])[None] * bend[:, None]  # [K, 4]
-    centre = torch.stack([cx, cy], 1)[:, None]
-    line = centre + (length[:, None] * t)[..., None] * along[:, None] + lift[..., None] * across[:, None]
-    top = line - (height[:, None, None] / 2) * across[:, None]
-    bottom = line + (height[:, None, None] / 2) * across[:, None]
-    idx = torch.randint(0, w.n, (count, 1), generator=g).float()
-    return torch.cat([idx, top.reshape(count, 8), bottom.flip(1).reshape(count, 8)], dim=1)
-
-
-def bezier_extent(rois: torch.Tensor) -> torch.Tensor:
-    """The axis-aligned bounding box of each bezier box's control points (which holds its
-    curves)."""
-    xs, ys = rois[:, 1::2], rois[:, 2::2]
-    return torch.stack([rois[:, 0], xs.amin(1), ys.amin(1), xs.amax(1), ys.amax(1)], dim=1)
-
-
-def dense_head_boxes(w: Workload, g: torch.Generator) -> torch.Tensor:
-    """[n * boxes, 5] rows (image, x1, y1, x2, y2) in map cells, image by image: a box around
-    each of the first ``boxes`` locations (row-major), sides log-uniform from 2 to 32 cells,
-    clamped to the map as BorderDet clamps its predicted boxes. An op with boxes per image
-    takes rows 1 to 4 as ``[n, boxes, 4]``."""
-    k = torch.arange(w.boxes)
-    centre = torch.stack([k % w.width, k // w.width % w.height], dim=1).float().repeat(w.n, 1)
-    half = torch.exp(torch.empty(w.n * w.boxes, 2).uniform_(math.log(2), math.log(32), generator=g)) / 2
-    top = torch.tensor([w.width - 1.0, w.height - 1.0])
-    xy1 = torch.minimum((centre - half).clamp(min=0), top)
-    xy2 = torch.minimum((centre + half).clamp(min=0), top)
-    idx = torch.arange(w.n).repeat_interleave(w.boxes)[:, None].float()
-    return torch.cat([idx, xy1, xy2], dim=1)
-
-
-BOX_FORMATS = {"axis-aligned": AXIS_ALIGNED, "rotated": BoxFormat(rotated_boxes, rotated_extent),
-               "bezier": BoxFormat(bezier_boxes, bezier_extent), "per-image": BoxFormat(dense_head_boxes, lambda rois: rois)}
-
-# Every operator's benchmark entries and workloads, from its spec (roiops/ops/<op>.py).
-OPS: dict[str, Bench] = {b.key: b for spec in SPECS for b in spec.bench}
+# Every operator's benchmark entries and workloads, from the modules beside this one.
+OPS: dict[str, Bench] = _collect()
 WORKLOADS = [replace(w, op=b.key) for b in OPS.values() for w in b.workloads]
+
+
+def draw_boxes(w: Workload, generator: torch.Generator) -> torch.Tensor:
+    """The workload's boxes, drawn as its op's box format draws a benchmark's, in pixels of
+    the image its map covers."""
+    return OPS[w.op].boxes.sample(w.n, w.boxes, w.width / w.scale, w.height / w.scale, generator)
 
 
 def tiny(w: Workload) -> Workload:
@@ -232,9 +157,9 @@ def cuda_problem() -> str:
         build = f"built for CUDA {torch.version.cuda}" if torch.version.cuda else "a CPU-only build"
         return (f"--device cuda: torch sees no CUDA device (torch {torch.__version__}, {build}); the GPU "
                 "suite times roiops' Triton kernels on an NVIDIA GPU")
-    if not _backend._triton_available():
+    if not _requirements.triton_available():
         return "--device cuda times roiops' Triton kernels, and Triton is not installed"
-    return _backend.triton_too_old()
+    return _requirements.triton_too_old()
 
 
 # ----------------------------------------------------------------------------- measuring
@@ -334,9 +259,8 @@ def measure(case: Case, device: Device, repeats: int, peers: dict[str, ModuleTyp
     # Drawn on the CPU from one seed, in this order, so that every device gets the same data.
     g = torch.Generator().manual_seed(0)
     x = torch.randn(w.n, w.channels, w.height, w.width, generator=g).contiguous(memory_format=fmt)
-    box_format = BOX_FORMATS[spec.boxes]
-    rois = box_format.make(w, g)
-    cells = covered_cells(box_format.extent(rois), w)
+    rois = draw_boxes(w, g)
+    cells = covered_cells(OPS[w.op].boxes.extent(rois), w)
     x, boxes = x.to(device.name, getattr(torch, case.dtype)), rois.to(device.name)
 
     calls: dict[str, tuple[Callable[[torch.Tensor, torch.Tensor], torch.Tensor], torch.Tensor]] = {

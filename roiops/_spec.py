@@ -1,20 +1,26 @@
 """An operator's declaration, the single source everything else derives from: its registered
-ops (:class:`Kernels`), its public function and Module, the options the generic tests run
-it with, its benchmark workloads and its ONNX translation or refusal (:class:`OpSpec`).
+ops and their schemas (:class:`Kernels`), its public function, Module, title and box
+format, the options the generic tests run it with, and its ONNX translation or refusal
+(:class:`OpSpec`).
 
 Each ``roiops/ops/<op>.py`` declares one ``SPEC``; ``roiops.ops.SPECS`` collects them.
-Registration (``_declare.register``), the package exports, the test tables, ``roiops
-bench`` and ``roiops.onnx`` read the specs; none keeps its own list of operators.
+Registration (``_declare.register``), the C++ library's schemas (setup.py), the package
+exports, the test tables and ``roiops.onnx`` read the specs; none keeps its own list of
+operators. ``roiops bench``'s workloads are beside the bench (``roiops/bench/<op>.py``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass, field
-from types import ModuleType
-from typing import Any, Literal
+from dataclasses import dataclass, field
+from typing import Any
 
 from torch import Tensor
+
+from ._boxes import AXIS_ALIGNED, BoxFormat
+
+# Backward arguments that describe the input rather than repeat a forward argument.
+FROM_INPUT = {"batch_size": "int", "channels": "int", "height": "int", "width": "int", "channels_last": "bool"}
 
 
 @dataclass(frozen=True)
@@ -72,79 +78,39 @@ class Kernels:
         reading = ["rois"] * self.rois_grad + [n for n, differentiable in self.tensors if differentiable]
         return names | {f"{n}_backward": f"_{self.name}_{n}_backward" for n in reading}
 
+    def parameters(self, role: str) -> list[tuple[str, str]]:
+        """``(name, schema type)`` of the op of ``role`` (a key of :meth:`ops`), in the kernel
+        contract's order: the registered op's and its kernel functions' parameters."""
+        tensors = [(n, "Tensor?") for n, _ in self.tensors]
+        args = [(n, t) for t, n in self.args]
+        if role == "forward":
+            return [("input", "Tensor"), ("rois", "Tensor"), *tensors, *args]
+        if role == "backward":
+            types = dict((n, t) for t, n in self.args) | FROM_INPUT
+            return [("grad", "Tensor"), *((s, "Tensor") for s in self.saved), ("rois", "Tensor"), *tensors,
+                    *((n, types[n]) for n in self.backward)]
+        if role in self.ops():  # a gradient that reads the input
+            return [("grad", "Tensor"), ("input", "Tensor"), ("rois", "Tensor"), *tensors, *args]
+        raise ValueError(f"roiops: op {self.name} has no kernel role {role!r}")
 
-@dataclass(frozen=True)
-class Workload:
-    """One benchmark shape: ``n x channels x height x width`` map at ``scale``, ``boxes``
-    boxes pooled to ``size x size``. ``op``: the :class:`Bench` it times (set by the
-    benchmark from the spec that declares it)."""
-
-    name: str
-    n: int
-    channels: int
-    height: int
-    width: int
-    scale: float
-    boxes: int
-    size: int
-    sampling_ratio: int = 2
-    aligned: bool = True
-    devices: tuple[str, ...] = ("cpu", "cuda")   # the --device values it runs on
-    op: str = ""
-
-    def shape(self) -> dict[str, Any]:
-        """What results.json records of the workload (its name names its op)."""
-        return {k: v for k, v in asdict(self).items() if k not in ("devices", "op")}
-
-
-@dataclass(frozen=True)
-class Peer:
-    """What roiops is timed against: a module (imported once; its name labels the results)
-    and the call of the same operator in it, ``call(module, workload, map, boxes)``."""
-
-    module: str
-    call: Callable[[ModuleType, Workload, Tensor, Tensor], Tensor]
-    same_result: bool = True   # False for a stand-in that computes something else: no max|diff|
-    note: str = ""             # shown in --help
-    boxes_in_input_dtype: bool = False  # given the boxes cast to the map's dtype (before timing)
-
-
-def torchvision(call: Callable[[ModuleType, Workload, Tensor, Tensor], Tensor], **options: Any) -> Peer:
-    """torchvision.ops as the peer: it wants boxes of the map's dtype."""
-    return Peer("torchvision", call, boxes_in_input_dtype=True, **options)
-
-
-@dataclass(frozen=True)
-class Bench:
-    """How ``roiops bench`` times an operator: ``call(workload, map, boxes)`` and its peer's,
-    on each of ``workloads``. ``key`` names it in results (the op's name, then a variant)."""
-
-    key: str
-    title: str
-    call: Callable[[Workload, Tensor, Tensor], Tensor]
-    peer: Peer | None          # None: roiops is timed alone (no ratio)
-    workloads: tuple[Workload, ...] = ()
-    argmax: bool = False       # keeps an int32 index per output value for its backward (bytes model)
-    sampled: bool = True       # the workload's sampling_ratio applies
-    boxes: Literal["axis-aligned", "rotated", "bezier", "per-image"] = "axis-aligned"
-    # the map's channels must be a multiple of this (position-sensitive ops: size x size)
-    channel_multiple: Callable[[Workload], int] = lambda w: 1
+    def schema(self, role: str) -> str:
+        """The schema of the op of ``role`` without its name: ``"(Tensor input, ...) -> Tensor"``."""
+        outputs = 1 + len(self.saved) if role == "forward" else 1
+        returns = "Tensor" if outputs == 1 else "(" + ", ".join(["Tensor"] * outputs) + ")"
+        return "(" + ", ".join(f"{t} {n}" for n, t in self.parameters(role)) + ") -> " + returns
 
 
 @dataclass(frozen=True)
 class OpSpec:
     """A public operator. ``function(input, boxes, output_size, spatial_scale, **options)``
-    and its ``module``; ``kernels``: the op pairs it calls. ``boxes``: its box rows,
-    ``"axis-aligned"`` ``(batch_index, x1, y1, x2, y2)``, ``"rotated"`` ``(batch_index,
-    cx, cy, w, h, angle)``, ``"bezier"`` ``(batch_index, x0, y0, ..., x7, y7)``, or
-    ``"per-image"``: ``[N, K, 4]`` rows ``(x1, y1, x2, y2)``, box k of image n at ``[n,
-    k]``, no batch index (the output is then not pooled per box: the RoI-shaped generic
-    tests leave such an op out). ``options``: the option sets the generic tests run it
+    and its ``module``; ``kernels``: the op pairs it calls; ``title``: what users call it
+    (the command line's list of operators). ``boxes``: its box format (``roiops._boxes``);
+    with one per image (``per_image``), the output is not pooled per box, and the
+    RoI-shaped generic tests leave the op out. ``options``: the option sets the generic tests run it
     with (each a full set of keyword options besides ``output_size`` and
     ``spatial_scale``);
     ``box_grad``: options under which the boxes receive a gradient (None: never).
-    ``position_sensitive``: the input has ``C_out * ph * pw`` channels. ``bench``: its
-    benchmark entries. ``reference_bin_error``: the reference's results lose up to
+    ``position_sensitive``: the input has ``C_out * ph * pw`` channels. ``reference_bin_error``: the reference's results lose up to
     ``eps / (a bin's side in cells)`` of relative precision (it integrates over a bin as a
     difference of antiderivatives), so the tests that compare with it widen their
     tolerance by that for tiny bins."""
@@ -152,11 +118,11 @@ class OpSpec:
     function: Callable[..., Tensor]
     module: type
     kernels: tuple[Kernels, ...]
+    title: str
     options: tuple[dict[str, Any], ...] = ({},)
-    boxes: Literal["axis-aligned", "rotated", "bezier", "per-image"] = "axis-aligned"
+    boxes: BoxFormat = AXIS_ALIGNED
     box_grad: dict[str, Any] | None = None
     position_sensitive: bool = False
-    bench: tuple[Bench, ...] = ()
     reference_bin_error: bool = False
 
     @property
