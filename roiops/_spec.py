@@ -1,12 +1,12 @@
 """An operator's declaration, the single source everything else derives from: its registered
 ops and their schemas (:class:`Kernels`), its public function, Module, title and box
-format, the options the generic tests run it with, and its ONNX translation or refusal
-(:class:`OpSpec`).
+format, and its ONNX translation or refusal (:class:`OpSpec`).
 
 Each ``roiops/ops/<op>.py`` declares one ``SPEC``; ``roiops.ops.SPECS`` collects them.
 Registration (``_declare.register``), the C++ library's schemas (setup.py), the package
 exports, the test tables and ``roiops.onnx`` read the specs; none keeps its own list of
-operators. ``roiops bench``'s workloads are beside the bench (``roiops/bench/<op>.py``).
+operators. What is timed and tested is beside the bench and the tests: each operator's
+workloads in ``roiops/bench/<op>.py``, its option sets in ``tests/test_<op>.py``.
 """
 
 from __future__ import annotations
@@ -106,20 +106,17 @@ class OpSpec:
     and its ``module``; ``kernels``: the op pairs it calls; ``title``: what users call it
     (the command line's list of operators). ``boxes``: its box format (``roiops._boxes``);
     with one per image (``per_image``), the output is not pooled per box, and the
-    RoI-shaped generic tests leave the op out. ``options``: the option sets the generic tests run it
-    with (each a full set of keyword options besides ``output_size`` and
-    ``spatial_scale``);
-    ``box_grad``: options under which the boxes receive a gradient (None: never).
-    ``position_sensitive``: the input has ``C_out * ph * pw`` channels. ``reference_bin_error``: the reference's results lose up to
-    ``eps / (a bin's side in cells)`` of relative precision (it integrates over a bin as a
-    difference of antiderivatives), so the tests that compare with it widen their
-    tolerance by that for tiny bins."""
+    RoI-shaped generic tests leave the op out. ``box_grad``: options under which the boxes
+    receive a gradient (None: never). ``position_sensitive``: the input has ``C_out * ph *
+    pw`` channels. ``reference_bin_error``: the reference's results lose up to ``eps / (a
+    bin's side in cells)`` of relative precision (it integrates over a bin as a difference
+    of antiderivatives), so the tests that compare with it widen their tolerance by that
+    for tiny bins."""
 
     function: Callable[..., Tensor]
     module: type
     kernels: tuple[Kernels, ...]
     title: str
-    options: tuple[dict[str, Any], ...] = ({},)
     boxes: BoxFormat = AXIS_ALIGNED
     box_grad: dict[str, Any] | None = None
     position_sensitive: bool = False

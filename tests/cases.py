@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib
 import inspect
 import math
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -195,32 +197,6 @@ class Case:
 # The operators of RoI shape (rows led by a batch index, output [K, C, ph, pw]), which the
 # generic tables hold; an op with boxes per image has its own tests.
 ROI_SPECS = tuple(s for s in SPECS if not s.boxes.per_image)
-
-
-def _cases() -> list[Case]:
-    found = []
-    for spec in ROI_SPECS:
-        found += [Case(f"{spec.name}-{i}", spec, options) for i, options in enumerate(spec.options)]
-        if spec.box_grad is not None and spec.box_grad not in spec.options:
-            found.append(Case(f"{spec.name}-box_grad", spec, spec.box_grad))
-    return found
-
-
-#: Every operator with every option set of its spec, and its box-gradient options where
-#: none of those has them.
-CASES = _cases()
-#: The cases whose boxes receive a gradient.
-BOX_GRAD_CASES = [c for c in CASES if c.box_grad]
-
-
-def params(cases: Sequence[Case]) -> list[Any]:
-    """``cases`` as pytest parameters with their ids."""
-    return [pytest.param(c, id=c.id) for c in cases]
-
-
-def spec_params() -> list[Any]:
-    """Every spec, as a pytest parameter with its name as id: its first option set."""
-    return [pytest.param(c, id=c.spec.name) for c in CASES if c.options is c.spec.options[0]]
 
 
 @functools.cache
@@ -430,3 +406,50 @@ def beyond_int32_offsets(fn: Any) -> None:
     x[2:, :, :16, :16] = corner
     assert torch.equal(fn(x, torch.tensor([[2, 1.5, 2.25, 9.0, 12.0]])),
                        fn(corner, torch.tensor([[0, 1.5, 2.25, 9.0, 12.0]])))
+
+
+# ----------------------------------------------------------------------------- the cases
+
+
+def _test_module(name: str) -> Any:
+    """The test file of operator ``name``: tests/test_<name>.py, or its family's (the longest
+    prefix of the name that has one: tests/test_ps_roi.py). Imported after everything above,
+    which those files import from here."""
+    parts = name.split("_")
+    for n in range(len(parts), 0, -1):
+        module = "test_" + "_".join(parts[:n])
+        if (Path(__file__).parent / f"{module}.py").is_file():
+            return importlib.import_module(module)
+    raise LookupError(f"operator {name} has no test file (tests/test_{name}.py, whose OPTIONS name its option sets)")
+
+
+#: The option sets the generic tests run each operator with (each a full set of keyword
+#: options besides output_size and spatial_scale): its test file's OPTIONS.
+OPTIONS: dict[str, tuple[dict[str, Any], ...]] = {spec.name: _test_module(spec.name).OPTIONS[spec.name]
+                                                  for spec in SPECS}
+
+
+def _cases() -> list[Case]:
+    found = []
+    for spec in ROI_SPECS:
+        found += [Case(f"{spec.name}-{i}", spec, options) for i, options in enumerate(OPTIONS[spec.name])]
+        if spec.box_grad is not None and spec.box_grad not in OPTIONS[spec.name]:
+            found.append(Case(f"{spec.name}-box_grad", spec, spec.box_grad))
+    return found
+
+
+#: Every operator with every option set of its test file, and its spec's box-gradient
+#: options where none of those has them.
+CASES = _cases()
+#: The cases whose boxes receive a gradient.
+BOX_GRAD_CASES = [c for c in CASES if c.box_grad]
+
+
+def params(cases: Sequence[Case]) -> list[Any]:
+    """``cases`` as pytest parameters with their ids."""
+    return [pytest.param(c, id=c.id) for c in cases]
+
+
+def spec_params() -> list[Any]:
+    """Every spec, as a pytest parameter with its name as id: its first option set."""
+    return [pytest.param(c, id=c.spec.name) for c in CASES if c.options is OPTIONS[c.spec.name][0]]

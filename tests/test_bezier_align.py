@@ -20,6 +20,9 @@ from cases import feature as _feature
 from roiops._boxes import BEZIER
 from roiops.compat import mmcv
 
+# The option sets the generic tests (tests/cases.py) run the operator with.
+OPTIONS = {"bezier_align": (dict(sampling_ratio=1, aligned=True), dict(sampling_ratio=0, aligned=False))}
+
 N, C, H, W = 2, 3, 9, 11
 SCALE = 0.5  # boxes in pixels of a 22 x 18 image
 BACKENDS = ["reference", "cpu", "triton"]

@@ -20,6 +20,9 @@ import roiops
 from cases import DTYPES, F16, F32, F64, config_set, device_for, sample_taps, tol
 from roiops.compat import mmcv
 
+# The option sets the generic tests (tests/cases.py) run the operator with.
+OPTIONS = {"border_align": (dict(pool_size=10),)}
+
 BACKENDS = ["reference", "cpu", "triton"]
 KERNELS = {"reference": "roiops.reference", "cpu": "roiops.cpu", "triton": "roiops.triton"}
 

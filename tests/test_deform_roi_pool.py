@@ -18,6 +18,9 @@ from cases import boxes_for as _boxes_for
 from cases import feature as _feature
 from roiops._boxes import AXIS_ALIGNED
 
+# The option sets the generic tests (tests/cases.py) run the operator with.
+OPTIONS = {"deform_roi_pool": (dict(sampling_ratio=2), dict(sampling_ratio=0, gamma=0.5, offset=None))}
+
 N, C, H, W = 2, 3, 9, 11
 SCALE = 0.5  # boxes in pixels of a 22 x 18 image
 BACKENDS = ["reference", "cpu", "triton"]

@@ -11,7 +11,7 @@ import torch
 from torch.export import Dim
 
 import roiops
-from cases import ROI_SPECS, per_bin_tensors
+from cases import OPTIONS, ROI_SPECS, per_bin_tensors
 from roiops._boxes import BEZIER, ROTATED
 
 
@@ -44,7 +44,7 @@ class _Model(torch.nn.Module):
         bezier = BEZIER.from_axis_aligned(boxes)  # a band across each box
         outs = []
         for spec in ROI_SPECS:
-            for options in spec.options:
+            for options in OPTIONS[spec.name]:
                 per_bin = per_bin_tensors(spec)
                 extra = [None if n in options else (boxes @ self.to_bins[:, :4 * c]).view(-1, c, 2, 2)
                          for n, c in per_bin.items()]
@@ -69,7 +69,7 @@ def test_graph_holds_the_roiops_ops(exported):
     targets = [str(n.target) for n in ep.graph.nodes if n.op == "call_function"]
     forward = {k.ops()["forward"] for spec in ROI_SPECS for k in spec.kernels}
     assert forward == {t.split(".")[1] for t in targets if t.startswith("roiops.")}
-    assert sum(t.startswith("roiops.") for t in targets) == sum(len(spec.options) for spec in ROI_SPECS)
+    assert sum(t.startswith("roiops.") for t in targets) == sum(len(OPTIONS[spec.name]) for spec in ROI_SPECS)
 
 
 @pytest.mark.parametrize("k", [0, 1, 6, 13])

@@ -30,8 +30,8 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 import roiops
-from cases import (Case, config_set, contract_args, device_for, num_threads, odd_unit_strides, per_bin_tensors,
-                   takes_max, tol)
+from cases import (OPTIONS, Case, config_set, contract_args, device_for, num_threads, odd_unit_strides,
+                   per_bin_tensors, takes_max, tol)
 from roiops._boxes import AXIS_ALIGNED, BEZIER, ROTATED
 from roiops.ops import SPECS
 
@@ -58,7 +58,7 @@ def op_cases(draw, specs, ratios=RATIOS):
     spec = draw(st.sampled_from(specs))
     hints = typing.get_type_hints(spec.function)
     options = {}
-    for name in sorted({name for options in spec.options for name in options}):
+    for name in sorted({name for options in OPTIONS[spec.name] for name in options}):
         hint = hints[name]
         if name in per_bin_tensors(spec):  # given (drawn by the case) or None
             if draw(st.booleans()):

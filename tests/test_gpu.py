@@ -32,7 +32,7 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(),
 
 import roiops
 import roiops.reference as REF
-from cases import ROI_SPECS, Case, config_set
+from cases import OPTIONS, ROI_SPECS, Case, config_set
 from gpu_cases import (BF16, C, F16, F32, F64, LEVEL_IDS, LEVELS, N, both_backwards, close, in_format,
                        close_sums, cuda, exact, feature_map, gpu_boxes, random_grad)
 # Skipped, with the reason, where Triton is older than roiops supports (torch < 2.11).
@@ -192,7 +192,7 @@ def _name(spec, options: dict) -> str:
 # Every operator with each of its option sets; a position-sensitive one with 4 x 4 bins
 # (256 = 16 channels x 4 x 4 bins).
 OPS = {_name(spec, options): spec_call(spec, options, 4 if spec.position_sensitive else 7)
-       for spec in ROI_SPECS for options in spec.options}
+       for spec in ROI_SPECS for options in OPTIONS[spec.name]}
 OPS["multi-level"] = lambda t, b, s: roiops.multi_scale_roi_align([t, t[:, :, ::2, ::2]], b, 7, [s, s / 2], 2)
 
 
@@ -264,7 +264,7 @@ def test_cuda_graph_capture_and_replay(spec):
     operator, with its first option set (a position-sensitive one on 4 x 7 x 7 channels)."""
     scale, H, W = LEVELS[0]
     c, c_out = (4 * 49, 4) if spec.position_sensitive else (C, C)
-    function = spec_call(spec, spec.options[0])
+    function = spec_call(spec, OPTIONS[spec.name][0])
 
     def call(x, rois):
         return function(x, rois, scale)

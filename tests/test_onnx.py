@@ -18,7 +18,7 @@ from torch.export import Dim
 
 import roiops
 from boxes import nasty_coordinates
-from cases import ROI_SPECS, Case, per_bin_tensors
+from cases import OPTIONS, ROI_SPECS, Case, per_bin_tensors
 from roiops import _geometry as geometry
 from roiops._boxes import AXIS_ALIGNED
 from roiops.compat import torchvision as tv
@@ -218,13 +218,13 @@ def test_export_refuses_what_onnx_lacks_naming_the_op(spec):
     x, boxes = _example()
     # A multiple of the bins (position-sensitive ops) and of every option set's channel fields.
     groups = spec.kernels[0].channel_groups
-    fields = math.lcm(*(o[groups] for o in spec.options)) if groups else 1
+    fields = math.lcm(*(o[groups] for o in OPTIONS[spec.name])) if groups else 1
     x = x.repeat(1, OUT[0] * OUT[1] * fields, 1, 1)
     boxes = spec.boxes.from_axis_aligned(boxes)
     messages = {f"roiops.{spec.name} cannot be exported to ONNX: ONNX has no {k.onnx} operator"
                 for k in spec.kernels if k.onnx is not None}
     met: set[str] = set()
-    for options in spec.options:
+    for options in OPTIONS[spec.name]:
         try:
             roiops_onnx.export(Head(options).eval(), (x, boxes))
         except Exception as error:

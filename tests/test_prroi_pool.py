@@ -16,6 +16,9 @@ from cases import feature as _feature
 from cases import run as _run
 from roiops import reference as ref
 
+# The option sets the generic tests (tests/cases.py) run the operator with.
+OPTIONS = {"prroi_pool": (dict(),)}
+
 BACKENDS = ["reference", "cpu", "triton"]
 
 

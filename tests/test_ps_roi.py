@@ -17,6 +17,9 @@ from cases import feature as _feature
 from cases import run as _run
 from roiops._boxes import AXIS_ALIGNED
 
+# The option sets the generic tests (tests/cases.py) run the operator with.
+OPTIONS = {"ps_roi_align": (dict(sampling_ratio=2), dict(sampling_ratio=-1)), "ps_roi_pool": (dict(),)}
+
 N, H, W = 2, 11, 13
 SCALE = 0.5  # boxes are in image pixels of a 26 x 22 image
 OPS = {

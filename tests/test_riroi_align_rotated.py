@@ -23,6 +23,10 @@ from cases import run as _run
 from roiops._boxes import ROTATED
 from roiops.compat import mmcv
 
+# The option sets the generic tests (tests/cases.py) run the operator with.
+OPTIONS = {"riroi_align_rotated": (dict(sampling_ratio=2, num_orientations=8, clockwise=False),
+                                  dict(sampling_ratio=0, num_orientations=2, clockwise=True))}
+
 N, H, W = 2, 9, 11
 SCALE = 0.5  # boxes in pixels of a 22 x 18 image
 BACKENDS = ["reference", "cpu", "triton"]

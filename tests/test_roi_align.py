@@ -14,6 +14,10 @@ import torchvision
 import roiops
 from cases import C, H, N, SCALE, W, backward_in_bands, beyond_int32_offsets, boxes_for, close, feature, run
 
+# The option sets the generic tests (tests/cases.py) run the operator with.
+OPTIONS = {"roi_align": (dict(sampling_ratio=2, aligned=True), dict(sampling_ratio=-1, aligned=False),
+                        dict(sampling_ratio=2, aligned=False, mode="max"), dict(sampling_ratio=0, aligned=True, mode="max"))}
+
 
 def align(size, sr, aligned, mode="avg"):
     return lambda x, b: roiops.roi_align(x, b, size, SCALE, sr, aligned, mode)

@@ -18,6 +18,10 @@ from cases import feature as _feature
 from cases import run as _run
 from roiops._boxes import ROTATED
 
+# The option sets the generic tests (tests/cases.py) run the operator with.
+OPTIONS = {"roi_align_rotated": (dict(sampling_ratio=2),
+                                dict(sampling_ratio=0, aligned=False, clockwise=True, angle="radians"))}
+
 N, C, H, W = 2, 3, 9, 11
 SCALE = 0.5  # boxes in pixels of a 22 x 18 image
 BACKENDS = ["reference", "cpu", "triton"]

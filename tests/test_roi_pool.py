@@ -14,6 +14,9 @@ import torchvision
 import roiops
 from cases import C, H, N, SCALE, W, backward_in_bands, beyond_int32_offsets, boxes_for, feature, run
 
+# The option sets the generic tests (tests/cases.py) run the operator with.
+OPTIONS = {"roi_pool": (dict(), dict(convention="mmdet"))}
+
 
 def pool(size, convention="caffe"):
     return lambda x, b: roiops.roi_pool(x, b, size, SCALE, convention)

@@ -18,7 +18,7 @@ import torchvision
 from torch import nn
 
 import roiops
-from cases import ROI_SPECS, per_bin_tensors, per_bin_values
+from cases import OPTIONS, ROI_SPECS, per_bin_tensors, per_bin_values
 from roiops import bench
 from roiops._boxes import AXIS_ALIGNED, BEZIER, ROTATED
 from roiops.compat import detectron2 as d2
@@ -276,7 +276,7 @@ def _leaf(spec, options: dict) -> tuple[tuple, dict]:
 # every operator with each of its option sets (a position-sensitive one reads the 8
 # channels as 2 x 2 x 2), FPN RoIAlign, and every function of the drop-ins.
 LEAVES = [pytest.param(spec.function, *_leaf(spec, options), form, id=f"roiops.{spec.name}-{i}-{form}")
-          for spec in ROI_SPECS for i, options in enumerate(spec.options)
+          for spec in ROI_SPECS for i, options in enumerate(OPTIONS[spec.name])
           for form in _forms(_spec_boxes(spec), True)]
 LEAVES.append(pytest.param(roiops.multi_scale_roi_align, (3, [0.5, 0.25], 2), {}, "levels", id="multi_scale_roi_align"))
 LEAVES += [pytest.param(fn, (), _fill(fn), form, id=f"{fn.__module__}.{fn.__name__}-{form}")
@@ -298,7 +298,8 @@ def _inputs(form: str):
     x, rois = _maps(), _rois()
     if form == "levels":
         return [x, _maps(seed=5)[..., :8, :10]], rois
-    boxes = _rotated(rois) if form.startswith("rotated") else BEZIER.from_axis_aligned(rois) if form.startswith("bezier") else rois
+    boxes = (_rotated(rois) if form.startswith("rotated") else
+             BEZIER.from_axis_aligned(rois) if form.startswith("bezier") else rois)
     return x, _per_image(boxes) if form.endswith("list") else boxes
 
 
@@ -324,7 +325,7 @@ POOLED_AFTER = (frp.RoIAlignAvg, frp.RoIAlignMax)
 
 @pytest.mark.parametrize("layer", [
     tv.RoIAlign(5, 1.0, -1), tv.PSRoIAlign(2, 1.0, 2),
-    *(spec.module(2, 0.5, **_leaf(spec, options)[1]) for spec in ROI_SPECS for options in spec.options),
+    *(spec.module(2, 0.5, **_leaf(spec, options)[1]) for spec in ROI_SPECS for options in OPTIONS[spec.name]),
     *(cls(**_fill(cls)) for cls in LAYERS)], ids=lambda m: f"{type(m).__module__}.{type(m).__name__}")
 def test_layers_trace_to_one_node_per_op(layer):
     """torchvision's own op tester: a module holding the layer traces to its inputs and

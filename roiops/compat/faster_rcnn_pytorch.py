@@ -100,6 +100,16 @@ def roi_align_corners(features: Tensor, rois, aligned_height: int, aligned_width
     return out.permute(0, 3, 1, 2).contiguous().to(features.dtype)
 
 
+@fx_leaf
+def _windows(samples: Tensor, mode: str) -> Tensor:
+    """The mean (``mode`` "avg") or maximum of each 2 x 2 window of the samples, stride 1,
+    each box and channel pooled as one plane: torch's pooling refuses a map of 0 channels,
+    which the other layers take. One fx node, as the project's pooling layer was."""
+    k, c, h, w = samples.shape
+    pool = F.avg_pool2d if mode == "avg" else F.max_pool2d
+    return pool(samples.reshape(k * c, 1, h, w), kernel_size=2, stride=1).view(k, c, h - 1, w - 1)
+
+
 class _CornerAlignBase(nn.Module):
     _extra = 0  # RoIAlignAvg/Max sample one more row and column than they output
 
@@ -135,7 +145,7 @@ class RoIAlignAvg(_CornerAlignBase):
     _extra = 1
 
     def forward(self, features: Tensor, rois) -> Tensor:
-        return F.avg_pool2d(self._sample(features, rois), kernel_size=2, stride=1)
+        return _windows(self._sample(features, rois), "avg")
 
 
 class RoIAlignMax(_CornerAlignBase):
@@ -144,7 +154,7 @@ class RoIAlignMax(_CornerAlignBase):
     _extra = 1
 
     def forward(self, features: Tensor, rois) -> Tensor:
-        return F.max_pool2d(self._sample(features, rois), kernel_size=2, stride=1)
+        return _windows(self._sample(features, rois), "max")
 
 
 class RoIPool(nn.Module):

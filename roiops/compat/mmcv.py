@@ -365,15 +365,17 @@ class DeformRoIPoolPack(DeformRoIPool):
                                h * w * 2)
 
     def forward(self, input: Tensor, rois: Tensor) -> Tensor:  # type: ignore[override]
-        pooled = self._pooled(input, rois)
-        offset = self.offset_fc(pooled.reshape(rois.size(0), -1)).view(rois.size(0), 2, *self.output_size)
+        flat = self._pooled(input, rois)
+        offset = self.offset_fc(flat).view(flat.size(0), 2, *self.output_size)
         return super().forward(input, rois, offset)
 
     def _pooled(self, input: Tensor, rois: Tensor) -> Tensor:
+        """The boxes pooled without offset, one row per box (``flatten``: a reshape to ``(K,
+        -1)`` fails for no boxes, an image without proposals)."""
         if input.dim() == 4 and input.size(1) != self.output_channels:
             raise ValueError(f"input has {input.size(1)} channels but the layer was built for output_channels="
                              f"{self.output_channels}")
-        return super().forward(input, rois)
+        return super().forward(input, rois).flatten(1)
 
 
 class ModulatedDeformRoIPoolPack(DeformRoIPoolPack):
@@ -389,10 +391,9 @@ class ModulatedDeformRoIPoolPack(DeformRoIPoolPack):
         self.mask_fc = _head(h * w * self.output_channels, self.deform_fc_channels, h * w, last=nn.Sigmoid())
 
     def forward(self, input: Tensor, rois: Tensor) -> Tensor:  # type: ignore[override]
-        pooled = self._pooled(input, rois)
-        flat = pooled.reshape(rois.size(0), -1)
-        offset = self.offset_fc(flat).view(rois.size(0), 2, *self.output_size)
-        mask = self.mask_fc(flat).view(rois.size(0), 1, *self.output_size)
+        flat = self._pooled(input, rois)
+        offset = self.offset_fc(flat).view(flat.size(0), 2, *self.output_size)
+        mask = self.mask_fc(flat).view(flat.size(0), 1, *self.output_size)
         return DeformRoIPool.forward(self, input, rois, offset) * mask
 
 

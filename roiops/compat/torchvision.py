@@ -10,8 +10,9 @@ and likewise ``ps_roi_align``, ``ps_roi_pool``, ``PSRoIAlign`` and ``PSRoIPool``
 
 Same names, argument order, defaults (``aligned=False``, ``sampling_ratio=-1``, Caffe
 RoIPool) and box formats; results are torchvision's bit for bit (docs/semantics.md).
-The functions and modules script with ``torch.jit.script`` (torchvision's annotations)
-and are torch.fx leaves, as torchvision's. Boxes of the wrong shape raise an
+The functions and modules script with ``torch.jit.script`` (torchvision's annotations),
+and a scripted model holding them saves and loads (``torch.jit.save``/``torch.jit.load``);
+they are torch.fx leaves, as torchvision's. Boxes of the wrong shape raise an
 ``AssertionError``, as torchvision's (also roiops' ``ValueError``). What differs: invalid
 box values (a batch index outside the batch, NaN/inf coordinates) raise ``ValueError``
 instead of reading out of bounds; ``aligned=True`` boxes of size <= 0 with adaptive
@@ -61,23 +62,31 @@ def _eager(public: Callable[..., Tensor], function: Callable[..., Tensor], input
     return function(input, boxes, *args)
 
 
+def _refuse_non_float(t: Tensor) -> None:
+    if t.is_quantized:
+        raise ValueError("roiops does not support quantized tensors, which PyTorch deprecates; dequantize the "
+                         "input and boxes first (.dequantize())")
+    if not t.is_floating_point():
+        raise ValueError("the input and boxes must be floating point")
+
+
 def _rois(input: Tensor, boxes: Boxes) -> Tensor:
     """Under TorchScript: ``boxes`` as the registered ops' ``[K, 5]`` rows in their
     coordinate type, after torchvision's shape assertions; quantized and integer tensors
     refused. The ops' kernels check the rest: argument ranges, and on CPU batch indices and
-    finite coordinates (on CUDA an invalid row gives 0, as in eager calls by default)."""
-    tensors = [boxes] if isinstance(boxes, Tensor) else boxes
-    for t in [input] + tensors:
-        if t.is_quantized:
-            raise ValueError("roiops does not support quantized tensors, which PyTorch deprecates; dequantize the "
-                             "input and boxes first (.dequantize())")
-        if not t.is_floating_point():
-            raise ValueError("the input and boxes must be floating point")
+    finite coordinates (on CUDA an invalid row gives 0, as in eager calls by default).
+    ``boxes`` is refined once, by the branch that uses it: TorchScript's serialized code
+    could not be loaded back (torch.jit.load) when one variable held the refined Tensor in
+    one branch and the list in the other."""
+    _refuse_non_float(input)
     if isinstance(boxes, Tensor):
+        _refuse_non_float(boxes)
         torch._assert(boxes.dim() == 2 and boxes.size(1) == 5,
                       "boxes must have shape [K, 5] (rows (batch_index, x1, y1, x2, y2))")
         rois = boxes
     else:
+        for b in boxes:
+            _refuse_non_float(b)
         rows: list[Tensor] = []
         for i, b in enumerate(boxes):
             torch._assert(b.dim() == 2 and b.size(1) == 4, "boxes[i] must have shape [K, 4] (rows (x1, y1, x2, y2))")
@@ -242,6 +251,14 @@ def _scales_and_levels(features: list[Tensor], image_shapes: list[tuple[int, int
     return scales, LevelMapper(k_min, k_max, canonical_scale, canonical_level)
 
 
+def _levels(map_levels: LevelMapper, boxes: list[Tensor], rois: Tensor) -> Tensor:
+    """Each box's level offset; none for a batch of no images (whose list of boxes
+    LevelMapper, as torchvision's, cannot concatenate)."""
+    if len(boxes) == 0:
+        return torch.zeros((0,), dtype=torch.int64, device=rois.device)
+    return map_levels(boxes)
+
+
 @box_assertions
 def _pool_levels(features: list[Tensor], boxes: list[Tensor], scales: list[float], map_levels: LevelMapper,
                  output_size: tuple[int, int], sampling_ratio: int) -> Tensor:
@@ -249,7 +266,8 @@ def _pool_levels(features: list[Tensor], boxes: list[Tensor], scales: list[float
     CUDA, the levels picked on the device)."""
     maps = v.feature_maps(features)
     rois = v.rois(maps[0], boxes, max(scales))
-    return multi_scale_call(maps, rois, map_levels(boxes), scales, *output_size, sampling_ratio, False)
+    return multi_scale_call(maps, rois, _levels(map_levels, boxes, rois), scales, *output_size, sampling_ratio,
+                            False)
 
 
 class MultiScaleRoIAlign(nn.Module):
@@ -307,7 +325,7 @@ class MultiScaleRoIAlign(nn.Module):
         rois = _rois(features[0], boxes)
         if len(features) == 1:
             return torch.ops.roiops.roi_align(features[0], rois, scales[0], h, w, self.sampling_ratio, False)
-        return torch.ops.roiops.multi_scale_roi_align(features, rois, map_levels(boxes), scales, h, w,
+        return torch.ops.roiops.multi_scale_roi_align(features, rois, _levels(map_levels, boxes, rois), scales, h, w,
                                                       self.sampling_ratio, False)
 
     def __repr__(self) -> str:

@@ -95,6 +95,4 @@ class BezierAlign(RoIModule):
                          aligned=aligned)
 
 
-SPEC = OpSpec(
-    bezier_align, BezierAlign, (_KERNELS,), title="Bezier alignment (ABCNet)", boxes=BEZIER,
-    options=(dict(sampling_ratio=1, aligned=True), dict(sampling_ratio=0, aligned=False)))
+SPEC = OpSpec(bezier_align, BezierAlign, (_KERNELS,), title="Bezier alignment (ABCNet)", boxes=BEZIER)

@@ -86,6 +86,4 @@ class BorderAlign(RoIModule):
         super().__init__(pool_size=pool_size)
 
 
-SPEC = OpSpec(
-    border_align, BorderAlign, (_KERNELS,), title="border align (BorderDet)", boxes=PER_IMAGE,
-    options=(dict(pool_size=10),))
+SPEC = OpSpec(border_align, BorderAlign, (_KERNELS,), title="border align (BorderDet)", boxes=PER_IMAGE)

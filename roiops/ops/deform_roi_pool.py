@@ -97,6 +97,4 @@ class DeformRoIPool(RoIModule):
         return deform_roi_pool(input, boxes, offset, **{n: getattr(self, n) for n in self._options})
 
 
-SPEC = OpSpec(
-    deform_roi_pool, DeformRoIPool, (_KERNELS,), title="deformable RoI pooling",
-    options=(dict(sampling_ratio=2), dict(sampling_ratio=0, gamma=0.5, offset=None)))
+SPEC = OpSpec(deform_roi_pool, DeformRoIPool, (_KERNELS,), title="deformable RoI pooling")

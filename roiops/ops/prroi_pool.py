@@ -75,5 +75,5 @@ class PrRoIPool(RoIModule):
         super().__init__(output_size=output_size, spatial_scale=spatial_scale)
 
 
-SPEC = OpSpec(
-    prroi_pool, PrRoIPool, (_KERNELS,), title="Precise RoI Pooling (IoU-Net)", box_grad={}, reference_bin_error=True)
+SPEC = OpSpec(prroi_pool, PrRoIPool, (_KERNELS,), title="Precise RoI Pooling (IoU-Net)", box_grad={},
+              reference_bin_error=True)

@@ -87,6 +87,5 @@ class PSRoIAlign(RoIModule):
         super().__init__(output_size=output_size, spatial_scale=spatial_scale, sampling_ratio=sampling_ratio)
 
 
-SPEC = OpSpec(
-    ps_roi_align, PSRoIAlign, (_KERNELS,), title="position-sensitive RoIAlign (R-FCN)", options=(dict(sampling_ratio=2), dict(sampling_ratio=-1)),
-    position_sensitive=True)
+SPEC = OpSpec(ps_roi_align, PSRoIAlign, (_KERNELS,), title="position-sensitive RoIAlign (R-FCN)",
+              position_sensitive=True)

@@ -70,5 +70,5 @@ class PSRoIPool(RoIModule):
         super().__init__(output_size=output_size, spatial_scale=spatial_scale)
 
 
-SPEC = OpSpec(
-    ps_roi_pool, PSRoIPool, (_KERNELS,), title="position-sensitive RoIPool (R-FCN)", position_sensitive=True)
+SPEC = OpSpec(ps_roi_pool, PSRoIPool, (_KERNELS,), title="position-sensitive RoIPool (R-FCN)",
+              position_sensitive=True)

@@ -98,8 +98,5 @@ class RiRoIAlignRotated(RoIModule):
                          num_orientations=num_orientations, clockwise=clockwise)
 
 
-SPEC = OpSpec(
-    riroi_align_rotated, RiRoIAlignRotated, (_KERNELS,), title="rotation-invariant RoIAlign (ReDet)",
-    boxes=ROTATED,
-    options=(dict(sampling_ratio=2, num_orientations=8, clockwise=False),
-             dict(sampling_ratio=0, num_orientations=2, clockwise=True)))
+SPEC = OpSpec(riroi_align_rotated, RiRoIAlignRotated, (_KERNELS,), title="rotation-invariant RoIAlign (ReDet)",
+              boxes=ROTATED)

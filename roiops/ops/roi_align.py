@@ -110,8 +110,5 @@ class RoIAlign(RoIModule):
                          aligned=aligned, mode=mode, box_grad=box_grad)
 
 
-SPEC = OpSpec(
-    roi_align, RoIAlign, (_AVG, _MAX), title="RoIAlign (average and max)",
-    options=(dict(sampling_ratio=2, aligned=True), dict(sampling_ratio=-1, aligned=False),
-             dict(sampling_ratio=2, aligned=False, mode="max"), dict(sampling_ratio=0, aligned=True, mode="max")),
-    box_grad=dict(sampling_ratio=2, box_grad=True))
+SPEC = OpSpec(roi_align, RoIAlign, (_AVG, _MAX), title="RoIAlign (average and max)",
+              box_grad=dict(sampling_ratio=2, box_grad=True))

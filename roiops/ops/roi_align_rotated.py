@@ -94,6 +94,4 @@ class RoIAlignRotated(RoIModule):
                          aligned=aligned, clockwise=clockwise, angle=angle)
 
 
-SPEC = OpSpec(
-    roi_align_rotated, RoIAlignRotated, (_KERNELS,), title="rotated RoIAlign", boxes=ROTATED,
-    options=(dict(sampling_ratio=2), dict(sampling_ratio=0, aligned=False, clockwise=True, angle="radians")))
+SPEC = OpSpec(roi_align_rotated, RoIAlignRotated, (_KERNELS,), title="rotated RoIAlign", boxes=ROTATED)

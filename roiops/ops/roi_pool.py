@@ -69,5 +69,4 @@ class RoIPool(RoIModule):
         super().__init__(output_size=output_size, spatial_scale=spatial_scale, convention=convention)
 
 
-SPEC = OpSpec(
-    roi_pool, RoIPool, (_KERNELS,), title="RoIPool (Caffe and mmdetection conventions)", options=(dict(), dict(convention="mmdet")))
+SPEC = OpSpec(roi_pool, RoIPool, (_KERNELS,), title="RoIPool (Caffe and mmdetection conventions)")

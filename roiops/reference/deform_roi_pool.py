@@ -107,7 +107,7 @@ def scatter_bins(grad: Tensor, batch: list[int], boxes: list[_Bins | None], shap
         for weight, rows, cols in box.corners():
             term = (g / box.count) * weight if divide_first else (g * weight) / box.count
             flat = (rows * width + cols).expand(valid.shape).reshape(-1)
-            plane.index_add_(1, flat, torch.where(valid, term, 0.0).reshape(channels, -1))
+            plane.index_add_(1, flat, torch.where(valid, term, 0.0).flatten(1))
     return grad_input
 
 

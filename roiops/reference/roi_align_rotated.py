@@ -154,6 +154,6 @@ def roi_align_rotated_backward(grad: Tensor, rois: Tensor, spatial_scale: float,
         g = g_all[k][:, :, None, :, None]  # [C, ph, 1, pw, 1]
         plane = grad_input[b].view(channels, height * width)
         for weight, rows, cols, _ in box.taps(height, width):
-            plane.index_add_(1, (rows * width + cols).reshape(-1), (g * weight / box.count).reshape(channels, -1))
+            plane.index_add_(1, (rows * width + cols).reshape(-1), (g * weight / box.count).flatten(1))
     return layout(grad_input.to(grad.dtype), bool(channels_last))
 
