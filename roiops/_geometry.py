@@ -2,8 +2,8 @@
 layout rule, C's rounding, sample positions, the bilinear border rule, RoIAlign's
 box-to-grid rule and RoIPool's bin edges (docs/semantics.md). The validation layer, the
 registered ops, the reference, the Triton launchers, the demo and the ONNX translations
-use these; the C++ kernels have their own in csrc/geometry.h, the Triton kernels in
-triton/_jit.py.
+use these; the C++ kernels have their own in csrc/geometry.h (limits: csrc/bounds.h), the
+Triton kernels in triton/_jit.py.
 
 The arithmetic primitives are written against ArrayOps, a few elementwise operations: by
 default torch's (TORCH), and roiops/onnx.py passes operations that add ONNX graph nodes,

@@ -1,7 +1,7 @@
 """The argument check of the kernel contract (docs/architecture.md): one check per kernel
 function, built from its op's declaration, which the Triton launchers and the reference
-kernels run first. The C++ kernels (csrc/geometry.h, "Argument checks") refuse the same
-arguments in the same order with the same exception types and messages, so that a direct
+kernels run first. The C++ kernels (csrc/checks.h) refuse the same arguments in the same
+order with the same exception types and messages, so that a direct
 ``torch.ops.roiops`` call, which skips the public API's validation, fails alike on every
 backend.
 

@@ -413,8 +413,7 @@ def beyond_int32_offsets(fn: Any) -> None:
 
 def _test_module(name: str) -> Any:
     """The test file of operator ``name``: tests/test_<name>.py, or its family's (the longest
-    prefix of the name that has one: tests/test_ps_roi.py). Imported after everything above,
-    which those files import from here."""
+    prefix of the name that has one: tests/test_ps_roi.py)."""
     parts = name.split("_")
     for n in range(len(parts), 0, -1):
         module = "test_" + "_".join(parts[:n])
@@ -423,26 +422,26 @@ def _test_module(name: str) -> Any:
     raise LookupError(f"operator {name} has no test file (tests/test_{name}.py, whose OPTIONS name its option sets)")
 
 
-#: The option sets the generic tests run each operator with (each a full set of keyword
-#: options besides output_size and spatial_scale): its test file's OPTIONS.
-OPTIONS: dict[str, tuple[dict[str, Any], ...]] = {spec.name: _test_module(spec.name).OPTIONS[spec.name]
-                                                  for spec in SPECS}
-
-
-def _cases() -> list[Case]:
-    found = []
+@functools.cache
+def _tables() -> dict[str, Any]:
+    """``OPTIONS``: the option sets the generic tests run each operator with (each a full set
+    of keyword options besides output_size and spatial_scale), its test file's OPTIONS;
+    ``CASES``: every operator with each of them, and its spec's box-gradient options where
+    none of those has them; ``BOX_GRAD_CASES``: the cases whose boxes receive a gradient.
+    Built on first use, not on import: the test files import this module."""
+    options = {spec.name: _test_module(spec.name).OPTIONS[spec.name] for spec in SPECS}
+    cases = []
     for spec in ROI_SPECS:
-        found += [Case(f"{spec.name}-{i}", spec, options) for i, options in enumerate(OPTIONS[spec.name])]
-        if spec.box_grad is not None and spec.box_grad not in OPTIONS[spec.name]:
-            found.append(Case(f"{spec.name}-box_grad", spec, spec.box_grad))
-    return found
+        cases += [Case(f"{spec.name}-{i}", spec, o) for i, o in enumerate(options[spec.name])]
+        if spec.box_grad is not None and spec.box_grad not in options[spec.name]:
+            cases.append(Case(f"{spec.name}-box_grad", spec, spec.box_grad))
+    return {"OPTIONS": options, "CASES": cases, "BOX_GRAD_CASES": [c for c in cases if c.box_grad]}
 
 
-#: Every operator with every option set of its test file, and its spec's box-gradient
-#: options where none of those has them.
-CASES = _cases()
-#: The cases whose boxes receive a gradient.
-BOX_GRAD_CASES = [c for c in CASES if c.box_grad]
+def __getattr__(name: str) -> Any:
+    if name in ("OPTIONS", "CASES", "BOX_GRAD_CASES"):
+        return _tables()[name]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def params(cases: Sequence[Case]) -> list[Any]:
@@ -452,4 +451,6 @@ def params(cases: Sequence[Case]) -> list[Any]:
 
 def spec_params() -> list[Any]:
     """Every spec, as a pytest parameter with its name as id: its first option set."""
-    return [pytest.param(c, id=c.spec.name) for c in CASES if c.options is OPTIONS[c.spec.name][0]]
+    tables = _tables()
+    return [pytest.param(c, id=c.spec.name) for c in tables["CASES"]
+            if c.options is tables["OPTIONS"][c.spec.name][0]]

@@ -158,7 +158,7 @@ def test_checker_reads_dispatcher_calls():
 # A direct op call skips the public API's validation: each kernel set refuses bad arguments
 # itself, the Triton and reference kernels with the one check built from the op's
 # declaration (roiops/_kernel_checks.py), the C++ kernels with the same checks in the same
-# order (csrc/geometry.h). For every kernel function of every declared op (roiops.ops.SPECS)
+# order (csrc/checks.h). For every kernel function of every declared op (roiops.ops.SPECS)
 # a table of bad calls, each one argument away from a call every backend runs, must raise
 # the same exception type with the same message everywhere.
 

@@ -15,7 +15,7 @@
 #include <utility>
 #include <vector>
 
-#include "geometry.h"
+#include "layout.h"
 #include "memory.h"
 #include "parallel.h"
 #include "plans.h"

@@ -17,6 +17,8 @@
 #include <utility>
 
 #include "align_kernels.h"
+#include "args.h"
+#include "checks.h"
 #include "geometry.h"
 #include "memory.h"
 #include "parallel.h"

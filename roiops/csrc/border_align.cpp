@@ -18,7 +18,11 @@
 #include <type_traits>
 #include <vector>
 
+#include "args.h"
+#include "bounds.h"
+#include "checks.h"
 #include "geometry.h"
+#include "layout.h"
 #include "memory.h"
 #include "parallel.h"
 #include "simd.h"

@@ -22,7 +22,10 @@
 #include <vector>
 
 #include "align_kernels.h"
+#include "args.h"
+#include "checks.h"
 #include "geometry.h"
+#include "layout.h"
 #include "memory.h"
 #include "parallel.h"
 #include "plans.h"

@@ -8,7 +8,7 @@
 
 #include <tuple>
 
-#include "geometry.h"
+#include "checks.h"
 #include "memory.h"
 
 namespace roiops {

@@ -14,6 +14,7 @@
 #include <utility>
 #include <vector>
 
+#include "bounds.h"
 #include "geometry.h"
 #include "memory.h"
 

@@ -16,9 +16,12 @@
 #include <cmath>
 #include <vector>
 
-#include "geometry.h"
+#include "args.h"
+#include "checks.h"
+#include "layout.h"
 #include "memory.h"
 #include "parallel.h"
+#include "prroi.h"
 #include "simd.h"
 #include "tiles.h"
 

@@ -14,10 +14,11 @@
 #include <utility>
 #include <vector>
 
-#include "geometry.h"
+#include "args.h"
 #include "memory.h"
 #include "plans.h"
 #include "position_sensitive.h"
+#include "ps_lanes.h"
 #include "simd.h"
 
 namespace roiops {

@@ -10,9 +10,11 @@
 #include <utility>
 #include <vector>
 
+#include "args.h"
 #include "geometry.h"
 #include "memory.h"
 #include "position_sensitive.h"
+#include "ps_lanes.h"
 #include "simd.h"
 
 namespace roiops {

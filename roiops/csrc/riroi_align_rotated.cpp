@@ -10,7 +10,9 @@
 #include <cmath>
 #include <vector>
 
-#include "geometry.h"
+#include "args.h"
+#include "checks.h"
+#include "layout.h"
 #include "memory.h"
 #include "parallel.h"
 #include "rotated.h"

@@ -22,7 +22,10 @@
 #include <cmath>
 #include <vector>
 
+#include "args.h"
+#include "checks.h"
 #include "geometry.h"
+#include "layout.h"
 #include "memory.h"
 #include "parallel.h"
 #include "rotated.h"

@@ -19,7 +19,10 @@
 #include <utility>
 #include <vector>
 
+#include "args.h"
+#include "checks.h"
 #include "geometry.h"
+#include "layout.h"
 #include "memory.h"
 #include "parallel.h"
 #include "plans.h"
@@ -139,7 +142,7 @@ void forward_impl(const Tensor& input, const Tensor& rois, double spatial_scale,
   const auto by_image = boxes_by_image(batch, N);
   const bool channels_last = is_channels_last(input);
   // A bin reads every cell it covers, so unlike roi_align both layouts go through tiles
-  // when the boxes cover the map (see use_tile in roi_align.cpp).
+  // when the boxes cover the map (see use_tile in align_kernels.h).
   const int64_t cb = channel_block(N, C, kTileChannels), blocks = (C + cb - 1) / cb;
   std::vector<std::array<int64_t, 4>> rect(static_cast<size_t>(N), {H, 0, W, 0});
   std::vector<char> tiled(static_cast<size_t>(N), 0);
@@ -356,7 +359,7 @@ std::tuple<Tensor, Tensor> roi_pool_forward(const Tensor& input_, const Tensor& 
 ROIOPS_ENTRY
 Tensor roi_pool_backward(const Tensor& grad_, const Tensor& argmax_, const Tensor& rois_, int64_t N,
                          int64_t C, int64_t H, int64_t W, bool channels_last) {
-  // The shared checks (geometry.h) of a backward without spatial_scale, its pooled size grad's.
+  // The shared checks (checks.h) of a backward without spatial_scale, its pooled size grad's.
   check_map_tensor(grad_, "grad");
   check_rois_arg(rois_, 5, grad_, "grad");
   check_batch_channels(N, C);

@@ -32,7 +32,7 @@ inline bool hardware_fma() {
 #endif
 
 // May a float32 division t / c (c a sample count) be replaced by Markstein's FMA
-// sequence (roi_align.cpp, TermDiv::kFma)? Only where FMA is an instruction, and for the
+// sequence (align_kernels.h, TermDiv::kFma)? Only where FMA is an instruction, and for the
 // counts that sequence was checked exhaustively against division.
 template <typename T>
 inline bool float_fma_div_ok(T c) {

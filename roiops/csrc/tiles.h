@@ -11,7 +11,7 @@
 #include <utility>
 #include <vector>
 
-#include "geometry.h"
+#include "layout.h"
 #include "memory.h"
 #include "parallel.h"
 #include "simd.h"
