@@ -17,15 +17,13 @@ from .multi_scale import fpn_levels, multi_scale_roi_align
 
 
 def _collect() -> tuple[OpSpec, ...]:
-    found = []
     for info in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
         spec = getattr(importlib.import_module(f"{__name__}.{info.name}"), "SPEC", None)
         if spec is not None:
             _registry.add(spec)
-            found.append(spec)
             globals()[spec.name] = spec.function
             globals()[spec.module.__name__] = spec.module
-    return tuple(found)
+    return _registry.specs()
 
 
 #: Every operator's spec, in the order of their modules' names.
