@@ -1,12 +1,25 @@
 """roiops: exact, validated, fast region-of-interest operators for PyTorch.
 
-Public API: :func:`roi_align`, :func:`roi_pool`, :func:`multi_scale_roi_align`, :class:`RoIAlign`, :class:`RoIPool`,
-:func:`ps_roi_align`, :func:`ps_roi_pool`, :class:`PSRoIAlign`, :class:`PSRoIPool`,
-:func:`roi_align_rotated`, :class:`RoIAlignRotated`, :func:`riroi_align_rotated`, :class:`RiRoIAlignRotated`,
-:func:`prroi_pool`, :class:`PrRoIPool`, :func:`deform_roi_pool`, :class:`DeformRoIPool`,
-:func:`bezier_align`, :class:`BezierAlign`, :func:`border_align`, :class:`BorderAlign`,
-:func:`use_backend`, :mod:`roiops.config`, :mod:`roiops.compat` (peers' signatures) and
-:mod:`roiops.reference` (the pure-PyTorch oracle). Semantics: docs/semantics.md.
+Each operator is a function (``roiops.roi_align``, ``roiops.roi_pool``, ...) with a Module
+form (``roiops.RoIAlign``, ``roiops.RoIPool``, ...). ``roiops.use_backend`` and
+``roiops.config`` choose the kernels and the checks; ``roiops.compat`` holds drop-ins with
+other projects' signatures, ``roiops.onnx`` the ONNX export and ``roiops.reference`` the
+pure-PyTorch kernels. What each operator computes, exactly: docs/semantics.md.
+
+Conventions of the API:
+
+- ``input`` is a feature map ``Tensor[N, C, H, W]``: float16, bfloat16, float32 or
+  float64, NCHW or channels_last (the output keeps the input's memory format).
+- ``boxes`` is either a ``Tensor[K, 5]`` of rows ``(batch_index, x1, y1, x2, y2)`` or a
+  list of N ``Tensor[L_i, 4]`` of rows ``(x1, y1, x2, y2)`` for image i, in input-image
+  pixels: any floating dtype, any row order, and K may be 0.
+- ``output_size`` is an int ``s``, meaning ``(s, s)``, or a pair ``(h, w)``.
+- ``spatial_scale`` maps input-image pixels to feature-map cells: ``1/16`` for a
+  stride-16 map.
+- Integer and real arguments may also be numpy scalars or 0-d tensors, as torchvision
+  takes them.
+- Bad arguments raise ``TypeError`` or ``ValueError`` naming the argument (and the first
+  bad box row); the limits on sizes and values are in docs/semantics.md, "Limits".
 """
 
 import importlib

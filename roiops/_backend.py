@@ -37,19 +37,30 @@ _forced: contextvars.ContextVar[tuple[_Entry, ...]] = contextvars.ContextVar("ro
 @contextlib.contextmanager
 def use_backend(name: str) -> Iterator[None]:
     """Force the kernels used by every roiops op run inside the block, in the calling
-    thread (or asyncio task) only.
+    thread (or asyncio task) only; other threads keep their own choice.
 
-    ``"cpu"``: the C++ kernels (CPU tensors only). ``"triton"``: the Triton kernels (CUDA
-    tensors; CPU tensors only under ``TRITON_INTERPRET=1``). ``"reference"``: the pure
-    PyTorch implementation (any device). The backward pass of an op runs on the backend
-    its forward used, whichever thread runs it. Eager calls only: where the dispatcher
-    runs an op (torch.compile, torch.export, tensor subclasses and modes), CPU tensors go
-    to the C++ kernels registered for them.
+    Without it, CPU tensors run the C++ kernels, CUDA tensors the Triton kernels, and
+    tensors on any other device the reference. The backward pass of an op runs on the
+    backend its forward used, whichever thread runs it. Eager calls only: where the
+    dispatcher runs an op (torch.compile, torch.export, tensor subclasses and modes), CPU
+    tensors go to the C++ kernels registered for them. Blocks nest; the innermost wins.
+    An op given tensors that the forced backend cannot run raises ``RuntimeError``.
 
-    Example::
+    Args:
+        name: ``"cpu"``: the C++ kernels (CPU tensors only). ``"triton"``: the Triton
+            kernels (CUDA tensors; CPU tensors only under ``TRITON_INTERPRET=1``).
+            ``"reference"``: the pure-PyTorch implementation (any device).
 
-        with roiops.use_backend("reference"):
-            out = roiops.roi_align(x, boxes, 7)
+    Raises:
+        ValueError: an unknown backend name.
+
+    Examples:
+        >>> x = torch.randn(1, 4, 16, 16)
+        >>> boxes = torch.tensor([[0, 1.0, 1.0, 12.0, 9.0]])
+        >>> with roiops.use_backend("reference"):
+        ...     expected = roiops.roi_align(x, boxes, 7, 1.0, 2, True)
+        >>> torch.allclose(roiops.roi_align(x, boxes, 7, 1.0, 2, True), expected)
+        True
     """
     if name not in BACKENDS:
         raise ValueError(f"unknown backend {name!r}; expected one of {', '.join(BACKENDS)}")

@@ -22,7 +22,12 @@ from ._geometry import (MAX_ARGMAX_GRID, MAX_COORDINATE, MAX_LEVELS, MAX_MAP_SID
                         MAX_SAMPLING_RATIO, MAX_SCALE, MIN_SCALE, align_axis, dense)
 
 BoxesType = Union[Tensor, Sequence[Tensor]]
+"""The boxes of an op: one ``Tensor[K, R]`` whose rows start with the batch index (``R = 5``:
+``(batch_index, x1, y1, x2, y2)``; 6 for rotated boxes, 17 for Bezier curves), or one
+``Tensor[L_i, R - 1]`` per image, without the index."""
+
 OutputSize = Union[int, tuple[int, int], list[int]]
+"""An op's output size: an int ``s``, meaning ``(s, s)``, or ``(h, w)``."""
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 

@@ -2,13 +2,16 @@
 
 Once ``roiops`` is imported, a plain ``torch.onnx.export(model, args, dynamo=True)``
 translates the roiops ops: roiops adds the default translations below to the exporter's
-own when torch loads its exporter (checked with torch 2.11, 2.12 and 2.14). To choose other
-translations, or if a newer torch warns that roiops could not add them, either::
+own when torch loads its exporter (checked with torch 2.11, 2.12 and 2.14); ``import
+roiops`` itself loads no ONNX code. Importing this module needs ``onnxscript`` (and
+``onnx``). To choose other translations, or if a newer torch warns that roiops could not
+add them, either export with [`roiops.onnx.export`][]:
 
     program = roiops.onnx.export(model, (images, boxes), dynamic_shapes=...)
     program.save("model.onnx")
 
-or pass them to torch.onnx yourself (yours for the same ops take precedence over ours)::
+or pass [`roiops.onnx.translation_table`][] to torch.onnx yourself (yours for the same
+ops take precedence over ours):
 
     torch.onnx.export(model, args, dynamo=True,
                       custom_translation_table=roiops.onnx.translation_table())
@@ -35,8 +38,8 @@ What each op becomes (docs/ecosystem.md has the table and the reasons):
   running maximum at -FLT_MAX (older releases at +FLT_MIN, the smallest positive float,
   so all-negative bins came out positive), turning an all ``-inf`` bin into -FLT_MAX, and
   it propagates NaN only when the NaN is the last element of the bin.
-- Every other op (its spec's ``Kernels.onnx`` names what ONNX lacks): no translation;
-  exporting it raises an error naming the op. docs/ecosystem.md lists them and why a
+- Every other op: no translation; exporting it raises an error naming the op and what
+  ONNX lacks. docs/ecosystem.md lists them and why a
   decomposition is not exported (each would visit far more of the map than the kernels,
   or sum in an order ONNX's reductions do not guarantee).
 
@@ -67,8 +70,9 @@ from ._spec import Kernels
 
 __all__ = ["MIN_OPSET", "export", "translation_table"]
 
-#: RoiAlign's ``coordinate_transformation_mode`` (needed for ``aligned``) came in opset 16.
 MIN_OPSET = 16
+"""The lowest ONNX opset roiops exports to: ``RoiAlign``'s ``coordinate_transformation_mode``
+(needed for ``aligned``) came in opset 16."""
 
 # onnxscript's opset stubs type values as its script-mode tensor classes; under the
 # exporter's tracer the translations pass ir.Values, so the ops are used untyped.
@@ -87,10 +91,28 @@ def translation_table(
 ) -> dict[Callable[..., Any], Callable[..., Any]]:
     """Translations of ``torch.ops.roiops.*`` for ``torch.onnx.export(custom_translation_table=...)``.
 
+    The forward ops ``roi_align``, ``roi_align_max`` and ``roi_pool`` are translated; every
+    other op maps to a translation that refuses the export with an error naming the op
+    (ONNX has no such operator).
+
     Args:
         align_avg: ``"RoiAlign"`` (default) exports ``roi_align`` mode ``"avg"`` as the ONNX
             ``RoiAlign`` operator; ``"decompose"`` as standard ops computing the same
-            samples (larger graph and memory, for runtimes whose ``RoiAlign`` is wrong).
+            samples: a larger graph and more memory, exact on non-finite maps too, for
+            runtimes whose ``RoiAlign`` differs.
+
+    Returns:
+        A dict from each registered op overload (``torch.ops.roiops.<op>.default``) to its
+        translation.
+
+    Raises:
+        ValueError: ``align_avg`` is neither ``"RoiAlign"`` nor ``"decompose"``.
+
+    Examples:
+        >>> import roiops.onnx
+        >>> table = roiops.onnx.translation_table(align_avg="decompose")
+        >>> torch.ops.roiops.roi_align.default in table
+        True
     """
     if align_avg not in ("RoiAlign", "decompose"):
         raise ValueError(f"align_avg must be 'RoiAlign' or 'decompose', got {align_avg!r}")
@@ -113,15 +135,35 @@ def export(
 ) -> torch.onnx.ONNXProgram:
     """``torch.onnx.export(..., dynamo=True)`` with the roiops translations added.
 
-    Every other keyword (``dynamic_shapes``, ``input_names``, ``optimize``...) goes to
-    :func:`torch.onnx.export`; ``custom_translation_table`` entries are added to ours.
+    A model's roiops ops are exported as [`translation_table`][roiops.onnx.translation_table]
+    says; the export needs onnxscript (and onnx). docs/ecosystem.md, "ONNX", has a whole
+    export and what each op becomes.
 
-    Example::
+    Args:
+        model: the module (or exported program) to export.
+        args: its example inputs.
+        f: where to save the ONNX file; None keeps it in the returned program only.
+        opset_version: the ONNX opset, at least [`MIN_OPSET`][roiops.onnx.MIN_OPSET]; None
+            is torch.onnx's default.
+        custom_translation_table: translations of your own, added to roiops' (yours win
+            for the same op).
+        align_avg: how ``roi_align`` mode ``"avg"`` is exported: ``"RoiAlign"`` or
+            ``"decompose"`` (see [`translation_table`][roiops.onnx.translation_table]).
+        **kwargs: any other keyword of ``torch.onnx.export`` (``dynamic_shapes``,
+            ``input_names``, ``optimize``...).
 
-        K = torch.export.Dim("K")
-        program = roiops.onnx.export(model, (images, boxes),
-                                     dynamic_shapes={"images": None, "boxes": {0: K}})
-        program.save("detector.onnx")
+    Returns:
+        The ``torch.onnx.ONNXProgram``; ``program.save(path)`` writes it.
+
+    Raises:
+        ValueError: ``opset_version`` below ``MIN_OPSET``, or ``dynamo=False``.
+
+    Examples:
+        >>> import roiops.onnx
+        >>> roiops.onnx.export(torch.nn.Identity(), (torch.zeros(1),), opset_version=15)
+        Traceback (most recent call last):
+            ...
+        ValueError: roiops exports need ONNX opset >= 16 (...), got opset_version=15
     """
     if opset_version is not None and opset_version < MIN_OPSET:
         raise ValueError(f"roiops exports need ONNX opset >= {MIN_OPSET} (RoiAlign's "

@@ -20,12 +20,13 @@ names its classes and functions:
 - ``roiops.compat.detectron2``: ``ROIAlign`` (``aligned=True`` default), ``ROIAlignRotated``
   and ``roi_align`` of ``detectron2.layers``.
 - ``roiops.compat.mmcv``: the RoI layers and functions of ``mmcv.ops``: RoIAlign,
-  RoIPool (in mmcv's continuous convention), rotated RoIAlign and Precise RoI Pooling
-  (gradient to the boxes too).
+  RoIPool (in mmcv's continuous convention), rotated and rotation-invariant RoIAlign,
+  Precise RoI Pooling (gradient to the boxes too), deformable RoI pooling (with the
+  ``Pack`` layers that predict the offset), Bezier alignment and border align.
 
 The modules are imported on first use (``roiops.compat.mmdet``, or
 ``from roiops.compat import mmdet``) so that importing roiops does not pay for them.
-Where a peer asserts the boxes' shape, its drop-in raises :class:`BoxAssertionError` for
+Where a peer asserts the boxes' shape, its drop-in raises [`BoxAssertionError`][roiops.compat.BoxAssertionError] for
 malformed boxes: an ``AssertionError`` as the peer's and roiops' ``ValueError``.
 ``docs/porting.md`` lists, per system, the old import, the new one and every behavioural
 difference.

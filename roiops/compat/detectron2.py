@@ -1,6 +1,6 @@
 """Drop-in replacement for detectron2's ``ROIAlign`` (``detectron2.layers``).
 
-Port with one import::
+Port with one import:
 
     from detectron2.layers import ROIAlign, roi_align
     # becomes
@@ -9,15 +9,15 @@ Port with one import::
 ``ROIAlign(output_size, spatial_scale, sampling_ratio, aligned=True)`` (note the default,
 unlike torchvision's) with ``forward(input, rois)`` on ``rois[K, 5]``, and detectron2's
 repr. detectron2's ``roi_align`` is torchvision's function, so it is
-:func:`roiops.compat.torchvision.roi_align` here. Like detectron2, ``forward`` casts the
+[`roiops.compat.torchvision.roi_align`][] here. Like detectron2, ``forward`` casts the
 boxes to the input's dtype before pooling (under float16 the coordinates are rounded to
 float16), so results match detectron2's exactly; pass boxes through
-:func:`roiops.roi_align` directly to keep them in float32. Empty boxes (``aligned=True``,
+[`roiops.roi_align`][] directly to keep them in float32. Empty boxes (``aligned=True``,
 adaptive sampling) give 0, as detectron2's tests require.
 
 ``ROIAlignRotated(output_size, spatial_scale, sampling_ratio)`` with ``forward(input,
 rois)`` on ``rois[K, 6]`` rows ``(batch_index, cx, cy, w, h, angle)``, the angle in degrees,
-counter-clockwise: :func:`roiops.roi_align_rotated` with the 0.5 offset always applied and
+counter-clockwise: [`roiops.roi_align_rotated`][] with the 0.5 offset always applied and
 no minimum box size (detectron2's kernels have no ``aligned`` switch for rotated boxes).
 """
 
@@ -40,10 +40,24 @@ class ROIAlign(tv.RoIAlign):
     """detectron2 ``ROIAlign``: RoIAlign (average) with ``aligned=True`` by default; the same
     constructor checks and repr as torchvision's.
 
-    Example::
+    ``module(input, rois)``, with ``rois`` a ``Tensor[K, 5]`` of rows ``(batch_index, x1,
+    y1, x2, y2)``, returns ``Tensor[K, C, h, w]``; the boxes are cast to the input's dtype
+    first, as detectron2 does. Other ``rois`` raise an ``AssertionError``
+    ([`BoxAssertionError`][roiops.compat.BoxAssertionError]).
 
+    Args:
+        output_size: ``int`` or ``(h, w)``.
+        spatial_scale: feature-map cells per input-image pixel (e.g. 1/16).
+        sampling_ratio: sample points per bin along each axis; ``<= 0`` means adaptive.
+        aligned: shift box corners by -0.5 cell; ``False`` is the original RoIAlign.
+
+    Examples:
+        >>> from roiops.compat.detectron2 import ROIAlign
         >>> pooler = ROIAlign((7, 7), spatial_scale=1 / 16, sampling_ratio=0)
-        >>> pooler(features, rois).shape  # rois [K, 5] -> [K, C, 7, 7]
+        >>> pooler
+        ROIAlign(output_size=(7, 7), spatial_scale=0.0625, sampling_ratio=0, aligned=True)
+        >>> pooler(torch.randn(1, 8, 40, 60), torch.tensor([[0, 16.0, 32.0, 320.0, 240.0]])).shape
+        torch.Size([1, 8, 7, 7])
     """
 
     def __init__(self, output_size: tv.OutputSize, spatial_scale: float, sampling_ratio: int,
@@ -73,13 +87,24 @@ def _roi_align(input: Tensor, rois: Tensor, output_size: tv.OutputSize, spatial_
 
 
 class ROIAlignRotated(nn.Module):
-    """detectron2 ``ROIAlignRotated``: rotated RoIAlign on ``rois[K, 6]`` (angles in degrees,
-    counter-clockwise), the half-cell offset always applied.
+    """detectron2 ``ROIAlignRotated``: rotated RoIAlign with the half-cell offset always
+    applied and no minimum box size.
 
-    Example::
+    ``module(input, rois)``, with ``rois`` a ``Tensor[K, 6]`` of rows ``(batch_index, cx,
+    cy, w, h, angle)``, the angle in degrees, counter-clockwise, returns ``Tensor[K, C, h,
+    w]``. Other ``rois`` raise an ``AssertionError``
+    ([`BoxAssertionError`][roiops.compat.BoxAssertionError]).
 
+    Args:
+        output_size: ``int`` or ``(h, w)``.
+        spatial_scale: feature-map cells per input-image pixel (e.g. 1/16).
+        sampling_ratio: sample points per bin along each box axis; ``<= 0`` means adaptive.
+
+    Examples:
+        >>> from roiops.compat.detectron2 import ROIAlignRotated
         >>> pooler = ROIAlignRotated((7, 7), spatial_scale=1 / 16, sampling_ratio=0)
-        >>> pooler(features, rois).shape  # rois [K, 6] -> [K, C, 7, 7]
+        >>> pooler(torch.randn(1, 8, 40, 60), torch.tensor([[0, 320.0, 240.0, 200.0, 100.0, 30.0]])).shape
+        torch.Size([1, 8, 7, 7])
     """
 
     def __init__(self, output_size: tv.OutputSize, spatial_scale: float, sampling_ratio: int) -> None:

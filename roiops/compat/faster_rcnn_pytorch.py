@@ -68,7 +68,30 @@ def _corner_axis(start: Tensor, end: Tensor, size: int, points: int):
 @fx_leaf
 def roi_align_corners(features: Tensor, rois, aligned_height: int, aligned_width: int,
                       spatial_scale: float) -> Tensor:
-    """faster-rcnn.pytorch's RoIAlign as a function (see the module docstring)."""
+    """faster-rcnn.pytorch's RoIAlign as a function: one bilinear sample per output cell,
+    on the cell corners (the rule in this module's description).
+
+    Args:
+        features: feature map ``Tensor[N, C, H, W]``, at least 2 x 2.
+        rois: ``Tensor[K, 5]`` of rows ``(batch_index, x1, y1, x2, y2)`` in image pixels,
+            or a list of per-image ``Tensor[L, 4]``.
+        aligned_height: output height, a whole number >= 2.
+        aligned_width: output width, a whole number >= 2.
+        spatial_scale: feature-map cells per input-image pixel (e.g. 1/16).
+
+    Returns:
+        ``Tensor[K, C, aligned_height, aligned_width]``, the input's dtype.
+
+    Raises:
+        ValueError: an output size below 2, or a map smaller than 2 x 2.
+
+    Examples:
+        >>> from roiops.compat.faster_rcnn_pytorch import roi_align_corners
+        >>> x = torch.arange(16.0).view(1, 1, 4, 4)
+        >>> roi_align_corners(x, torch.tensor([[0, 0.0, 0.0, 2.0, 2.0]]), 2, 2, 1.0)
+        tensor([[[[ 0.,  3.],
+                  [12., 15.]]]])
+    """
     ph = as_int(aligned_height, "aligned_height", 2)
     pw = as_int(aligned_width, "aligned_width", 2)
     s = v.spatial_scale(spatial_scale)
@@ -130,9 +153,22 @@ class _CornerAlignBase(nn.Module):
 
 
 class RoIAlign(_CornerAlignBase):
-    """``RoIAlign(aligned_height, aligned_width, spatial_scale)``: one corner sample per cell.
+    """faster-rcnn.pytorch's ``RoIAlign``: one corner sample per output cell;
+    ``module(features, rois)`` is [`roi_align_corners`][roiops.compat.faster_rcnn_pytorch.roi_align_corners]
+    with the module's options.
 
-    Output ``[K, C, aligned_height, aligned_width]``; both sizes must be >= 2.
+    Args:
+        aligned_height: output height, a whole number >= 2.
+        aligned_width: output width, a whole number >= 2.
+        spatial_scale: feature-map cells per input-image pixel (e.g. 1/16).
+
+    Examples:
+        >>> from roiops.compat.faster_rcnn_pytorch import RoIAlign
+        >>> align = RoIAlign(7, 7, 1 / 16)
+        >>> align
+        RoIAlign(aligned_height=7, aligned_width=7, spatial_scale=0.0625)
+        >>> align(torch.randn(1, 8, 40, 60), torch.tensor([[0, 16.0, 32.0, 320.0, 240.0]])).shape
+        torch.Size([1, 8, 7, 7])
     """
 
     def forward(self, features: Tensor, rois) -> Tensor:
@@ -140,7 +176,22 @@ class RoIAlign(_CornerAlignBase):
 
 
 class RoIAlignAvg(_CornerAlignBase):
-    """Corner samples at ``(h + 1) x (w + 1)``, then 2x2 average pooling with stride 1."""
+    """faster-rcnn.pytorch's ``RoIAlignAvg``: corner samples at ``(h + 1) x (w + 1)``, then
+    2x2 average pooling with stride 1; ``module(features, rois)`` returns ``Tensor[K, C,
+    aligned_height, aligned_width]``.
+
+    Args:
+        aligned_height: output height, a whole number >= 1.
+        aligned_width: output width, a whole number >= 1.
+        spatial_scale: feature-map cells per input-image pixel (e.g. 1/16).
+
+    Examples:
+        >>> from roiops.compat.faster_rcnn_pytorch import RoIAlignAvg
+        >>> x = torch.randn(1, 8, 40, 60)
+        >>> rois = torch.tensor([[0, 16.0, 32.0, 320.0, 240.0]])
+        >>> RoIAlignAvg(7, 7, 1 / 16)(x, rois).shape
+        torch.Size([1, 8, 7, 7])
+    """
 
     _extra = 1
 
@@ -149,7 +200,22 @@ class RoIAlignAvg(_CornerAlignBase):
 
 
 class RoIAlignMax(_CornerAlignBase):
-    """Corner samples at ``(h + 1) x (w + 1)``, then 2x2 max pooling with stride 1."""
+    """faster-rcnn.pytorch's ``RoIAlignMax``: corner samples at ``(h + 1) x (w + 1)``, then
+    2x2 max pooling with stride 1; ``module(features, rois)`` returns ``Tensor[K, C,
+    aligned_height, aligned_width]``.
+
+    Args:
+        aligned_height: output height, a whole number >= 1.
+        aligned_width: output width, a whole number >= 1.
+        spatial_scale: feature-map cells per input-image pixel (e.g. 1/16).
+
+    Examples:
+        >>> from roiops.compat.faster_rcnn_pytorch import RoIAlignMax
+        >>> x = torch.randn(1, 8, 40, 60)
+        >>> rois = torch.tensor([[0, 16.0, 32.0, 320.0, 240.0]])
+        >>> RoIAlignMax(7, 7, 1 / 16)(x, rois).shape
+        torch.Size([1, 8, 7, 7])
+    """
 
     _extra = 1
 
@@ -158,9 +224,23 @@ class RoIAlignMax(_CornerAlignBase):
 
 
 class RoIPool(nn.Module):
-    """``RoIPool(pooled_height, pooled_width, spatial_scale)``: Caffe RoIPool.
+    """faster-rcnn.pytorch's ``_RoIPooling``: the Caffe RoIPool (``roiops.roi_pool(...,
+    convention="caffe")``); ``module(features, rois)`` returns ``Tensor[K, C,
+    pooled_height, pooled_width]``. The original class name ``_RoIPooling`` is exported
+    too.
 
-    The original class is ``_RoIPooling``; both names are exported.
+    Args:
+        pooled_height: output height, a whole number >= 1.
+        pooled_width: output width, a whole number >= 1.
+        spatial_scale: feature-map cells per input-image pixel (e.g. 1/16).
+
+    Examples:
+        >>> from roiops.compat.faster_rcnn_pytorch import RoIPool
+        >>> pool = RoIPool(7, 7, 1 / 16)
+        >>> pool
+        RoIPool(pooled_height=7, pooled_width=7, spatial_scale=0.0625)
+        >>> pool(torch.randn(1, 8, 40, 60), torch.tensor([[0, 16.0, 32.0, 320.0, 240.0]])).shape
+        torch.Size([1, 8, 7, 7])
     """
 
     def __init__(self, pooled_height, pooled_width, spatial_scale):

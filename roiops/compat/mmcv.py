@@ -1,6 +1,6 @@
 """Drop-in replacement for the RoI layers of ``mmcv.ops`` (mmcv 1.x and 2.x).
 
-Port with one import::
+Port with one import:
 
     from mmcv.ops import RoIAlign, RoIPool, roi_align, roi_pool
     # becomes
@@ -28,17 +28,17 @@ boxes and reprs. Semantics:
 - ``roi_align_rotated``/``RoIAlignRotated``: ``rois[K, 6]`` rows ``(batch_index, cx, cy, w,
   h, angle)`` with the angle in radians, counter-clockwise unless ``clockwise=True``;
   ``aligned=False`` means no half-cell offset and sides of at least one cell. It is
-  :func:`roiops.roi_align_rotated` with ``angle="radians"``.
+  [`roiops.roi_align_rotated`][] with ``angle="radians"``.
 - ``riroi_align_rotated``/``RiRoIAlignRotated``: ReDet's rotation-invariant RoIAlign,
-  :func:`roiops.riroi_align_rotated` (``num_samples`` is its ``sampling_ratio``): channels
+  [`roiops.riroi_align_rotated`][] (``num_samples`` is its ``sampling_ratio``): channels
   ``c' * num_orientations + o``, which must divide evenly (mmcv does not check), rows
   ``(batch_index, cx, cy, w, h, angle)`` in radians. The module keeps ``out_size`` as given
   (MMRotate reads it). mmcv runs it on CUDA only and accumulates float16 in float16;
   roiops on CPU and GPU in every floating dtype, in float32 for the half types.
-- ``prroi_pool``/``PrRoIPool``: Precise RoI Pooling, :func:`roiops.prroi_pool`; as in mmcv,
+- ``prroi_pool``/``PrRoIPool``: Precise RoI Pooling, [`roiops.prroi_pool`][]; as in mmcv,
   ``rois`` that require grad receive their gradient (zero in the batch-index column).
   mmcv runs it on CUDA in float32 only; roiops on CPU and GPU in every floating dtype.
-- ``deform_roi_pool``/``DeformRoIPool``: :func:`roiops.deform_roi_pool` (``offset=None``:
+- ``deform_roi_pool``/``DeformRoIPool``: [`roiops.deform_roi_pool`][] (``offset=None``:
   no offset). The input's gradient is mmcv's; the offset's is the derivative of the
   forward, which differs from mmcv's where a sample is held by the map's border
   (docs/semantics.md). mmcv runs it on GPUs only; roiops on CPU and GPU, in every
@@ -49,13 +49,13 @@ boxes and reprs. Semantics:
   mmcv's (``offset_fc.0/2/4``, ``mask_fc.0/2``; last layers zero at initialisation), so a
   state_dict saved from mmcv's layers loads unchanged.
 
-- ``bezier_align``/``BezierAlign``: ABCNet's Bezier alignment, :func:`roiops.bezier_align`,
+- ``bezier_align``/``BezierAlign``: ABCNet's Bezier alignment, [`roiops.bezier_align`][],
   ``beziers[K, 17]`` rows ``(batch_index, top curve left to right, bottom curve right to
   left)``; the module's ``spatial_scale`` and ``sampling_ratio`` have no defaults, as in
   mmcv. The bin centres follow mmcv's CPU arithmetic bit for bit in float32; the input
   gets mmcv's gradient, the control points none. mmcv has no bfloat16; roiops runs every
   floating dtype (float16 and bfloat16 in float32 arithmetic).
-- ``border_align``/``BorderAlign``: BorderDet's border align, :func:`roiops.border_align`:
+- ``border_align``/``BorderAlign``: BorderDet's border align, [`roiops.border_align`][]:
   boxes ``[N, K, 4]`` per image in feature-map cells, output ``[N, C, K, 4]``. mmcv runs it
   on CUDA only; roiops on CPU and GPU in every floating dtype. Where they differ: a NaN
   sample wins the maximum here (the first one), where mmcv keeps its running maximum
@@ -129,7 +129,30 @@ def _sampling_ratio(value: object) -> int:
 @box_assertions
 def roi_align(input: Tensor, rois: Tensor, output_size: OutputSize, spatial_scale: float = 1.0,
               sampling_ratio: int = 0, pool_mode: str = "avg", aligned: bool = True) -> Tensor:
-    """``mmcv.ops.roi_align``: ``rois[K, 5]`` on ``input[N, C, H, W]`` -> ``Tensor[K, C, h, w]``."""
+    """``mmcv.ops.roi_align``: RoIAlign, [`roiops.roi_align`][] with mmcv's signature and
+    defaults.
+
+    Args:
+        input: feature map ``Tensor[N, C, H, W]``.
+        rois: ``Tensor[K, 5]`` of rows ``(batch_index, x1, y1, x2, y2)`` in image pixels;
+            other shapes raise an ``AssertionError`` ([`BoxAssertionError`][roiops.compat.BoxAssertionError]).
+        output_size: ``int`` or ``(h, w)``.
+        spatial_scale: feature-map cells per input-image pixel (e.g. 1/16).
+        sampling_ratio: sample points per bin along each axis; ``<= 0`` (the default)
+            means adaptive.
+        pool_mode: ``"avg"`` or ``"max"`` (the largest sample, as mmcv's CUDA kernel).
+        aligned: shift box corners by -0.5 cell.
+
+    Returns:
+        ``Tensor[K, C, h, w]``.
+
+    Examples:
+        >>> from roiops.compat.mmcv import roi_align
+        >>> x = torch.randn(1, 8, 40, 60)
+        >>> rois = torch.tensor([[0, 16.0, 32.0, 320.0, 240.0]])
+        >>> roi_align(x, rois, 7, 1 / 16, pool_mode="max").shape
+        torch.Size([1, 8, 7, 7])
+    """
     mode = v.choice("pool_mode", pool_mode, ("avg", "max"))
     return F.roi_align(input, rois, output_size, spatial_scale, sampling_ratio, aligned,
                        "max" if mode == "max" else "avg")
@@ -138,18 +161,53 @@ def roi_align(input: Tensor, rois: Tensor, output_size: OutputSize, spatial_scal
 @fx_leaf
 @box_assertions
 def roi_pool(input: Tensor, rois: Tensor, output_size: OutputSize, spatial_scale: float = 1.0) -> Tensor:
-    """``mmcv.ops.roi_pool``: continuous-coordinate RoIPool -> ``Tensor[K, C, h, w]``."""
+    """``mmcv.ops.roi_pool``: continuous-coordinate RoIPool, ``roiops.roi_pool(...,
+    convention="mmdet")``: ``x1 * s`` to ``(x2 + 1) * s`` unrounded, a box of size <= 0
+    gives zeros.
+
+    Args:
+        input: feature map ``Tensor[N, C, H, W]``.
+        rois: ``Tensor[K, 5]`` of rows ``(batch_index, x1, y1, x2, y2)`` in image pixels;
+            other shapes raise an ``AssertionError`` ([`BoxAssertionError`][roiops.compat.BoxAssertionError]).
+        output_size: ``int`` or ``(h, w)``.
+        spatial_scale: feature-map cells per input-image pixel (e.g. 1/16).
+
+    Returns:
+        ``Tensor[K, C, h, w]``.
+
+    Examples:
+        >>> from roiops.compat.mmcv import roi_pool
+        >>> x = torch.randn(1, 8, 40, 60)
+        >>> rois = torch.tensor([[0, 16.0, 32.0, 320.0, 240.0]])
+        >>> roi_pool(x, rois, 7, 1 / 16).shape
+        torch.Size([1, 8, 7, 7])
+    """
     return F.roi_pool(input, rois, output_size, spatial_scale, "mmdet")
 
 
 class RoIAlign(nn.Module):
-    """``mmcv.ops.RoIAlign(output_size, spatial_scale=1.0, sampling_ratio=0, pool_mode='avg',
-    aligned=True, use_torchvision=False)``.
+    """``mmcv.ops.RoIAlign``: ``module(input, rois)`` is [`roi_align`][roiops.compat.mmcv.roi_align]
+    with the module's options, checked when it is built. mmcv's deprecated keywords
+    ``out_size`` and ``sample_num`` work too, with mmcv's ``DeprecationWarning``.
 
-    Example::
+    Args:
+        output_size: ``int`` or ``(h, w)``.
+        spatial_scale: feature-map cells per input-image pixel (e.g. 1/16).
+        sampling_ratio: sample points per bin along each axis; ``<= 0`` means adaptive. A
+            whole float (``2.0``, from a config) is taken as an int.
+        pool_mode: ``"avg"`` or ``"max"``.
+        aligned: shift box corners by -0.5 cell.
+        use_torchvision: average whatever ``pool_mode`` says, as mmcv's call of
+            torchvision's ``roi_align`` does.
 
-        >>> layer = RoIAlign(7, spatial_scale=1 / 16)       # as in mmdetection's roi_layer
-        >>> layer(features, rois).shape                      # rois [K, 5] -> [K, C, 7, 7]
+    Examples:
+        >>> from roiops.compat.mmcv import RoIAlign
+        >>> layer = RoIAlign(7, spatial_scale=1 / 16)  # as in mmdetection's roi_layer
+        >>> layer
+        RoIAlign(output_size=(7, 7), spatial_scale=0.0625, sampling_ratio=0, pool_mode=avg, aligned=True,
+                 use_torchvision=False)
+        >>> layer(torch.randn(1, 8, 40, 60), torch.tensor([[0, 16.0, 32.0, 320.0, 240.0]])).shape
+        torch.Size([1, 8, 7, 7])
     """
 
     @_old_keywords
@@ -192,7 +250,20 @@ class _SizeAndScale(nn.Module):
 
 
 class RoIPool(_SizeAndScale):
-    """``mmcv.ops.RoIPool(output_size, spatial_scale=1.0)``: continuous-coordinate RoIPool."""
+    """``mmcv.ops.RoIPool``: ``module(input, rois)`` is [`roi_pool`][roiops.compat.mmcv.roi_pool]
+    (continuous coordinates) with the module's options.
+
+    Args:
+        output_size: ``int`` or ``(h, w)``.
+        spatial_scale: feature-map cells per input-image pixel (e.g. 1/16).
+
+    Examples:
+        >>> from roiops.compat.mmcv import RoIPool
+        >>> x = torch.randn(1, 8, 40, 60)
+        >>> rois = torch.tensor([[0, 16.0, 32.0, 320.0, 240.0]])
+        >>> RoIPool(7, 1 / 16)(x, rois).shape
+        torch.Size([1, 8, 7, 7])
+    """
 
     function = roi_pool
 
@@ -200,20 +271,54 @@ class RoIPool(_SizeAndScale):
 @fx_leaf
 def roi_align_rotated(input: Tensor, rois: Tensor, output_size: OutputSize, spatial_scale: float = 1.0,
                       sampling_ratio: int = 0, aligned: bool = True, clockwise: bool = False) -> Tensor:
-    """``mmcv.ops.roi_align_rotated``: ``rois[K, 6]`` (angle in radians) on ``input[N, C, H, W]``
-    -> ``Tensor[K, C, h, w]``."""
+    """``mmcv.ops.roi_align_rotated``: rotated RoIAlign, [`roiops.roi_align_rotated`][] with
+    ``angle="radians"``.
+
+    Args:
+        input: feature map ``Tensor[N, C, H, W]``.
+        rois: ``Tensor[K, 6]`` of rows ``(batch_index, cx, cy, w, h, angle)`` in image
+            pixels, the angle in radians.
+        output_size: ``int`` or ``(h, w)``.
+        spatial_scale: feature-map cells per input-image pixel (e.g. 1/16).
+        sampling_ratio: sample points per bin along each box axis; ``<= 0`` means adaptive.
+        aligned: shift the centre by -0.5 cell; ``False``: no offset and sides of at
+            least one cell.
+        clockwise: the angle turns clockwise.
+
+    Returns:
+        ``Tensor[K, C, h, w]``.
+
+    Examples:
+        >>> from roiops.compat.mmcv import roi_align_rotated
+        >>> x = torch.randn(1, 8, 40, 60)
+        >>> rois = torch.tensor([[0, 320.0, 240.0, 200.0, 100.0, 0.5]])  # (batch_index, cx, cy, w, h, angle)
+        >>> roi_align_rotated(x, rois, 7, 1 / 16, 2).shape
+        torch.Size([1, 8, 7, 7])
+    """
     return F.roi_align_rotated(input, rois, output_size, spatial_scale, _sampling_ratio(sampling_ratio), aligned,
                                clockwise, "radians")
 
 
 class RoIAlignRotated(nn.Module):
-    """``mmcv.ops.RoIAlignRotated(output_size, spatial_scale, sampling_ratio=0, aligned=True,
-    clockwise=False)`` (``spatial_scale`` defaults to 1.0 here).
+    """``mmcv.ops.RoIAlignRotated``: ``module(input, rois)`` is
+    [`roi_align_rotated`][roiops.compat.mmcv.roi_align_rotated] with the module's options,
+    checked when it is built (``spatial_scale`` defaults to 1.0 here). mmcv's deprecated
+    keywords ``out_size`` and ``sample_num`` work too, with mmcv's ``DeprecationWarning``.
 
-    Example::
+    Args:
+        output_size: ``int`` or ``(h, w)``.
+        spatial_scale: feature-map cells per input-image pixel (e.g. 1/16).
+        sampling_ratio: sample points per bin along each box axis; ``<= 0`` means adaptive.
+        aligned: shift the centre by -0.5 cell.
+        clockwise: the angle turns clockwise.
 
+    Examples:
+        >>> from roiops.compat.mmcv import RoIAlignRotated
         >>> layer = RoIAlignRotated(7, spatial_scale=1 / 16, sampling_ratio=2, clockwise=True)
-        >>> layer(features, rois).shape                      # rois [K, 6] -> [K, C, 7, 7]
+        >>> x = torch.randn(1, 8, 40, 60)
+        >>> rois = torch.tensor([[0, 320.0, 240.0, 200.0, 100.0, 0.5]])  # (batch_index, cx, cy, w, h, angle)
+        >>> layer(x, rois).shape
+        torch.Size([1, 8, 7, 7])
     """
 
     @_old_keywords
@@ -251,20 +356,55 @@ def _whole(value: Any) -> Any:
 @fx_leaf
 def riroi_align_rotated(features: Tensor, rois: Tensor, out_size: int | tuple[int, int], spatial_scale: float,
                         num_samples: int = 0, num_orientations: int = 8, clockwise: bool = False) -> Tensor:
-    """``mmcv.ops.riroi_align_rotated``: ``rois[K, 6]`` (angle in radians) on ``features[N, C, H,
-    W]``, ``C`` a multiple of ``num_orientations`` -> ``Tensor[K, C, h, w]``."""
+    """``mmcv.ops.riroi_align_rotated``: ReDet's rotation-invariant RoIAlign,
+    [`roiops.riroi_align_rotated`][] with mmcv's signature.
+
+    Args:
+        features: feature map ``Tensor[N, C, H, W]``, ``C`` a multiple of
+            ``num_orientations`` (channel ``c' * num_orientations + o``).
+        rois: ``Tensor[K, 6]`` of rows ``(batch_index, cx, cy, w, h, angle)`` in image
+            pixels, the angle in radians.
+        out_size: an int or a tuple ``(h, w)`` of ints (a list is refused, as mmcv does).
+        spatial_scale: feature-map cells per input-image pixel (e.g. 1/4).
+        num_samples: sample points per bin along each box axis; ``<= 0`` means adaptive.
+        num_orientations: orientations per channel field.
+        clockwise: the angle turns the box clockwise.
+
+    Returns:
+        ``Tensor[K, C, h, w]``.
+
+    Examples:
+        >>> from roiops.compat.mmcv import riroi_align_rotated
+        >>> x = torch.randn(1, 8, 40, 60)
+        >>> rois = torch.tensor([[0, 320.0, 240.0, 200.0, 100.0, 0.5]])  # (batch_index, cx, cy, w, h, angle)
+        >>> riroi_align_rotated(x, rois, 7, 1 / 16, 2, num_orientations=4).shape
+        torch.Size([1, 8, 7, 7])
+    """
     return F.riroi_align_rotated(features, rois, _out_size(out_size), spatial_scale, _sampling_ratio(num_samples),
                                  _whole(num_orientations), clockwise)
 
 
 class RiRoIAlignRotated(nn.Module):
-    """``mmcv.ops.RiRoIAlignRotated(out_size, spatial_scale, num_samples=0, num_orientations=8,
-    clockwise=False)``; ``out_size`` is kept as given.
+    """``mmcv.ops.RiRoIAlignRotated``: ``module(features, rois)`` is
+    [`riroi_align_rotated`][roiops.compat.mmcv.riroi_align_rotated] with the module's
+    options, checked when it is built; ``out_size`` is kept as given (MMRotate reads it).
 
-    Example::
+    Args:
+        out_size: an int or a tuple ``(h, w)`` of ints.
+        spatial_scale: feature-map cells per input-image pixel (e.g. 1/4).
+        num_samples: sample points per bin along each box axis; ``<= 0`` means adaptive.
+        num_orientations: orientations per channel field.
+        clockwise: the angle turns the box clockwise.
 
-        >>> layer = RiRoIAlignRotated(7, 1 / 4, num_samples=2, clockwise=True)  # MMRotate's ReDet
-        >>> layer(features, rois).shape                      # rois [K, 6] -> [K, C, 7, 7]
+    Examples:
+        >>> from roiops.compat.mmcv import RiRoIAlignRotated
+        >>> layer = RiRoIAlignRotated(7, 1 / 16, num_samples=2, clockwise=True)  # MMRotate's ReDet
+        >>> layer
+        RiRoIAlignRotated(out_size=7, spatial_scale=0.0625, num_samples=2, num_orientations=8, clockwise=True)
+        >>> x = torch.randn(1, 8, 40, 60)
+        >>> rois = torch.tensor([[0, 320.0, 240.0, 200.0, 100.0, 0.5]])  # (batch_index, cx, cy, w, h, angle)
+        >>> layer(x, rois).shape
+        torch.Size([1, 8, 7, 7])
     """
 
     def __init__(self, out_size: int | tuple[int, int], spatial_scale: float, num_samples: int = 0,
@@ -289,18 +429,42 @@ class RiRoIAlignRotated(nn.Module):
 
 @fx_leaf
 def prroi_pool(input: Tensor, rois: Tensor, output_size: OutputSize, spatial_scale: float = 1.0) -> Tensor:
-    """``mmcv.ops.prroi_pool``: Precise RoI Pooling of ``rois[K, 5]`` on ``input[N, C, H, W]``
-    -> ``Tensor[K, C, h, w]``, differentiable with respect to ``input`` and ``rois``."""
+    """``mmcv.ops.prroi_pool``: Precise RoI Pooling, [`roiops.prroi_pool`][]: differentiable
+    with respect to ``input`` and to ``rois`` when they require grad.
+
+    Args:
+        input: feature map ``Tensor[N, C, H, W]``.
+        rois: ``Tensor[K, 5]`` of rows ``(batch_index, x1, y1, x2, y2)`` in image pixels.
+        output_size: ``int`` or ``(h, w)``.
+        spatial_scale: feature-map cells per input-image pixel (e.g. 1/16).
+
+    Returns:
+        ``Tensor[K, C, h, w]``.
+
+    Examples:
+        >>> from roiops.compat.mmcv import prroi_pool
+        >>> x = torch.randn(1, 8, 40, 60)
+        >>> rois = torch.tensor([[0, 16.0, 32.0, 320.0, 240.0]])
+        >>> prroi_pool(x, rois, 7, 1 / 16).shape
+        torch.Size([1, 8, 7, 7])
+    """
     return F.prroi_pool(input, rois, output_size, spatial_scale)
 
 
 class PrRoIPool(_SizeAndScale):
-    """``mmcv.ops.PrRoIPool(output_size, spatial_scale=1.0)``.
+    """``mmcv.ops.PrRoIPool``: ``module(input, rois)`` is
+    [`prroi_pool`][roiops.compat.mmcv.prroi_pool] with the module's options.
 
-    Example::
+    Args:
+        output_size: ``int`` or ``(h, w)``.
+        spatial_scale: feature-map cells per input-image pixel (e.g. 1/16).
 
-        >>> layer = PrRoIPool(7, spatial_scale=1 / 16)
-        >>> layer(features, rois).shape                      # rois [K, 5] -> [K, C, 7, 7]
+    Examples:
+        >>> from roiops.compat.mmcv import PrRoIPool
+        >>> x = torch.randn(1, 8, 40, 60)
+        >>> rois = torch.tensor([[0, 16.0, 32.0, 320.0, 240.0]])
+        >>> PrRoIPool(7, spatial_scale=1 / 16)(x, rois).shape
+        torch.Size([1, 8, 7, 7])
     """
 
     function = prroi_pool
@@ -310,14 +474,50 @@ class PrRoIPool(_SizeAndScale):
 @box_assertions
 def deform_roi_pool(input: Tensor, rois: Tensor, offset: Tensor | None, output_size: OutputSize,
                     spatial_scale: float = 1.0, sampling_ratio: int = 0, gamma: float = 0.1) -> Tensor:
-    """``mmcv.ops.deform_roi_pool``: ``rois[K, 5]``, ``offset[K, 2, h, w]`` or None on
-    ``input[N, C, H, W]`` -> ``Tensor[K, C, h, w]``."""
+    """``mmcv.ops.deform_roi_pool``: deformable RoI pooling, [`roiops.deform_roi_pool`][]
+    with mmcv's signature.
+
+    Args:
+        input: feature map ``Tensor[N, C, H, W]``.
+        rois: ``Tensor[K, 5]`` of rows ``(batch_index, x1, y1, x2, y2)`` in image pixels;
+            other shapes raise an ``AssertionError`` ([`BoxAssertionError`][roiops.compat.BoxAssertionError]).
+        offset: ``Tensor[K, 2, h, w]``, or None for no offset.
+        output_size: ``int`` or ``(h, w)``.
+        spatial_scale: feature-map cells per input-image pixel (e.g. 1/16).
+        sampling_ratio: sample points per bin along each axis; ``<= 0`` means adaptive.
+        gamma: scale of the offset.
+
+    Returns:
+        ``Tensor[K, C, h, w]``.
+
+    Examples:
+        >>> from roiops.compat.mmcv import deform_roi_pool
+        >>> x = torch.randn(1, 8, 40, 60)
+        >>> rois = torch.tensor([[0, 16.0, 32.0, 320.0, 240.0]])
+        >>> deform_roi_pool(x, rois, torch.zeros(1, 2, 7, 7), 7, 1 / 16).shape
+        torch.Size([1, 8, 7, 7])
+    """
     return F.deform_roi_pool(input, rois, offset, output_size, spatial_scale, _sampling_ratio(sampling_ratio), gamma)
 
 
 class DeformRoIPool(nn.Module):
-    """``mmcv.ops.DeformRoIPool(output_size, spatial_scale=1.0, sampling_ratio=0, gamma=0.1)``;
-    ``forward(input, rois, offset=None)``."""
+    """``mmcv.ops.DeformRoIPool``: ``module(input, rois, offset=None)`` is
+    [`deform_roi_pool`][roiops.compat.mmcv.deform_roi_pool] with the module's options,
+    checked when it is built.
+
+    Args:
+        output_size: ``int`` or ``(h, w)``.
+        spatial_scale: feature-map cells per input-image pixel (e.g. 1/16).
+        sampling_ratio: sample points per bin along each axis; ``<= 0`` means adaptive.
+        gamma: scale of the offset.
+
+    Examples:
+        >>> from roiops.compat.mmcv import DeformRoIPool
+        >>> x = torch.randn(1, 8, 40, 60)
+        >>> rois = torch.tensor([[0, 16.0, 32.0, 320.0, 240.0]])
+        >>> DeformRoIPool(7, 1 / 16)(x, rois, 0.1 * torch.randn(1, 2, 7, 7)).shape
+        torch.Size([1, 8, 7, 7])
+    """
 
     def __init__(self, output_size: OutputSize, spatial_scale: float = 1.0, sampling_ratio: int = 0,
                  gamma: float = 0.1) -> None:
@@ -328,6 +528,16 @@ class DeformRoIPool(nn.Module):
         self.gamma = v.finite("gamma", float(gamma))
 
     def forward(self, input: Tensor, rois: Tensor, offset: Tensor | None = None) -> Tensor:
+        """Pools ``rois`` of ``input``, each bin moved by ``offset``.
+
+        Args:
+            input: feature map ``Tensor[N, C, H, W]``.
+            rois: ``Tensor[K, 5]``.
+            offset: ``Tensor[K, 2, h, w]``, or None for no offset.
+
+        Returns:
+            ``Tensor[K, C, h, w]``.
+        """
         return deform_roi_pool(input, rois, offset, self.output_size, self.spatial_scale, self.sampling_ratio,
                                self.gamma)
 
@@ -345,14 +555,25 @@ def _head(*sizes: int, last: nn.Module | None = None) -> nn.Sequential:
 
 
 class DeformRoIPoolPack(DeformRoIPool):
-    """``mmcv.ops.DeformRoIPoolPack(output_size, output_channels, deform_fc_channels=1024,
-    spatial_scale=1.0, sampling_ratio=0, gamma=0.1)``: pools the boxes, predicts each bin's
-    offset from the result (``offset_fc``: three linear layers), and pools again with it.
+    """``mmcv.ops.DeformRoIPoolPack``: pools the boxes, predicts each bin's offset from the
+    result (``offset_fc``: three linear layers, the last one zero at first), and pools again
+    with it; ``module(input, rois)`` returns ``Tensor[K, output_channels, h, w]``.
+    Parameter names and shapes are mmcv's, so a state_dict saved from mmcv's layer loads
+    unchanged.
 
-    Example::
+    Args:
+        output_size: ``int`` or ``(h, w)``.
+        output_channels: the input's channels, C.
+        deform_fc_channels: width of the offset head's hidden layers.
+        spatial_scale: feature-map cells per input-image pixel (e.g. 1/16).
+        sampling_ratio: sample points per bin along each axis; ``<= 0`` means adaptive.
+        gamma: scale of the offset.
 
-        >>> layer = DeformRoIPoolPack(7, 256, spatial_scale=1 / 4)   # mmdetection's dpool
-        >>> layer(features, rois).shape                               # [K, 256, 7, 7]
+    Examples:
+        >>> from roiops.compat.mmcv import DeformRoIPoolPack
+        >>> layer = DeformRoIPoolPack(7, 8, deform_fc_channels=32, spatial_scale=1 / 16)  # mmdetection's dpool
+        >>> layer(torch.randn(1, 8, 40, 60), torch.tensor([[0, 16.0, 32.0, 320.0, 240.0]])).shape
+        torch.Size([1, 8, 7, 7])
     """
 
     def __init__(self, output_size: OutputSize, output_channels: int, deform_fc_channels: int = 1024,
@@ -379,10 +600,25 @@ class DeformRoIPoolPack(DeformRoIPool):
 
 
 class ModulatedDeformRoIPoolPack(DeformRoIPoolPack):
-    """``mmcv.ops.ModulatedDeformRoIPoolPack(output_size, output_channels,
-    deform_fc_channels=1024, spatial_scale=1.0, sampling_ratio=0, gamma=0.1)``: as
-    :class:`DeformRoIPoolPack`, its output multiplied by a mask per box and bin that a
-    second head predicts (``mask_fc``: two linear layers and a sigmoid; 0.5 at first)."""
+    """``mmcv.ops.ModulatedDeformRoIPoolPack``: as
+    [`DeformRoIPoolPack`][roiops.compat.mmcv.DeformRoIPoolPack], its output multiplied by
+    a mask per box and bin that a second head predicts (``mask_fc``: two linear layers and
+    a sigmoid; 0.5 at first).
+
+    Args:
+        output_size: ``int`` or ``(h, w)``.
+        output_channels: the input's channels, C.
+        deform_fc_channels: width of the heads' hidden layers.
+        spatial_scale: feature-map cells per input-image pixel (e.g. 1/16).
+        sampling_ratio: sample points per bin along each axis; ``<= 0`` means adaptive.
+        gamma: scale of the offset.
+
+    Examples:
+        >>> from roiops.compat.mmcv import ModulatedDeformRoIPoolPack
+        >>> layer = ModulatedDeformRoIPoolPack(7, 8, deform_fc_channels=32, spatial_scale=1 / 16)
+        >>> layer(torch.randn(1, 8, 40, 60), torch.tensor([[0, 16.0, 32.0, 320.0, 240.0]])).shape
+        torch.Size([1, 8, 7, 7])
+    """
 
     def __init__(self, output_size: OutputSize, output_channels: int, deform_fc_channels: int = 1024,
                  spatial_scale: float = 1.0, sampling_ratio: int = 0, gamma: float = 0.1) -> None:
@@ -407,19 +643,52 @@ def _positive(name: str, value: object) -> int:
 @box_assertions
 def bezier_align(input: Tensor, beziers: Tensor, output_size: OutputSize, spatial_scale: float = 1.0,
                  sampling_ratio: int = 0, aligned: bool = True) -> Tensor:
-    """``mmcv.ops.bezier_align``: ``beziers[K, 17]`` on ``input[N, C, H, W]`` ->
-    ``Tensor[K, C, h, w]``."""
+    """``mmcv.ops.bezier_align``: ABCNet's Bezier alignment, [`roiops.bezier_align`][] with
+    mmcv's signature.
+
+    Args:
+        input: feature map ``Tensor[N, C, H, W]``.
+        beziers: ``Tensor[K, 17]`` of rows ``(batch_index, top curve left to right, bottom
+            curve right to left)`` in image pixels; other shapes raise an
+            ``AssertionError``.
+        output_size: ``int`` or ``(h, w)``.
+        spatial_scale: feature-map cells per input-image pixel (e.g. 1/4).
+        sampling_ratio: sample points per bin along each axis; ``<= 0`` means adaptive.
+        aligned: shift the bin centres by -0.5 cell.
+
+    Returns:
+        ``Tensor[K, C, h, w]``.
+
+    Examples:
+        >>> from roiops.compat.mmcv import bezier_align
+        >>> beziers = torch.tensor([[0, 10.0, 20, 40, 18, 80, 18, 110, 20, 110, 40, 80, 42, 40, 42, 10, 40]])
+        >>> bezier_align(torch.randn(1, 8, 50, 84), beziers, (8, 32), 1 / 4, 1).shape
+        torch.Size([1, 8, 8, 32])
+    """
     return F.bezier_align(input, beziers, output_size, spatial_scale, _sampling_ratio(sampling_ratio), aligned)
 
 
 class BezierAlign(nn.Module):
-    """``mmcv.ops.BezierAlign(output_size, spatial_scale, sampling_ratio, aligned=True)``;
-    ``forward(input, beziers)``.
+    """``mmcv.ops.BezierAlign``: ``module(input, beziers)`` is
+    [`bezier_align`][roiops.compat.mmcv.bezier_align] with the module's options, checked
+    when it is built. ``spatial_scale`` and ``sampling_ratio`` have no defaults, as in
+    mmcv, and are cast with ``float()`` and ``int()`` (a whole float such as MMOCR's
+    ``1.0`` works; ``2.5`` raises).
 
-    Example::
+    Args:
+        output_size: ``int`` or ``(h, w)``.
+        spatial_scale: feature-map cells per input-image pixel (e.g. 1/4).
+        sampling_ratio: sample points per bin along each axis; ``<= 0`` means adaptive.
+        aligned: shift the bin centres by -0.5 cell.
 
-        >>> layer = BezierAlign((8, 32), 1 / 4, 1.0)               # MMOCR's ABCNet
-        >>> layer(features, beziers).shape                     # beziers [K, 17] -> [K, C, 8, 32]
+    Examples:
+        >>> from roiops.compat.mmcv import BezierAlign
+        >>> layer = BezierAlign((8, 32), 1 / 4, 1.0)  # MMOCR's ABCNet
+        >>> layer
+        BezierAlign(output_size=(8, 32), spatial_scale=0.25, sampling_ratio=1, aligned=True)
+        >>> beziers = torch.tensor([[0, 10.0, 20, 40, 18, 80, 18, 110, 20, 110, 40, 80, 42, 40, 42, 10, 40]])
+        >>> layer(torch.randn(1, 8, 50, 84), beziers).shape
+        torch.Size([1, 8, 8, 32])
     """
 
     def __init__(self, output_size: OutputSize, spatial_scale: float, sampling_ratio: int,
@@ -441,13 +710,38 @@ class BezierAlign(nn.Module):
 @fx_leaf
 @box_assertions
 def border_align(input: Tensor, boxes: Tensor, pool_size: int) -> Tensor:
-    """``mmcv.ops.border_align``: ``input[N, 4C, H, W]``, ``boxes[N, K, 4]`` ->
-    ``Tensor[N, C, K, 4]``."""
+    """``mmcv.ops.border_align``: BorderDet's border align, [`roiops.border_align`][].
+
+    Args:
+        input: feature map ``Tensor[N, 4C, H, W]``: the top, left, bottom and right
+            borders' channel groups.
+        boxes: ``Tensor[N, K, 4]`` of rows ``(x1, y1, x2, y2)`` per image, in feature-map
+            cells.
+        pool_size: samples per border minus one, in [1, 1024].
+
+    Returns:
+        ``Tensor[N, C, K, 4]``.
+
+    Examples:
+        >>> from roiops.compat.mmcv import border_align
+        >>> border_align(torch.randn(1, 4 * 8, 20, 30), torch.tensor([[[2.0, 3.0, 10.0, 9.0]]]), 10).shape
+        torch.Size([1, 8, 1, 4])
+    """
     return F.border_align(input, boxes, pool_size)
 
 
 class BorderAlign(nn.Module):
-    """``mmcv.ops.BorderAlign(pool_size)``; ``forward(input, boxes)``."""
+    """``mmcv.ops.BorderAlign``: ``module(input, boxes)`` is
+    [`border_align`][roiops.compat.mmcv.border_align] with the module's ``pool_size``.
+
+    Args:
+        pool_size: samples per border minus one, in [1, 1024].
+
+    Examples:
+        >>> from roiops.compat.mmcv import BorderAlign
+        >>> BorderAlign(10)
+        BorderAlign(pool_size=10)
+    """
 
     def __init__(self, pool_size: int) -> None:
         super().__init__()

@@ -48,11 +48,53 @@ def _out_hw(out_size) -> tuple[int, int]:
 
 @fx_leaf
 def roi_pool(features: Tensor, rois, out_size, spatial_scale: float) -> Tensor:
+    """mmdetection v1's ``roi_pool``: continuous-coordinate RoIPool
+    (``roiops.roi_pool(..., convention="mmdet")``).
+
+    Args:
+        features: feature map ``Tensor[N, C, H, W]``.
+        rois: ``Tensor[K, 5]`` of rows ``(batch_index, x1, y1, x2, y2)`` in image pixels.
+        out_size: an int or a tuple of two ints, positive.
+        spatial_scale: feature-map cells per input-image pixel (e.g. 1/16).
+
+    Returns:
+        ``Tensor[K, C, h, w]``.
+
+    Raises:
+        TypeError: ``out_size`` is neither an int nor a tuple of two ints.
+        ValueError: ``out_size`` is not positive.
+
+    Examples:
+        >>> from roiops.compat.mmdet import roi_pool
+        >>> x = torch.randn(1, 8, 40, 60)
+        >>> rois = torch.tensor([[0, 16.0, 32.0, 320.0, 240.0]])
+        >>> roi_pool(x, rois, 7, 1 / 16).shape
+        torch.Size([1, 8, 7, 7])
+    """
     return roiops.roi_pool(features, rois, _out_hw(out_size), spatial_scale,
                            convention="mmdet")
 
 
 class RoIPool(nn.Module):
+    """mmdetection v1's ``RoIPool``: ``module(features, rois)`` is
+    [`roi_pool`][roiops.compat.mmdet.roi_pool], or with ``use_torchvision=True`` the Caffe
+    RoIPool of ``torchvision.ops.roi_pool``, as the original did. ``out_size`` is checked
+    when the module is built.
+
+    Args:
+        out_size: an int or a tuple of two ints, positive.
+        spatial_scale: feature-map cells per input-image pixel (e.g. 1/16).
+        use_torchvision: pool with the Caffe convention instead of the continuous one.
+
+    Examples:
+        >>> from roiops.compat.mmdet import RoIPool
+        >>> pool = RoIPool(7, 1 / 16)
+        >>> pool
+        RoIPool(out_size=7, spatial_scale=0.0625, use_torchvision=False)
+        >>> pool(torch.randn(1, 8, 40, 60), torch.tensor([[0, 16.0, 32.0, 320.0, 240.0]])).shape
+        torch.Size([1, 8, 7, 7])
+    """
+
     def __init__(self, out_size, spatial_scale, use_torchvision=False):
         super().__init__()
         _out_hw(out_size)

@@ -39,6 +39,26 @@ __all__ = ["RoIPooling2D"]
 
 
 class RoIPooling2D(nn.Module):
+    """simple-faster-rcnn-pytorch's ``RoIPooling2D``: the Caffe RoIPool to ``outh x outw``
+    bins (``roiops.roi_pool(..., convention="caffe")``).
+
+    Args:
+        outh: output height, a whole number >= 1.
+        outw: output width, a whole number >= 1.
+        spatial_scale: feature-map cells per input-image pixel (e.g. 1/16).
+
+    Examples:
+        >>> from roiops.compat.simple_faster_rcnn import RoIPooling2D
+        >>> pool = RoIPooling2D(7, 7, 1 / 16)
+        >>> pool
+        RoIPooling2D(outh=7, outw=7, spatial_scale=0.0625)
+        >>> x = torch.randn(1, 8, 40, 60)
+        >>> pool(x, torch.tensor([[0, 16.0, 32.0, 320.0, 240.0]])).shape
+        torch.Size([1, 8, 7, 7])
+        >>> pool(x, torch.tensor([[32.0, 16.0, 240.0, 320.0]]), torch.tensor([0])).shape  # (y, x) boxes
+        torch.Size([1, 8, 7, 7])
+    """
+
     def __init__(self, outh, outw, spatial_scale):
         super().__init__()
         self.outh = as_int(outh, "outh", 1)
@@ -46,6 +66,19 @@ class RoIPooling2D(nn.Module):
         self.spatial_scale = v.spatial_scale(spatial_scale)
 
     def forward(self, x: Tensor, rois, roi_indices=None) -> Tensor:
+        """Pools the boxes, in either of the project's two forms.
+
+        Args:
+            x: feature map ``Tensor[N, C, H, W]``.
+            rois: without ``roi_indices``, ``Tensor[R, 5]`` of rows ``(index, x1, y1, x2,
+                y2)``; with it, ``[R, 4]`` rows ``(y_min, x_min, y_max, x_max)`` (a tensor
+                or a numpy array).
+            roi_indices: None, or the image of each box, ``[R]`` (a tensor or a numpy
+                array).
+
+        Returns:
+            ``Tensor[R, C, outh, outw]``, the input's dtype.
+        """
         if roi_indices is not None:
             rois = _yx_rois_with_indices(x, rois, roi_indices)
         return roiops.roi_pool(x, rois, (self.outh, self.outw), self.spatial_scale,

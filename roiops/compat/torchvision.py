@@ -1,6 +1,6 @@
 """Drop-in replacement for the RoI layers of ``torchvision.ops``.
 
-Port with one import::
+Port with one import:
 
     from torchvision.ops import MultiScaleRoIAlign, RoIAlign, RoIPool, roi_align, roi_pool
     # becomes
@@ -98,8 +98,28 @@ def _rois(input: Tensor, boxes: Boxes) -> Tensor:
 
 def roi_align(input: Tensor, boxes: Boxes, output_size: BroadcastingList2[int], spatial_scale: float = 1.0,
               sampling_ratio: int = -1, aligned: bool = False) -> Tensor:
-    """``torchvision.ops.roi_align``: RoIAlign (average) of ``boxes`` (``Tensor[K, 5]`` or a
-    list of ``Tensor[L, 4]``) on ``input[N, C, H, W]`` -> ``Tensor[K, C, h, w]``."""
+    """``torchvision.ops.roi_align``: RoIAlign (average), [`roiops.roi_align`][] with
+    torchvision's signature.
+
+    Args:
+        input: feature map ``Tensor[N, C, H, W]``.
+        boxes: ``Tensor[K, 5]`` with rows ``(batch_index, x1, y1, x2, y2)``, or a list of
+            ``Tensor[L_i, 4]``, one per image (a shorter list gives the last images no
+            boxes), in input-image pixels.
+        output_size: ``int`` or ``(h, w)``.
+        spatial_scale: feature-map cells per input-image pixel (e.g. 1/16).
+        sampling_ratio: sample points per bin along each axis; ``<= 0`` means adaptive.
+        aligned: shift box corners by -0.5 cell; ``False`` (the default) also widens
+            boxes to at least 1 cell.
+
+    Returns:
+        ``Tensor[K, C, h, w]``.
+
+    Examples:
+        >>> from roiops.compat.torchvision import roi_align
+        >>> roi_align(torch.randn(1, 8, 32, 32), [torch.tensor([[0.0, 0.0, 60.0, 40.0]])], 7, 0.5, 2).shape
+        torch.Size([1, 8, 7, 7])
+    """
     if not torch.jit.is_scripting():
         return _eager(roi_align, F.roi_align, input, boxes, output_size, spatial_scale, sampling_ratio, aligned)
     return torch.ops.roiops.roi_align(input, _rois(input, boxes), spatial_scale, output_size[0], output_size[1],
@@ -111,7 +131,25 @@ def _caffe_roi_pool(input: Tensor, boxes: Boxes, output_size: OutputSize, spatia
 
 
 def roi_pool(input: Tensor, boxes: Boxes, output_size: BroadcastingList2[int], spatial_scale: float = 1.0) -> Tensor:
-    """``torchvision.ops.roi_pool``: Fast R-CNN RoIPool (Caffe convention) -> ``Tensor[K, C, h, w]``."""
+    """``torchvision.ops.roi_pool``: Fast R-CNN RoIPool (Caffe convention),
+    [`roiops.roi_pool`][] with torchvision's signature.
+
+    Args:
+        input: feature map ``Tensor[N, C, H, W]``.
+        boxes: ``Tensor[K, 5]`` with rows ``(batch_index, x1, y1, x2, y2)``, or a list of
+            ``Tensor[L_i, 4]``, one per image (a shorter list gives the last images no
+            boxes), in input-image pixels.
+        output_size: ``int`` or ``(h, w)``.
+        spatial_scale: feature-map cells per input-image pixel (e.g. 1/16).
+
+    Returns:
+        ``Tensor[K, C, h, w]``.
+
+    Examples:
+        >>> from roiops.compat.torchvision import roi_pool
+        >>> roi_pool(torch.randn(1, 8, 32, 32), [torch.tensor([[0.0, 0.0, 60.0, 40.0]])], 7, 0.5).shape
+        torch.Size([1, 8, 7, 7])
+    """
     if not torch.jit.is_scripting():
         return _eager(roi_pool, _caffe_roi_pool, input, boxes, output_size, spatial_scale)
     return torch.ops.roiops.roi_pool(input, _rois(input, boxes), spatial_scale, output_size[0], output_size[1],
@@ -119,7 +157,21 @@ def roi_pool(input: Tensor, boxes: Boxes, output_size: BroadcastingList2[int], s
 
 
 class RoIAlign(nn.Module):
-    """``torchvision.ops.RoIAlign(output_size, spatial_scale, sampling_ratio, aligned=False)``."""
+    """``torchvision.ops.RoIAlign``: ``module(input, rois)`` is [`roi_align`][roiops.compat.torchvision.roi_align]
+    with the module's options. The options are checked when the module is built and kept
+    as given (torchvision's repr shows them so).
+
+    Args:
+        output_size: ``int`` or ``(h, w)``.
+        spatial_scale: feature-map cells per input-image pixel (e.g. 1/16).
+        sampling_ratio: sample points per bin along each axis; ``<= 0`` means adaptive.
+        aligned: shift box corners by -0.5 cell.
+
+    Examples:
+        >>> from roiops.compat.torchvision import RoIAlign
+        >>> RoIAlign(7, spatial_scale=0.5, sampling_ratio=2)
+        RoIAlign(output_size=7, spatial_scale=0.5, sampling_ratio=2, aligned=False)
+    """
 
     def __init__(self, output_size: OutputSize, spatial_scale: float, sampling_ratio: int,
                  aligned: bool = False) -> None:
@@ -143,7 +195,18 @@ class RoIAlign(nn.Module):
 
 
 class RoIPool(nn.Module):
-    """``torchvision.ops.RoIPool(output_size, spatial_scale)``."""
+    """``torchvision.ops.RoIPool``: ``module(input, rois)`` is [`roi_pool`][roiops.compat.torchvision.roi_pool]
+    with the module's options, checked when the module is built and kept as given.
+
+    Args:
+        output_size: ``int`` or ``(h, w)``.
+        spatial_scale: feature-map cells per input-image pixel (e.g. 1/16).
+
+    Examples:
+        >>> from roiops.compat.torchvision import RoIPool
+        >>> RoIPool((7, 7), 0.5)
+        RoIPool(output_size=(7, 7), spatial_scale=0.5)
+    """
 
     def __init__(self, output_size: OutputSize, spatial_scale: float) -> None:
         super().__init__()
@@ -161,8 +224,26 @@ class RoIPool(nn.Module):
 
 def ps_roi_align(input: Tensor, boxes: Boxes, output_size: BroadcastingList2[int], spatial_scale: float = 1.0,
                  sampling_ratio: int = -1) -> Tensor:
-    """``torchvision.ops.ps_roi_align``: position-sensitive RoIAlign (R-FCN) of ``input[N,
-    C_out * h * w, H, W]`` -> ``Tensor[K, C_out, h, w]``."""
+    """``torchvision.ops.ps_roi_align``: position-sensitive RoIAlign (R-FCN),
+    [`roiops.ps_roi_align`][] with torchvision's signature.
+
+    Args:
+        input: feature map ``Tensor[N, C_out * h * w, H, W]``.
+        boxes: ``Tensor[K, 5]`` with rows ``(batch_index, x1, y1, x2, y2)``, or a list of
+            ``Tensor[L_i, 4]``, one per image (a shorter list gives the last images no
+            boxes), in input-image pixels.
+        output_size: ``int`` or ``(h, w)``.
+        spatial_scale: feature-map cells per input-image pixel (e.g. 1/16).
+        sampling_ratio: sample points per bin along each axis; ``<= 0`` means adaptive.
+
+    Returns:
+        ``Tensor[K, C_out, h, w]``.
+
+    Examples:
+        >>> from roiops.compat.torchvision import ps_roi_align
+        >>> ps_roi_align(torch.randn(1, 4 * 9, 32, 32), [torch.tensor([[0.0, 0.0, 60.0, 40.0]])], 3, 0.5).shape
+        torch.Size([1, 4, 3, 3])
+    """
     if not torch.jit.is_scripting():
         return _eager(ps_roi_align, F.ps_roi_align, input, boxes, output_size, spatial_scale, sampling_ratio)
     return torch.ops.roiops.ps_roi_align(input, _rois(input, boxes), spatial_scale, output_size[0], output_size[1],
@@ -171,14 +252,45 @@ def ps_roi_align(input: Tensor, boxes: Boxes, output_size: BroadcastingList2[int
 
 def ps_roi_pool(input: Tensor, boxes: Boxes, output_size: BroadcastingList2[int],
                 spatial_scale: float = 1.0) -> Tensor:
-    """``torchvision.ops.ps_roi_pool``: position-sensitive RoIPool (R-FCN) -> ``Tensor[K, C_out, h, w]``."""
+    """``torchvision.ops.ps_roi_pool``: position-sensitive RoIPool (R-FCN),
+    [`roiops.ps_roi_pool`][] with torchvision's signature.
+
+    Args:
+        input: feature map ``Tensor[N, C_out * h * w, H, W]``.
+        boxes: ``Tensor[K, 5]`` with rows ``(batch_index, x1, y1, x2, y2)``, or a list of
+            ``Tensor[L_i, 4]``, one per image (a shorter list gives the last images no
+            boxes), in input-image pixels.
+        output_size: ``int`` or ``(h, w)``.
+        spatial_scale: feature-map cells per input-image pixel (e.g. 1/16).
+
+    Returns:
+        ``Tensor[K, C_out, h, w]``.
+
+    Examples:
+        >>> from roiops.compat.torchvision import ps_roi_pool
+        >>> ps_roi_pool(torch.randn(1, 4 * 9, 32, 32), [torch.tensor([[0.0, 0.0, 60.0, 40.0]])], 3, 0.5).shape
+        torch.Size([1, 4, 3, 3])
+    """
     if not torch.jit.is_scripting():
         return _eager(ps_roi_pool, F.ps_roi_pool, input, boxes, output_size, spatial_scale)
     return torch.ops.roiops.ps_roi_pool(input, _rois(input, boxes), spatial_scale, output_size[0], output_size[1])
 
 
 class PSRoIAlign(nn.Module):
-    """``torchvision.ops.PSRoIAlign(output_size, spatial_scale, sampling_ratio)``."""
+    """``torchvision.ops.PSRoIAlign``: ``module(input, rois)`` is
+    [`ps_roi_align`][roiops.compat.torchvision.ps_roi_align] with the module's options,
+    checked when the module is built and kept as given.
+
+    Args:
+        output_size: ``int`` or ``(h, w)``.
+        spatial_scale: feature-map cells per input-image pixel (e.g. 1/16).
+        sampling_ratio: sample points per bin along each axis; ``<= 0`` means adaptive.
+
+    Examples:
+        >>> from roiops.compat.torchvision import PSRoIAlign
+        >>> PSRoIAlign(3, 0.5, 2)(torch.randn(1, 4 * 9, 32, 32), [torch.tensor([[0.0, 0.0, 60.0, 40.0]])]).shape
+        torch.Size([1, 4, 3, 3])
+    """
 
     def __init__(self, output_size: OutputSize, spatial_scale: float, sampling_ratio: int) -> None:
         super().__init__()
@@ -198,20 +310,48 @@ class PSRoIAlign(nn.Module):
 
 
 class PSRoIPool(RoIPool):
-    """``torchvision.ops.PSRoIPool(output_size, spatial_scale)``."""
+    """``torchvision.ops.PSRoIPool``: ``module(input, rois)`` is
+    [`ps_roi_pool`][roiops.compat.torchvision.ps_roi_pool] with the module's options,
+    checked when the module is built and kept as given.
+
+    Args:
+        output_size: ``int`` or ``(h, w)``.
+        spatial_scale: feature-map cells per input-image pixel (e.g. 1/16).
+
+    Examples:
+        >>> from roiops.compat.torchvision import PSRoIPool
+        >>> PSRoIPool(3, 0.5)(torch.randn(1, 4 * 9, 32, 32), [torch.tensor([[0.0, 0.0, 60.0, 40.0]])]).shape
+        torch.Size([1, 4, 3, 3])
+    """
 
     def forward(self, input: Tensor, rois: Boxes) -> Tensor:
         return ps_roi_pool(input, rois, self.output_size, self.spatial_scale)
 
 
 class LevelMapper:
-    """FPN level of each box (Feature Pyramid Networks, eq. 1)::
+    """``torchvision.ops.poolers.LevelMapper``: the FPN level of each box (Feature Pyramid
+    Networks, eq. 1):
 
         level = floor(canonical_level + log2(sqrt(area) / canonical_scale) + eps)
 
-    clamped to ``[k_min, k_max]`` and returned as an int64 offset from ``k_min``. The
-    arithmetic is torchvision's, in the boxes' dtype, so boxes on a level boundary land on
-    the same level. A box of negative area has no level (it matches none and pools to 0).
+    clamped to ``[k_min, k_max]``. The arithmetic is torchvision's, in the boxes' dtype, so
+    boxes on a level boundary land on the same level. ``mapper(boxlists)``, with
+    ``boxlists`` a list of ``Tensor[L_i, 4]`` boxes ``(x1, y1, x2, y2)``, returns the int64
+    ``Tensor[K]`` of ``level - k_min``; a box of negative area has no level (-1: it matches
+    none and pools to 0).
+
+    Args:
+        k_min: the finest level.
+        k_max: the coarsest level.
+        canonical_scale: a box of this size (the square root of its area, in pixels) goes
+            to ``canonical_level``.
+        canonical_level: the level of a box of ``canonical_scale``.
+        eps: added before the floor.
+
+    Examples:
+        >>> from roiops.compat.torchvision import LevelMapper
+        >>> LevelMapper(2, 5)([torch.tensor([[0.0, 0.0, 32.0, 32.0], [0.0, 0.0, 224.0, 224.0]])])
+        tensor([0, 2])
     """
 
     def __init__(self, k_min: int, k_max: int, canonical_scale: int = 224, canonical_level: int = 4,
@@ -273,20 +413,27 @@ def _pool_levels(features: list[Tensor], boxes: list[Tensor], scales: list[float
 class MultiScaleRoIAlign(nn.Module):
     """``torchvision.ops.MultiScaleRoIAlign``: RoIAlign on the FPN level that suits each box.
 
-    ``forward(x, boxes, image_shapes)``: ``x`` maps names to feature maps ``[N, C, H_l, W_l]``
-    (those named in ``featmap_names`` are used, in ``x``'s order, finest first); ``boxes``
-    is one ``Tensor[L_i, 4]`` per image in image pixels; ``image_shapes`` the ``(height,
-    width)`` of each image before the backbone. On the first call, each map's scale is
-    inferred as the power of two nearest to ``H_l / max(height)`` and the levels
-    ``k_min = -log2(first scale)``, ``k_max = -log2(last scale)`` are fixed for the
-    module's life (as torchvision does). Each box is pooled from the level chosen by
-    :class:`LevelMapper` with ``aligned=False``; the result is ``[K, C, h, w]`` in box order.
-    Scripts with ``torch.jit.script``, as torchvision's.
+    On the first call, each map's scale is inferred as the power of two nearest to ``H_l /
+    max(height)`` and the levels ``k_min = -log2(first scale)``, ``k_max = -log2(last
+    scale)`` are fixed for the module's life (as torchvision does). Each box is pooled from
+    the level chosen by [`LevelMapper`][roiops.compat.torchvision.LevelMapper] with
+    ``aligned=False``. Scripts with ``torch.jit.script``, as torchvision's.
 
-    Example::
+    Args:
+        featmap_names: the names of the feature maps to pool from, among the keys of the
+            dict the module is called with.
+        output_size: ``int`` or ``(h, w)``.
+        sampling_ratio: sample points per bin along each axis; ``<= 0`` means adaptive.
+        canonical_scale: a box of this size (pixels) goes to ``canonical_level``.
+        canonical_level: the level of a box of ``canonical_scale``.
 
+    Examples:
+        >>> from roiops.compat.torchvision import MultiScaleRoIAlign
         >>> pooler = MultiScaleRoIAlign(["0", "1", "2", "3"], output_size=7, sampling_ratio=2)
-        >>> pooled = pooler(features, proposals, [(800, 1216), (800, 1088)])  # [K, 256, 7, 7]
+        >>> features = {str(i): torch.randn(2, 16, 64 // 2**i, 80 // 2**i) for i in range(4)}
+        >>> proposals = [torch.tensor([[10.0, 20.0, 200.0, 150.0]]), torch.tensor([[0.0, 0.0, 32.0, 32.0]])]
+        >>> pooler(features, proposals, [(256, 320), (240, 300)]).shape
+        torch.Size([2, 16, 7, 7])
     """
 
     scales: Optional[list[float]]
@@ -306,6 +453,17 @@ class MultiScaleRoIAlign(nn.Module):
         self.canonical_level = canonical_level
 
     def forward(self, x: dict[str, Tensor], boxes: list[Tensor], image_shapes: list[tuple[int, int]]) -> Tensor:
+        """Pools each box from its level.
+
+        Args:
+            x: feature maps ``[N, C, H_l, W_l]`` by name; those named in ``featmap_names``
+                are used, in ``x``'s order, finest first.
+            boxes: one ``Tensor[L_i, 4]`` of ``(x1, y1, x2, y2)`` per image, in image pixels.
+            image_shapes: the ``(height, width)`` of each image before the backbone.
+
+        Returns:
+            ``Tensor[K, C, h, w]`` in box order.
+        """
         features: list[Tensor] = []
         for name, f in x.items():
             if name in self.featmap_names:

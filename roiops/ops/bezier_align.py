@@ -39,17 +39,22 @@ def bezier_align(
     sampling_ratio: int = 0,
     aligned: bool = True,
 ) -> Tensor:
-    """Bezier alignment (ABCNet): pools the text region between two cubic Bezier curves
-    into a regular grid, row i a fraction i / h of the way from the top curve to the
-    bottom one, column j at the curves' parameter j / w.
+    """Bezier alignment (ABCNet; mmcv's ``bezier_align``, AdelaiDet's ``BezierAlign``):
+    pools the text region between two cubic Bezier curves into ``h x w`` bins, row i a
+    fraction ``i / h`` of the way from the top curve to the bottom one, column j at the
+    curves' parameter ``j / w``.
+
+    Each bin is the mean of an axis-aligned grid of bilinear samples around its centre.
+    Bins are sized from the curves' end-point spans, so a horizontal line has bins of
+    height 0, as in mmcv. Semantics: docs/semantics.md, "bezier_align".
 
     Args:
         input: feature map ``Tensor[N, C, H, W]``, float16/bfloat16/float32/float64, NCHW
             or channels_last.
         beziers: ``Tensor[K, 17]`` with rows ``(batch_index, x0, y0, ..., x7, y7)``: the top
-            curve's control points left to right, then the bottom curve's right to left
-            (the region's outline, clockwise), or a list of N ``Tensor[L_i, 16]`` (image
-            i's rows without the index), in input-image pixels.
+            curve's four control points left to right, then the bottom curve's right to
+            left (the region's outline, clockwise), or a list of N ``Tensor[L_i, 16]``
+            (image i's rows without the index), in input-image pixels.
         output_size: ``int`` or ``(h, w)``, e.g. ``(8, 32)``.
         spatial_scale: feature-map cells per input-image pixel (e.g. 1/4).
         sampling_ratio: sample points per bin along each axis; ``<= 0`` means adaptive,
@@ -61,13 +66,12 @@ def bezier_align(
         ``Tensor[K, C, h, w]`` of the input's dtype and memory format. The input receives
         a gradient; the control points do not.
 
-    Example::
-
-        >>> x = torch.randn(1, 256, 50, 84)
+    Examples:
+        >>> x = torch.randn(1, 16, 50, 84)
         >>> beziers = torch.tensor([[0, 10.0, 20, 40, 18, 80, 18, 110, 20,
         ...                          110, 40, 80, 42, 40, 42, 10, 40]])
         >>> roiops.bezier_align(x, beziers, (8, 32), spatial_scale=1 / 4, sampling_ratio=1).shape
-        torch.Size([1, 256, 8, 32])
+        torch.Size([1, 16, 8, 32])
     """
     input = v.feature_map(input)
     h, w = v.output_size(output_size)
@@ -79,12 +83,24 @@ def bezier_align(
 
 
 class BezierAlign(RoIModule):
-    """See :func:`roiops.bezier_align`; ``forward(input, beziers)``.
+    """Module form of [`roiops.bezier_align`][]: ``module(input, beziers)`` is
+    ``bezier_align(input, beziers, **options)``, returning ``Tensor[K, C, h, w]``. The
+    options are checked when the module is built and shown in its repr. mmcv's signature
+    (no defaults for ``spatial_scale`` and ``sampling_ratio``) is
+    ``roiops.compat.mmcv.BezierAlign``.
 
-    Example::
+    Args:
+        output_size: ``int`` or ``(h, w)``, e.g. ``(8, 32)``.
+        spatial_scale: feature-map cells per input-image pixel (e.g. 1/4).
+        sampling_ratio: sample points per bin along each axis; ``<= 0`` means adaptive.
+        aligned: shift the bin centres by -0.5 cell.
 
+    Examples:
         >>> pool = roiops.BezierAlign((8, 32), spatial_scale=1 / 4, sampling_ratio=1)
-        >>> pool(features, beziers).shape  # beziers [K, 17] -> [K, C, 8, 32]
+        >>> beziers = torch.tensor([[0, 10.0, 20, 40, 18, 80, 18, 110, 20,
+        ...                          110, 40, 80, 42, 40, 42, 10, 40]])
+        >>> pool(torch.randn(1, 8, 50, 84), beziers).shape
+        torch.Size([1, 8, 8, 32])
     """
 
     function = bezier_align

@@ -35,8 +35,13 @@ _border_align = register(_KERNELS)
 
 @fx_leaf
 def border_align(input: Tensor, boxes: Tensor, pool_size: int) -> Tensor:
-    """Border align (BorderDet): for each box and border, the maximum of ``pool_size + 1``
-    bilinear samples spaced evenly along that border, both corners included.
+    """Border align (BorderDet, mmcv's ``border_align``): for each box and each of its four
+    borders, the maximum of ``pool_size + 1`` bilinear samples spaced evenly along that
+    border, both corners included.
+
+    Not an RoI pooling of the usual shape: the boxes come per image, one per location of a
+    dense head, and in feature-map cells (no ``spatial_scale``). Semantics (sample
+    positions, ties, NaN): docs/semantics.md, "border_align".
 
     Args:
         input: feature map ``Tensor[N, 4C, H, W]``, float16/bfloat16/float32/float64, NCHW
@@ -56,12 +61,11 @@ def border_align(input: Tensor, boxes: Tensor, pool_size: int) -> Tensor:
         ordered (top, left, bottom, right). Ties keep the first sample of the walk; a NaN
         sample wins (the first one).
 
-    Example::
-
-        >>> x = torch.randn(2, 4 * 64, 25, 42)
-        >>> boxes = torch.tensor([2.0, 3.0, 10.0, 9.0]).expand(2, 25 * 42, 4)
-        >>> roiops.border_align(x, boxes, 10).shape
-        torch.Size([2, 64, 1050, 4])
+    Examples:
+        >>> x = torch.randn(2, 4 * 16, 25, 42)
+        >>> boxes = torch.tensor([2.0, 3.0, 10.0, 9.0]).expand(2, 25 * 42, 4)  # one per location
+        >>> roiops.border_align(x, boxes, pool_size=10).shape
+        torch.Size([2, 16, 1050, 4])
     """
     input = v.feature_map(input)
     if input.shape[1] % 4:
@@ -72,12 +76,18 @@ def border_align(input: Tensor, boxes: Tensor, pool_size: int) -> Tensor:
 
 
 class BorderAlign(RoIModule):
-    """See :func:`roiops.border_align`.
+    """Module form of [`roiops.border_align`][]: ``module(input, boxes)`` is
+    ``border_align(input, boxes, pool_size)``, returning ``Tensor[N, C, K, 4]``.
 
-    Example::
+    Args:
+        pool_size: samples per border minus one, in [1, 1024].
 
+    Examples:
         >>> align = roiops.BorderAlign(pool_size=10)
-        >>> align(features, boxes).shape  # [N, C, K, 4]
+        >>> align
+        BorderAlign(pool_size=10)
+        >>> align(torch.randn(1, 4 * 8, 20, 30), torch.tensor([[[2.0, 3.0, 10.0, 9.0]]])).shape
+        torch.Size([1, 8, 1, 4])
     """
 
     function = border_align

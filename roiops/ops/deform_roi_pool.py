@@ -38,18 +38,22 @@ def deform_roi_pool(
     sampling_ratio: int = 0,
     gamma: float = 0.1,
 ) -> Tensor:
-    """Deformable RoI pooling: RoIAlign average pooling (box corners shifted by -0.5 cell,
-    no minimum size) whose bins are each moved by an offset, in units of the box's size.
+    """Deformable RoI pooling (mmcv's ``deform_roi_pool``, mmdetection's deformable RoI
+    heads): RoIAlign average pooling (box corners shifted by -0.5 cell, no minimum size)
+    whose bins are each moved by an offset, in units of the box's size.
+
+    With ``offset=None`` it is ``roi_align(..., aligned=True)``, bit for bit. The offset
+    receives a gradient, the derivative of the output. Semantics: docs/semantics.md,
+    "deform_roi_pool".
 
     Args:
         input: feature map ``Tensor[N, C, H, W]``, float16/bfloat16/float32/float64, NCHW
             or channels_last.
         boxes: ``Tensor[K, 5]`` with rows ``(batch_index, x1, y1, x2, y2)``, or a list of N
             ``Tensor[L_i, 4]`` (image i's boxes), in input-image pixels.
-        offset: ``Tensor[K, 2, h, w]`` or None (no offset: ``roi_align(aligned=True)``).
-            Bin ``(i, j)`` of box k starts ``gamma * box_width * offset[k, 0, i, j]``
-            cells to the right and ``gamma * box_height * offset[k, 1, i, j]`` down. It
-            receives a gradient; any floating dtype.
+        offset: ``Tensor[K, 2, h, w]`` (any floating dtype) or None (no offset). Bin ``(i,
+            j)`` of box k is moved right by ``gamma * box_width * offset[k, 0, i, j]`` and
+            down by ``gamma * box_height * offset[k, 1, i, j]``.
         output_size: ``int`` or ``(h, w)``.
         spatial_scale: feature-map cells per input-image pixel (e.g. 1/16).
         sampling_ratio: sample points per bin along each axis; ``<= 0`` means adaptive,
@@ -59,13 +63,15 @@ def deform_roi_pool(
     Returns:
         ``Tensor[K, C, h, w]`` of the input's dtype and memory format.
 
-    Example::
+    Examples:
+        A head predicts the offset from the boxes pooled without one, then pools again:
 
-        >>> x = torch.randn(2, 256, 50, 84)
+        >>> x = torch.randn(2, 16, 50, 84)
         >>> boxes = torch.tensor([[0, 10.0, 20.0, 200.0, 150.0]])
-        >>> offset = 0.1 * torch.randn(1, 2, 7, 7)
+        >>> head = torch.nn.Linear(16 * 7 * 7, 2 * 7 * 7)
+        >>> offset = head(roiops.deform_roi_pool(x, boxes, None, 7, 1 / 4).flatten(1)).view(-1, 2, 7, 7)
         >>> roiops.deform_roi_pool(x, boxes, offset, 7, spatial_scale=1 / 4).shape
-        torch.Size([1, 256, 7, 7])
+        torch.Size([1, 16, 7, 7])
     """
     input = v.feature_map(input)
     h, w = v.output_size(output_size)
@@ -78,12 +84,23 @@ def deform_roi_pool(
 
 
 class DeformRoIPool(RoIModule):
-    """See :func:`roiops.deform_roi_pool`; ``forward(input, boxes, offset=None)``.
+    """Module form of [`roiops.deform_roi_pool`][]: ``module(input, boxes, offset=None)`` is
+    ``deform_roi_pool(input, boxes, offset, **options)``. The options are checked when the
+    module is built and shown in its repr. The layers that predict the offset themselves
+    are mmcv's ``DeformRoIPoolPack`` and ``ModulatedDeformRoIPoolPack``, in
+    ``roiops.compat.mmcv``.
 
-    Example::
+    Args:
+        output_size: ``int`` or ``(h, w)``.
+        spatial_scale: feature-map cells per input-image pixel (e.g. 1/16).
+        sampling_ratio: sample points per bin along each axis; ``<= 0`` means adaptive.
+        gamma: scale of the offset.
 
+    Examples:
         >>> pool = roiops.DeformRoIPool(7, spatial_scale=1 / 16)
-        >>> pool(features, boxes, offset).shape  # [K, C, 7, 7]
+        >>> boxes = torch.tensor([[0, 16.0, 32.0, 320.0, 240.0]])
+        >>> pool(torch.randn(1, 8, 40, 60), boxes, 0.1 * torch.randn(1, 2, 7, 7)).shape
+        torch.Size([1, 8, 7, 7])
     """
 
     function = deform_roi_pool
@@ -94,6 +111,16 @@ class DeformRoIPool(RoIModule):
                          gamma=gamma)
 
     def forward(self, input: Tensor, boxes: BoxesType, offset: Tensor | None = None) -> Tensor:
+        """Pools ``boxes`` of ``input``, each bin moved by ``offset``.
+
+        Args:
+            input: feature map ``Tensor[N, C, H, W]``.
+            boxes: ``Tensor[K, 5]`` or a list of N ``Tensor[L_i, 4]``.
+            offset: ``Tensor[K, 2, h, w]``, or None for no offset.
+
+        Returns:
+            ``Tensor[K, C, h, w]``.
+        """
         return deform_roi_pool(input, boxes, offset, **{n: getattr(self, n) for n in self._options})
 
 

@@ -32,13 +32,35 @@ TITLE = "multi-scale RoIAlign (FPN)"
 
 def fpn_levels(rois: Tensor, k_min: int, k_max: int, canonical_box_size: float = 224.0, canonical_level: int = 4,
                rule: Literal["torchvision", "detectron2"] = "torchvision", eps: float = 1e-6) -> Tensor:
-    """FPN level of each ``(batch_index, x1, y1, x2, y2)`` row (Feature Pyramid Networks,
-    eq. 1), as an int64 offset from ``k_min``, computed on the boxes' device (no sync).
+    """FPN level of each box (Feature Pyramid Networks, eq. 1), as an int64 offset from
+    ``k_min``, computed on the boxes' device (no host synchronisation).
 
-    ``"torchvision"``: ``floor(canonical_level + log2(sqrt(area) / canonical_box_size) + eps)``;
-    ``"detectron2"``: ``floor(canonical_level + log2(sqrt(area) / canonical_box_size + 1e-8))``;
-    both in the boxes' dtype, as those libraries compute them, clamped to ``[k_min, k_max]``.
-    A box of negative area has no level: -1 (it pools to 0).
+    The level is ``floor(canonical_level + log2(sqrt(area) / canonical_box_size) + eps)``
+    with ``rule="torchvision"``, ``floor(canonical_level + log2(sqrt(area) /
+    canonical_box_size + 1e-8))`` with ``rule="detectron2"``, both in the boxes' dtype, as
+    those libraries compute them, clamped to ``[k_min, k_max]``.
+
+    Args:
+        rois: ``Tensor[K, 5]`` of rows ``(batch_index, x1, y1, x2, y2)`` in input-image
+            pixels.
+        k_min: the finest level (2 for a stride-4 map).
+        k_max: the coarsest level.
+        canonical_box_size: a box of this size (the square root of its area, in pixels)
+            goes to ``canonical_level``.
+        canonical_level: the level of a box of ``canonical_box_size``.
+        rule: ``"torchvision"`` (``MultiScaleRoIAlign``) or ``"detectron2"``
+            (``ROIPooler``).
+        eps: added before the floor with ``rule="torchvision"``.
+
+    Returns:
+        ``Tensor[K]`` of int64, ``level - k_min``; -1 for a box of negative area, which has
+        no level (it pools to 0).
+
+    Examples:
+        >>> rois = torch.tensor([[0, 0.0, 0.0, 32.0, 32.0], [0, 0.0, 0.0, 224.0, 224.0],
+        ...                      [0, 0.0, 0.0, 900.0, 900.0], [0, 10.0, 10.0, 0.0, 20.0]])
+        >>> roiops.fpn_levels(rois, 2, 5)
+        tensor([ 0,  2,  3, -1])
     """
     return levels_of(rois, k_min, k_max, float(canonical_box_size), canonical_level, rule == "torchvision", eps)
 
@@ -69,28 +91,40 @@ def multi_scale_roi_align(
     canonical_box_size: float = 224.0,
     canonical_level: int = 4,
 ) -> Tensor:
-    """Multi-level (FPN) RoIAlign: each box is pooled from the feature map its size selects.
+    """Multi-level (FPN) RoIAlign, mode ``"avg"``: each box is pooled from the feature map
+    its size selects.
+
+    The level of a box is [`roiops.fpn_levels`][] with ``level_rule`` (torchvision's
+    ``MultiScaleRoIAlign`` or detectron2's ``ROIPooler``); the result equals
+    [`roiops.roi_align`][] on each box's level. On CUDA the levels are chosen on the device
+    and all levels run in one kernel launch per pass (no host synchronisation); on the CPU
+    each level runs the CPU kernels. Semantics: docs/semantics.md, "multi_scale_roi_align".
 
     Args:
         features: 1 to 5 maps ``[N, C, H_l, W_l]``, finest first, same N, C, dtype and
             device (channels_last if the first one is).
-        boxes: as for :func:`roi_align`, in input-image pixels.
-        output_size, sampling_ratio, aligned: as for :func:`roi_align` (mode "avg").
-        spatial_scales: one per map, consecutive powers of two, e.g. ``[1/4, 1/8, 1/16, 1/32]``.
-        level_rule: the level formula of torchvision's ``MultiScaleRoIAlign`` or of
-            detectron2's ``ROIPooler`` (see :func:`fpn_levels`).
-        canonical_box_size, canonical_level: a box of this size (pixels) goes to this level.
+        boxes: ``Tensor[K, 5]`` with rows ``(batch_index, x1, y1, x2, y2)``, or a list of N
+            ``Tensor[L_i, 4]``, in input-image pixels.
+        output_size: ``int`` or ``(h, w)``.
+        spatial_scales: one per map, consecutive powers of two, e.g. ``[1/4, 1/8, 1/16,
+            1/32]``.
+        sampling_ratio: sample points per bin along each axis; ``<= 0`` means adaptive, as
+            for [`roiops.roi_align`][].
+        aligned: shift box corners by -0.5 cell, as for [`roiops.roi_align`][].
+        level_rule: ``"torchvision"`` or ``"detectron2"``: the level formula (see
+            [`roiops.fpn_levels`][]).
+        canonical_box_size: a box of this size (pixels) goes to ``canonical_level``.
+        canonical_level: the level of a box of ``canonical_box_size``.
 
     Returns:
-        ``Tensor[K, C, h, w]`` in box order. On CUDA all levels run in one kernel launch
-        per pass, with the levels chosen on the device: no host synchronisation.
+        ``Tensor[K, C, h, w]`` in box order; a box of negative area has no level and gives
+        0.
 
-    Example::
-
-        >>> maps = [torch.randn(2, 256, 200 // 2**i, 336 // 2**i) for i in range(4)]
+    Examples:
+        >>> maps = [torch.randn(2, 16, 200 // 2**i, 336 // 2**i) for i in range(4)]  # P2-P5
         >>> boxes = [torch.tensor([[10.0, 20.0, 300.0, 250.0]]), torch.tensor([[0.0, 0.0, 64.0, 64.0]])]
         >>> roiops.multi_scale_roi_align(maps, boxes, 7, [1 / 4, 1 / 8, 1 / 16, 1 / 32], 2).shape
-        torch.Size([2, 256, 7, 7])
+        torch.Size([2, 16, 7, 7])
     """
     maps = v.feature_maps(features)
     scales = v.spatial_scales(spatial_scales, len(maps), pyramid=True)

@@ -27,9 +27,13 @@ def prroi_pool(
     output_size: OutputSize,
     spatial_scale: float = 1.0,
 ) -> Tensor:
-    """Precise RoI Pooling (IoU-Net): the exact average over each bin of the bilinearly
-    interpolated feature map, with no sampling. Differentiable with respect to the input
-    and to the box coordinates: ``boxes`` that require grad receive their gradient.
+    """Precise RoI Pooling (IoU-Net, mmcv's ``prroi_pool``): the exact average over each bin
+    of the bilinearly interpolated feature map, an integral with no sample points.
+
+    Differentiable with respect to the input and to the box coordinates: ``boxes`` that
+    require grad (a ``[K, 5]`` tensor or a list of ``[L, 4]``) receive their gradient, 0 in
+    the batch-index column. Semantics, gradients and the points where the box derivative
+    is one-sided: docs/semantics.md, "prroi_pool".
 
     Args:
         input: feature map ``Tensor[N, C, H, W]``, float16/bfloat16/float32/float64, NCHW
@@ -44,14 +48,32 @@ def prroi_pool(
         ``Tensor[K, C, h, w]`` of the input's dtype and memory format; a box with
         ``x2 <= x1`` or ``y2 <= y1`` gives 0 (and no gradient).
 
-    Example::
-
+    Examples:
         >>> x = torch.randn(1, 8, 32, 32)
         >>> boxes = torch.tensor([[0, 4.0, 6.0, 20.5, 17.25]], requires_grad=True)
         >>> out = roiops.prroi_pool(x, boxes, 7)
         >>> out.sum().backward()
         >>> boxes.grad.shape
         torch.Size([1, 5])
+
+        Fitting a box to a target crop by gradient descent (IoU-Net's box refinement):
+
+        >>> f64 = dict(dtype=torch.float64)
+        >>> yy, xx = torch.meshgrid(torch.arange(24.0, **f64), torch.arange(24.0, **f64), indexing="ij")
+        >>> blobs = sum(torch.exp(-((xx - cx) ** 2 + (yy - cy) ** 2) / (2 * s * s))
+        ...             for cx, cy, s in [(6, 8, 3), (15, 12, 4), (10, 17, 2.5)])
+        >>> features = torch.stack([blobs, blobs * xx / 24])[None]  # [1, 2, 24, 24], a smooth map
+        >>> goal = torch.tensor([[5.0, 6.0, 17.0, 15.0]], **f64)
+        >>> crop = roiops.prroi_pool(features, [goal], 7)
+        >>> box = torch.tensor([[6.5, 4.8, 19.0, 16.0]], **f64, requires_grad=True)  # 2 px off
+        >>> optimizer = torch.optim.Adam([box], lr=0.1)
+        >>> for _ in range(100):
+        ...     optimizer.zero_grad()
+        ...     loss = (roiops.prroi_pool(features, [box], 7) - crop).pow(2).mean()
+        ...     loss.backward()
+        ...     optimizer.step()
+        >>> bool((box - goal).abs().max() < 0.05)
+        True
     """
     input = v.feature_map(input)
     h, w = v.output_size(output_size)
@@ -61,12 +83,20 @@ def prroi_pool(
 
 
 class PrRoIPool(RoIModule):
-    """See :func:`roiops.prroi_pool`.
+    """Module form of [`roiops.prroi_pool`][]: ``module(input, boxes)`` is
+    ``prroi_pool(input, boxes, **options)``, returning ``Tensor[K, C, h, w]``; boxes that
+    require grad receive their gradient. The options are checked when the module is
+    built and shown in its repr.
 
-    Example::
+    Args:
+        output_size: ``int`` or ``(h, w)``.
+        spatial_scale: feature-map cells per input-image pixel (e.g. 1/16).
 
+    Examples:
         >>> pool = roiops.PrRoIPool(7, spatial_scale=1 / 16)
-        >>> pool(features, boxes).shape  # [K, C, 7, 7]
+        >>> boxes = torch.tensor([[0, 16.0, 32.0, 320.0, 240.0]], requires_grad=True)
+        >>> pool(torch.randn(1, 8, 40, 60), boxes).shape
+        torch.Size([1, 8, 7, 7])
     """
 
     function = prroi_pool

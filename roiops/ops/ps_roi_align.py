@@ -40,26 +40,29 @@ def ps_roi_align(
     spatial_scale: float = 1.0,
     sampling_ratio: int = -1,
 ) -> Tensor:
-    """Position-sensitive RoIAlign (R-FCN): bin ``(i, j)`` of output channel ``c`` averages
-    bilinear samples of input channel ``(c * h + i) * w + j``.
+    """Position-sensitive RoIAlign (R-FCN), as ``torchvision.ops.ps_roi_align``: bin ``(i,
+    j)`` of output channel ``c`` averages bilinear samples of input channel ``(c * h + i)
+    * w + j``.
+
+    The input holds ``h * w`` score maps per output channel. Box corners are shifted by
+    -0.5 cell, as ``roi_align(aligned=True)``. Semantics: docs/semantics.md,
+    "ps_roi_align and ps_roi_pool".
 
     Args:
-        input: feature map ``Tensor[N, C, H, W]`` with ``C = C_out * h * w``,
-            float16/bfloat16/float32/float64, NCHW or channels_last.
+        input: feature map ``Tensor[N, C, H, W]`` with ``C = C_out * h * w`` (else
+            ``ValueError``), float16/bfloat16/float32/float64, NCHW or channels_last.
         boxes: ``Tensor[K, 5]`` with rows ``(batch_index, x1, y1, x2, y2)``, or a list of N
             ``Tensor[L_i, 4]``, in input-image pixels.
         output_size: ``int`` or ``(h, w)``.
         spatial_scale: feature-map cells per input-image pixel (e.g. 1/16).
         sampling_ratio: sample points per bin along each axis; ``<= 0`` means adaptive,
-            ``ceil(bin size)``. Box corners are always shifted by -0.5 cell (as
-            ``roi_align(aligned=True)``).
+            ``ceil(bin size)``.
 
     Returns:
         ``Tensor[K, C_out, h, w]`` of the input's dtype and memory format.
 
-    Example::
-
-        >>> x = torch.randn(1, 21 * 49, 38, 50)
+    Examples:
+        >>> x = torch.randn(1, 21 * 49, 38, 50)                  # 21 classes, 7 x 7 score maps
         >>> roiops.ps_roi_align(x, torch.tensor([[0, 16.0, 32.0, 320.0, 240.0]]), 7, 1 / 16).shape
         torch.Size([1, 21, 7, 7])
     """
@@ -73,12 +76,19 @@ def ps_roi_align(
 
 
 class PSRoIAlign(RoIModule):
-    """See :func:`roiops.ps_roi_align`.
+    """Module form of [`roiops.ps_roi_align`][]: ``module(input, boxes)`` is
+    ``ps_roi_align(input, boxes, **options)``, returning ``Tensor[K, C // (h * w), h,
+    w]``. The options are checked when the module is built and shown in its repr.
 
-    Example::
+    Args:
+        output_size: ``int`` or ``(h, w)``.
+        spatial_scale: feature-map cells per input-image pixel (e.g. 1/16).
+        sampling_ratio: sample points per bin along each axis; ``<= 0`` means adaptive.
 
-        >>> pool = roiops.PSRoIAlign(7, spatial_scale=1 / 16, sampling_ratio=2)
-        >>> pool(features, boxes).shape  # [K, C // 49, 7, 7]
+    Examples:
+        >>> head = roiops.PSRoIAlign(3, spatial_scale=1 / 16, sampling_ratio=2)
+        >>> head(torch.randn(1, 4 * 9, 20, 30), torch.tensor([[0, 16.0, 32.0, 320.0, 240.0]])).shape
+        torch.Size([1, 4, 3, 3])
     """
 
     function = ps_roi_align

@@ -28,21 +28,26 @@ def ps_roi_pool(
     output_size: OutputSize,
     spatial_scale: float = 1.0,
 ) -> Tensor:
-    """Position-sensitive RoIPool (R-FCN): bin ``(i, j)`` of output channel ``c`` is the
-    average of input channel ``(c * h + i) * w + j`` over the bin's cells.
+    """Position-sensitive RoIPool (R-FCN), as ``torchvision.ops.ps_roi_pool``: bin ``(i,
+    j)`` of output channel ``c`` is the average of input channel ``(c * h + i) * w + j``
+    over the bin's cells.
+
+    Box corners are rounded to cells (C's rounding), and a box is at least one cell wide
+    and high. Semantics: docs/semantics.md, "ps_roi_align and ps_roi_pool".
 
     Args:
-        input: feature map ``Tensor[N, C, H, W]`` with ``C = C_out * h * w``,
-            float16/bfloat16/float32/float64, NCHW or channels_last.
-        boxes, output_size, spatial_scale: as for :func:`ps_roi_align`. Box corners are
-            rounded to cells (C's rounding), and a box is at least one cell wide and high.
+        input: feature map ``Tensor[N, C, H, W]`` with ``C = C_out * h * w`` (else
+            ``ValueError``), float16/bfloat16/float32/float64, NCHW or channels_last.
+        boxes: ``Tensor[K, 5]`` with rows ``(batch_index, x1, y1, x2, y2)``, or a list of N
+            ``Tensor[L_i, 4]``, in input-image pixels.
+        output_size: ``int`` or ``(h, w)``.
+        spatial_scale: feature-map cells per input-image pixel (e.g. 1/16).
 
     Returns:
         ``Tensor[K, C_out, h, w]`` of the input's dtype and memory format; an empty bin
         gives 0.
 
-    Example::
-
+    Examples:
         >>> x = torch.randn(1, 4 * 9, 32, 32)
         >>> roiops.ps_roi_pool(x, [torch.tensor([[0.0, 0.0, 15.0, 15.0]])], 3).shape
         torch.Size([1, 4, 3, 3])
@@ -56,12 +61,18 @@ def ps_roi_pool(
 
 
 class PSRoIPool(RoIModule):
-    """See :func:`roiops.ps_roi_pool`.
+    """Module form of [`roiops.ps_roi_pool`][]: ``module(input, boxes)`` is
+    ``ps_roi_pool(input, boxes, **options)``, returning ``Tensor[K, C // (h * w), h, w]``.
+    The options are checked when the module is built and shown in its repr.
 
-    Example::
+    Args:
+        output_size: ``int`` or ``(h, w)``.
+        spatial_scale: feature-map cells per input-image pixel (e.g. 1/16).
 
-        >>> pool = roiops.PSRoIPool(7, spatial_scale=1 / 16)
-        >>> pool(features, boxes).shape  # [K, C // 49, 7, 7]
+    Examples:
+        >>> head = roiops.PSRoIPool(3, spatial_scale=1 / 16)
+        >>> head(torch.randn(1, 4 * 9, 20, 30), torch.tensor([[0, 16.0, 32.0, 320.0, 240.0]])).shape
+        torch.Size([1, 4, 3, 3])
     """
 
     function = ps_roi_pool

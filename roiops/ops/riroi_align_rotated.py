@@ -41,9 +41,13 @@ def riroi_align_rotated(
     num_orientations: int = 8,
     clockwise: bool = False,
 ) -> Tensor:
-    """Rotation-invariant RoIAlign (ReDet): rotated RoIAlign of each box, whose channel fields
-    of ``num_orientations`` orientations are turned by the box's angle, so that the result
-    does not depend on the box's orientation.
+    """Rotation-invariant RoIAlign (ReDet, mmcv's ``riroi_align_rotated``): rotated RoIAlign
+    of each box, whose channel fields of ``num_orientations`` orientations are turned by the
+    box's angle, so that the result does not depend on the box's orientation.
+
+    Each box is pooled without the half-cell offset (sides of at least one cell); each
+    output orientation then blends the two input orientations the box's angle falls
+    between. Semantics: docs/semantics.md, "riroi_align_rotated".
 
     Args:
         input: feature map ``Tensor[N, C, H, W]``, float16/bfloat16/float32/float64, NCHW
@@ -57,18 +61,17 @@ def riroi_align_rotated(
         sampling_ratio: sample points per bin along each box axis; ``<= 0`` means adaptive,
             ``ceil(bin size)``.
         num_orientations: orientations per channel field, in [1, 65536], dividing ``C``.
-        clockwise: the angle turns the box clockwise (MMRotate's ReDet); it picks the
-            orientations as the counter-clockwise angle does.
+        clockwise: the angle turns the box clockwise (MMRotate's ReDet); it turns the
+            sampling only, and picks the orientations as the counter-clockwise angle does.
 
     Returns:
         ``Tensor[K, C, h, w]`` of the input's dtype and memory format.
 
-    Example::
-
-        >>> x = torch.randn(2, 256, 200, 336)                # 32 fields x 8 orientations
-        >>> boxes = torch.tensor([[0, 400.0, 300.0, 120.0, 40.0, 0.5]])
-        >>> roiops.riroi_align_rotated(x, boxes, 7, 1 / 4, sampling_ratio=2).shape
-        torch.Size([1, 256, 7, 7])
+    Examples:
+        >>> x = torch.randn(2, 4 * 8, 50, 84)                    # 4 fields x 8 orientations
+        >>> boxes = torch.tensor([[0, 100.0, 80.0, 120.0, 40.0, 0.5]])
+        >>> roiops.riroi_align_rotated(x, boxes, 7, 1 / 4, sampling_ratio=2, clockwise=True).shape
+        torch.Size([1, 32, 7, 7])
     """
     input = v.feature_map(input)
     h, w = v.output_size(output_size)
@@ -82,12 +85,22 @@ def riroi_align_rotated(
 
 
 class RiRoIAlignRotated(RoIModule):
-    """See :func:`roiops.riroi_align_rotated`.
+    """Module form of [`roiops.riroi_align_rotated`][]: ``module(input, boxes)``, with
+    rotated boxes (``Tensor[K, 6]`` or a list of ``Tensor[L_i, 5]``, angles in radians), is
+    ``riroi_align_rotated(input, boxes, **options)``, returning ``Tensor[K, C, h, w]``. The
+    options are checked when the module is built and shown in its repr.
 
-    Example::
+    Args:
+        output_size: ``int`` or ``(h, w)``.
+        spatial_scale: feature-map cells per input-image pixel (e.g. 1/4).
+        sampling_ratio: sample points per bin along each box axis; ``<= 0`` means adaptive.
+        num_orientations: orientations per channel field, dividing the input's channels.
+        clockwise: the angle turns the box clockwise.
 
+    Examples:
         >>> pool = roiops.RiRoIAlignRotated(7, spatial_scale=1 / 4, sampling_ratio=2, clockwise=True)
-        >>> pool(features, boxes).shape  # boxes [K, 6] -> [K, C, 7, 7]
+        >>> pool(torch.randn(1, 16, 40, 60), torch.tensor([[0, 80.0, 60.0, 50.0, 20.0, 0.5]])).shape
+        torch.Size([1, 16, 7, 7])
     """
 
     function = riroi_align_rotated

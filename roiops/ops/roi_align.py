@@ -46,6 +46,11 @@ def roi_align(
 ) -> Tensor:
     """RoIAlign (Mask R-CNN): bilinear samples averaged (or maxed) over each output bin.
 
+    Each bin of a box averages (mode ``"avg"``) or takes the largest of (mode ``"max"``)
+    the bilinearly interpolated map at a ``sampling_ratio`` x ``sampling_ratio`` grid of
+    points. Differentiable with respect to ``input``; with ``box_grad=True`` also with
+    respect to the box coordinates. Semantics: docs/semantics.md, "roi_align".
+
     Args:
         input: feature map ``Tensor[N, C, H, W]``, float16/bfloat16/float32/float64, NCHW
             or channels_last.
@@ -54,28 +59,57 @@ def roi_align(
         output_size: ``int`` or ``(h, w)``.
         spatial_scale: feature-map cells per input-image pixel (e.g. 1/16).
         sampling_ratio: sample points per bin along each axis; ``<= 0`` means adaptive,
-            ``ceil(bin size)``.
-        aligned: shift box corners by -0.5 cell (detectron2 ``aligned=True``); with
-            ``False`` (torchvision's default) boxes are also widened to at least 1 cell.
-        mode: ``"avg"`` (Mask R-CNN) or ``"max"`` (largest sample, as mmcv's
+            ``ceil(bin size)`` per axis.
+        aligned: shift box corners by -0.5 cell (detectron2's ``aligned=True``); with
+            ``False`` (the original RoIAlign, torchvision's default) boxes are also
+            widened to at least 1 cell.
+        mode: ``"avg"`` (Mask R-CNN) or ``"max"`` (the largest sample, as mmcv's
             ``pool_mode="max"``).
-        box_grad: also differentiate with respect to the box coordinates: the gradient
-            reaches ``boxes`` (a tensor or the list's tensors; the batch-index column gets
-            0). Needs a fixed ``sampling_ratio > 0``. With ``False`` (the default, as
-            torchvision) the boxes get no gradient. The gradient jumps where a sample
-            crosses a cell edge or the map border, where the 1-cell minimum size
-            (``aligned=False``) starts or stops holding, and, in mode ``"max"``, where
-            another sample becomes the largest (docs/semantics.md).
+        box_grad: also differentiate with respect to the box coordinates (both modes): the
+            gradient reaches ``boxes`` (the ``[K, 5]`` tensor, with 0 in the batch-index
+            column, or the list's ``[L, 4]`` tensors). Needs a fixed ``sampling_ratio >
+            0``. With ``False`` (the default, as torchvision) the boxes get no gradient.
+            The gradient jumps where a sample crosses a cell edge or the map border, where
+            the 1-cell minimum size (``aligned=False``) starts or stops holding, and, in
+            mode ``"max"``, where another sample becomes the largest (docs/semantics.md,
+            "roi_align box gradient").
 
     Returns:
         ``Tensor[K, C, h, w]`` of the input's dtype and memory format.
 
-    Example::
+    Raises:
+        ValueError: ``box_grad=True`` with an adaptive ``sampling_ratio`` (``<= 0``), or an
+            argument out of its range.
 
-        >>> x = torch.randn(2, 256, 50, 84)
-        >>> boxes = torch.tensor([[0, 10.0, 20.0, 200.0, 150.0]])
+    Examples:
+        Boxes as ``[K, 5]`` rows or as a list of per-image ``[L_i, 4]`` boxes:
+
+        >>> x = torch.randn(2, 16, 50, 84)
+        >>> boxes = torch.tensor([[0, 10.0, 20.0, 200.0, 150.0], [1, 0.0, 0.0, 64.0, 64.0]])
         >>> roiops.roi_align(x, boxes, 7, spatial_scale=1 / 4, sampling_ratio=2, aligned=True).shape
-        torch.Size([1, 256, 7, 7])
+        torch.Size([2, 16, 7, 7])
+        >>> roiops.roi_align(x, [boxes[:1, 1:], boxes[1:, 1:]], (7, 5), 1 / 4, mode="max").shape
+        torch.Size([2, 16, 7, 5])
+
+        Fitting a box by gradient descent: move it until its crop matches a target crop.
+        The map must vary smoothly enough for the crop's error to guide the box; here a
+        few Gaussian bumps:
+
+        >>> yy, xx = torch.meshgrid(torch.arange(32.0), torch.arange(40.0), indexing="ij")
+        >>> bumps = sum(torch.exp(-((yy - cy) ** 2 + (xx - cx) ** 2) / (2 * r * r))
+        ...             for cy, cx, r in [(8, 10, 4), (20, 28, 6), (25, 9, 5)])
+        >>> features = torch.stack([bumps, bumps.square(), yy / 32])[None]  # [1, 3, 32, 40]
+        >>> goal = torch.tensor([[6.0, 4.0, 22.0, 16.0]])                    # (x1, y1, x2, y2)
+        >>> target = roiops.roi_align(features, [goal], 7, 1.0, 2, aligned=True)
+        >>> box = torch.tensor([[9.0, 7.0, 25.0, 20.0]], requires_grad=True)
+        >>> optimizer = torch.optim.Adam([box], lr=0.2)
+        >>> for _ in range(100):
+        ...     optimizer.zero_grad()
+        ...     crop = roiops.roi_align(features, [box], 7, 1.0, 2, aligned=True, box_grad=True)
+        ...     (crop - target).square().mean().backward()
+        ...     optimizer.step()
+        >>> bool((box - goal).abs().max() < 0.1)
+        True
     """
     input = v.feature_map(input)
     h, w = v.output_size(output_size)
@@ -93,12 +127,25 @@ def roi_align(
 
 
 class RoIAlign(RoIModule):
-    """See :func:`roiops.roi_align`.
+    """Module form of [`roiops.roi_align`][]: ``module(input, boxes)`` is
+    ``roi_align(input, boxes, **options)``, returning ``Tensor[K, C, h, w]``. The options
+    are checked when the module is built and shown in its repr.
 
-    Example::
+    Args:
+        output_size: ``int`` or ``(h, w)``.
+        spatial_scale: feature-map cells per input-image pixel (e.g. 1/16).
+        sampling_ratio: sample points per bin along each axis; ``<= 0`` means adaptive.
+        aligned: shift box corners by -0.5 cell (detectron2's ``aligned=True``).
+        mode: ``"avg"`` or ``"max"``.
+        box_grad: also differentiate with respect to the box coordinates (needs
+            ``sampling_ratio > 0``).
 
+    Examples:
         >>> pool = roiops.RoIAlign(7, spatial_scale=1 / 16, sampling_ratio=2, aligned=True)
-        >>> pool(features, boxes).shape  # [K, C, 7, 7]
+        >>> pool
+        RoIAlign(output_size=(7, 7), spatial_scale=0.0625, sampling_ratio=2, aligned=True, mode='avg', box_grad=False)
+        >>> pool(torch.randn(1, 8, 40, 60), torch.tensor([[0, 16.0, 32.0, 320.0, 240.0]])).shape
+        torch.Size([1, 8, 7, 7])
     """
 
     function = roi_align

@@ -35,8 +35,12 @@ def roi_align_rotated(
     clockwise: bool = False,
     angle: Literal["degrees", "radians"] = "degrees",
 ) -> Tensor:
-    """RoIAlign on rotated boxes: the bins of an oriented box, each the mean of its bilinear
-    samples taken on the box's rotated grid.
+    """RoIAlign on rotated boxes (rotated Faster R-CNN, oriented detection): the bins of an
+    oriented box, each the mean of its bilinear samples taken on the box's rotated grid.
+
+    As detectron2's ``ROIAlignRotated`` (degrees) and mmcv's ``roi_align_rotated``
+    (radians, ``clockwise``) compute it. Semantics: docs/semantics.md,
+    "roi_align_rotated".
 
     Args:
         input: feature map ``Tensor[N, C, H, W]``, float16/bfloat16/float32/float64, NCHW
@@ -58,12 +62,11 @@ def roi_align_rotated(
         ``Tensor[K, C, h, w]`` of the input's dtype and memory format; row 0 of the output
         lies along the box's top edge before rotation.
 
-    Example::
-
-        >>> x = torch.randn(2, 256, 50, 84)
+    Examples:
+        >>> x = torch.randn(2, 16, 50, 84)
         >>> boxes = torch.tensor([[0, 100.0, 80.0, 120.0, 40.0, 30.0]])  # 30 degrees
         >>> roiops.roi_align_rotated(x, boxes, 7, spatial_scale=1 / 4, sampling_ratio=2).shape
-        torch.Size([1, 256, 7, 7])
+        torch.Size([1, 16, 7, 7])
     """
     input = v.feature_map(input)
     h, w = v.output_size(output_size)
@@ -77,12 +80,23 @@ def roi_align_rotated(
 
 
 class RoIAlignRotated(RoIModule):
-    """See :func:`roiops.roi_align_rotated`.
+    """Module form of [`roiops.roi_align_rotated`][]: ``module(input, boxes)``, with rotated
+    boxes (``Tensor[K, 6]`` or a list of ``Tensor[L_i, 5]``), is ``roi_align_rotated(input,
+    boxes, **options)``, returning ``Tensor[K, C, h, w]``. The options are checked when the
+    module is built and shown in its repr.
 
-    Example::
+    Args:
+        output_size: ``int`` or ``(h, w)``.
+        spatial_scale: feature-map cells per input-image pixel (e.g. 1/16).
+        sampling_ratio: sample points per bin along each box axis; ``<= 0`` means adaptive.
+        aligned: shift the centre by -0.5 cell.
+        clockwise: the angle turns clockwise.
+        angle: ``"degrees"`` or ``"radians"``.
 
+    Examples:
         >>> pool = roiops.RoIAlignRotated(7, spatial_scale=1 / 16, sampling_ratio=2)
-        >>> pool(features, boxes).shape  # boxes [K, 6] -> [K, C, 7, 7]
+        >>> pool(torch.randn(1, 8, 40, 60), torch.tensor([[0, 320.0, 240.0, 200.0, 100.0, 45.0]])).shape
+        torch.Size([1, 8, 7, 7])
     """
 
     function = roi_align_rotated

@@ -28,21 +28,32 @@ def roi_pool(
     spatial_scale: float = 1.0,
     convention: Literal["caffe", "mmdet"] = "caffe",
 ) -> Tensor:
-    """RoIPool (Fast R-CNN): the maximum over each bin of integer cells.
+    """RoIPool (Fast R-CNN): the maximum over each bin of whole cells.
+
+    Semantics: docs/semantics.md, "roi_pool".
 
     Args:
-        input, boxes, output_size, spatial_scale: as for :func:`roi_align`.
+        input: feature map ``Tensor[N, C, H, W]``, float16/bfloat16/float32/float64, NCHW
+            or channels_last.
+        boxes: ``Tensor[K, 5]`` with rows ``(batch_index, x1, y1, x2, y2)``, or a list of N
+            ``Tensor[L_i, 4]`` (image i's boxes), in input-image pixels.
+        output_size: ``int`` or ``(h, w)``.
+        spatial_scale: feature-map cells per input-image pixel (e.g. 1/16).
         convention: ``"caffe"`` (default; Fast R-CNN, torchvision, maskrcnn-benchmark,
             chainer): box corners rounded to cells, inclusive ends. ``"mmdet"``:
-            mmdetection's continuous coordinates, ``x1 * s`` to ``(x2 + 1) * s`` unrounded;
-            a box of width or height <= 0 gives zeros.
+            mmdetection's and mmcv's continuous coordinates, ``x1 * s`` to ``(x2 + 1) * s``
+            unrounded; a box of width or height <= 0 gives zeros.
 
     Returns:
         ``Tensor[K, C, h, w]`` of the input's dtype and memory format; an empty bin gives 0.
 
-    Example::
-
-        >>> roiops.roi_pool(torch.randn(1, 3, 32, 32), [torch.tensor([[0.0, 0.0, 15.0, 15.0]])], 2).shape
+    Examples:
+        >>> x = torch.arange(16.0).view(1, 1, 4, 4)
+        >>> roiops.roi_pool(x, [torch.tensor([[0.0, 0.0, 3.0, 3.0]])], 2)
+        tensor([[[[ 5.,  7.],
+                  [13., 15.]]]])
+        >>> roiops.roi_pool(torch.randn(1, 3, 32, 32), torch.tensor([[0, 0.0, 0.0, 15.0, 15.0]]), 2,
+        ...                 convention="mmdet").shape
         torch.Size([1, 3, 2, 2])
     """
     input = v.feature_map(input)
@@ -54,12 +65,21 @@ def roi_pool(
 
 
 class RoIPool(RoIModule):
-    """See :func:`roiops.roi_pool`.
+    """Module form of [`roiops.roi_pool`][]: ``module(input, boxes)`` is ``roi_pool(input,
+    boxes, **options)``, returning ``Tensor[K, C, h, w]``. The options are checked when the
+    module is built and shown in its repr.
 
-    Example::
+    Args:
+        output_size: ``int`` or ``(h, w)``.
+        spatial_scale: feature-map cells per input-image pixel (e.g. 1/16).
+        convention: ``"caffe"`` (rounded box corners) or ``"mmdet"`` (continuous).
 
+    Examples:
         >>> pool = roiops.RoIPool((7, 7), spatial_scale=1 / 16)
-        >>> pool(features, boxes).shape  # [K, C, 7, 7]
+        >>> pool
+        RoIPool(output_size=(7, 7), spatial_scale=0.0625, convention='caffe')
+        >>> pool(torch.randn(1, 8, 40, 60), torch.tensor([[0, 16.0, 32.0, 320.0, 240.0]])).shape
+        torch.Size([1, 8, 7, 7])
     """
 
     function = roi_pool

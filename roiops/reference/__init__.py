@@ -1,11 +1,18 @@
-"""Pure-PyTorch reference kernels: the test oracle and the fallback for any device, one
-module per op (each lists its kernels in ``__all__``; this package collects them).
+"""Pure-PyTorch reference kernels: the definitions of docs/semantics.md written as plain
+tensor code, for any device. They are the ``"reference"`` backend
+(``roiops.use_backend("reference")``) and the tests' oracle; import the package
+explicitly (``import roiops.reference``) to call them directly.
 
-Written from ``docs/semantics.md`` (the definitions) and the kernel contract in
-``docs/architecture.md``; each step in the op modules names the formula it implements, so the code
-can be checked line by line against them.  Speed is not a goal: boxes are processed one
-at a time in Python, and everything inside a box (channels, bins, sample points) is a
-handful of tensor ops.
+Its functions are the kernel contract of every registered op (docs/architecture.md,
+"Kernel contract"): ``<op>_forward``, ``<op>_backward`` and, for the gradients that read
+the input, ``<op>_rois_backward`` or ``<op>_<tensor>_backward``, e.g.
+``roi_align_forward``, ``roi_align_backward``, ``roi_align_rois_backward``. Their
+arguments are those of the registered ops (``torch.ops.roiops.*``), already normalised:
+``rois`` a ``[K, 5]`` tensor (``[K, 6]`` rotated, ``[K, 17]`` Bezier), the output size as
+``pooled_height, pooled_width``. Speed is not a goal: boxes are processed one at a time in
+Python, and everything inside a box (channels, bins, sample points) is a handful of tensor
+ops. Each step in the op modules names the formula it implements, so the code can be
+checked line by line against the definitions.
 
 Conventions shared by every kernel:
 
@@ -25,6 +32,14 @@ Conventions shared by every kernel:
   autograd gives exactly the gradient the explicit backward functions compute (the
   tests check one against the other); boxes get no gradient from autograd: RoIAlign's
   gradient with respect to them is its ``*_rois_backward`` kernels'.
+
+Examples:
+    >>> import roiops.reference
+    >>> x = torch.randn(1, 4, 16, 16)
+    >>> rois = torch.tensor([[0, 1.0, 1.0, 12.0, 9.0]])
+    >>> out = roiops.reference.roi_align_forward(x, rois, 1.0, 3, 3, 2, True)
+    >>> torch.allclose(out, roiops.roi_align(x, rois, 3, 1.0, 2, True), atol=1e-6)
+    True
 """
 
 from .._registry import collect_kernels
