@@ -42,9 +42,7 @@ class Kernels:
     respect to the box coordinates (the kernels provide ``<name>_rois_backward``).
     ``variants``: argument sets the contract tests run each registered op with, keyed by
     role (``"forward"``, ``"backward"``, ``"rois_backward"``, ``"<t>_backward"``): a dict of argument values over the
-    tests' defaults. ``onnx``: None when ``roiops.onnx`` translates the forward, else what
-    ONNX lacks, for the error that refuses the export (``"Precise RoI Pooling"``).
-    ``plane_argmax``: the saved argmax is the int32 index ``h * W + w`` of a map cell, so
+    tests' defaults. ``plane_argmax``: the saved argmax is the int32 index ``h * W + w`` of a map cell, so
     the kernels refuse a map with ``H * W >= 2^31``. ``bin_channels``: extra tensors that
     hold values per box and bin, shaped ``[K, n, pooled_height, pooled_width]`` with ``n``
     given here by name (a deformable offset: 2); the public function takes each, after
@@ -64,7 +62,6 @@ class Kernels:
     rois_grad: bool = False
     tensors: tuple[tuple[str, bool], ...] = ()
     variants: Mapping[str, tuple[dict[str, Any], ...]] = field(default_factory=dict)
-    onnx: str | None = None
     plane_argmax: bool = False
     bin_channels: Mapping[str, int] = field(default_factory=dict)
     channel_groups: str = ""

@@ -375,7 +375,8 @@ def rotated_rois(input: Tensor, boxes: BoxesType, scale: float, degrees: bool, c
     if degrees or clockwise:
         # Out of place: torch 2.6's ONNX export cannot decompose an in-place op on a view.
         turn = rows.narrow(1, 5, 1)
-        turn = turn * math.pi / 180.0 if degrees else turn
+        # pi as a float64 tensor: an exported graph would store a Python number as float32.
+        turn = turn * turn.new_tensor(math.pi) / 180.0 if degrees else turn
         rows = torch.cat([rows.narrow(1, 0, 5), -turn if clockwise else turn], dim=1)
     out = dense(rows, _coord_type(input))
     if _checking_values(out):

@@ -1,11 +1,14 @@
-"""ONNX export (roiops.onnx) checked with onnxruntime against roiops, on nasty boxes.
+"""ONNX export (roiops.onnx): how it joins torch.onnx (the default translations, a user's
+own, the routes where torch moves its registry), that every registered op has a
+translation, and RoIAlign's and RoIPool's graphs checked with onnxruntime against roiops
+on nasty boxes. The other operators' graphs: tests/test_onnx_ops.py (the graphs do not
+depend on the torch release, so only the pinned torch runs that file).
 
 Exports are slow (seconds each), so each fixture exports one model holding many ops.
 """
 
 from __future__ import annotations
 
-import math
 import subprocess
 import sys
 import types
@@ -18,9 +21,9 @@ from torch.export import Dim
 
 import roiops
 from boxes import nasty_coordinates
-from cases import OPTIONS, ROI_SPECS, Case, per_bin_tensors
+from cases import registered_ops
+from onnx_runs import OUT, SCALE, boxes_for_tests, compare, example, export, inputs, same
 from roiops import _geometry as geometry
-from roiops._boxes import AXIS_ALIGNED
 from roiops.compat import torchvision as tv
 
 onnx = pytest.importorskip("onnx")
@@ -30,8 +33,6 @@ roiops_onnx = pytest.importorskip("roiops.onnx")
 # (mode, aligned, sampling_ratio)
 ALIGN_CONFIGS = [("avg", True, 0), ("avg", False, 2), ("avg", True, 2), ("avg", False, -1),
                  ("max", True, 0), ("max", False, 2), ("max", True, 3), ("max", False, -1)]
-SCALE = 0.5
-OUT = (3, 4)
 
 
 class _AllOps(torch.nn.Module):
@@ -52,61 +53,14 @@ class _AvgOnly(torch.nn.Module):
         return tuple(roiops.roi_align(x, boxes, OUT, SCALE, r, a) for m, a, r in ALIGN_CONFIGS if m == "avg")
 
 
-def _export(model: torch.nn.Module, args: tuple, dynamic_shapes: dict, **kwargs):
-    program = roiops_onnx.export(model.eval(), args, dynamic_shapes=dynamic_shapes, **kwargs)
-    session = ort.InferenceSession(program.model_proto.SerializeToString(), providers=["CPUExecutionProvider"])
-    return program.model_proto, session
-
-
-def _example() -> tuple[torch.Tensor, torch.Tensor]:
-    return torch.randn(2, 3, 9, 11), AXIS_ALIGNED.random(2, 4, 22, 18, torch.Generator().manual_seed(1))
-
-
 @pytest.fixture(scope="module")
 def all_ops():
-    return _export(_AllOps(), _example(), {"x": None, "boxes": {0: Dim("K")}})
+    return export(_AllOps(), example(), {"x": None, "boxes": {0: Dim("K")}})
 
 
 @pytest.fixture(scope="module")
 def avg_decomposed():
-    return _export(_AvgOnly(), _example(), {"x": None, "boxes": {0: Dim("K")}}, align_avg="decompose")
-
-
-def _test_boxes() -> torch.Tensor:
-    """Nasty boxes for a 22x18 image (the 9x11 map at scale 1/2), ordinary ones, and
-    boxes inverted along one axis only (onnxruntime's RoiAlign fails on a negative
-    height with adaptive aligned sampling)."""
-    extra = torch.tensor([[0, 5.0, 2.0, 1.0, 9.0], [1, 2.0, 9.0, 8.0, 1.0], [0, 3.0, 3.0, 3.0, 9.0],
-                          [1, -1e-3, 2.0, 0.0, 9.0], [0, 0.5, 0.5, 1.5, 1.5], [1, -1.5, -2.5, 2.5, 0.5],
-                          [0, 19.0, 1.0, 21.9, 17.9], [1, 7.25, 3.75, 7.5, 4.0]])
-    return torch.cat([AXIS_ALIGNED.nasty(2, 22, 18), AXIS_ALIGNED.random(2, 9, 22, 18, torch.Generator().manual_seed(0)), extra])
-
-
-def _inputs() -> dict[str, torch.Tensor]:
-    torch.manual_seed(0)
-    x = torch.randn(2, 3, 9, 11)
-    with_inf = x.clone()
-    with_inf[0, 1, 2:5, 3:7] = -float("inf")  # bins of only -inf
-    with_inf[1, 0, 4, 4] = float("inf")
-    with_nan = x.clone()
-    with_nan[0, 0, 3, 4] = float("nan")
-    with_nan[0, 2, 5, 5] = float("nan")
-    with_nan[1, 1, 8, 10] = float("nan")
-    return {"randn": x, "negative": -torch.rand_like(x) - 1, "ties": torch.randint(-2, 2, x.shape).float(),
-            "inf": with_inf, "nan": with_nan}
-
-
-def _same(actual: np.ndarray, expected: torch.Tensor, exact: bool, what: str) -> None:
-    tol = 0 if exact else 1e-6
-    torch.testing.assert_close(torch.from_numpy(actual), expected, rtol=0, atol=tol, equal_nan=True, msg=what)
-
-
-def _compare(session, model: torch.nn.Module, x: torch.Tensor, boxes: torch.Tensor, exact_from: int) -> None:
-    got = session.run(None, {"x": x.numpy(), "boxes": boxes.numpy()})
-    expected = model(x, boxes)
-    assert len(got) == len(expected)
-    for i, (a, e) in enumerate(zip(got, expected)):
-        _same(a, e, exact=i >= exact_from, what=f"output {i}, K={len(boxes)}")
+    return export(_AvgOnly(), example(), {"x": None, "boxes": {0: Dim("K")}}, align_avg="decompose")
 
 
 def test_mapping_of_each_op(all_ops):
@@ -128,13 +82,13 @@ def test_mapping_of_each_op(all_ops):
     assert model.opset_import[0].version >= roiops_onnx.MIN_OPSET
 
 
-@pytest.mark.parametrize("name", list(_inputs()))
+@pytest.mark.parametrize("name", list(inputs()))
 def test_onnxruntime_matches_roiops_on_nasty_boxes(all_ops, name):
     _, session = all_ops
-    x = _inputs()[name]
-    boxes = _test_boxes()
+    x = inputs()[name]
+    boxes = boxes_for_tests()
     # RoiAlign (the 4 avg outputs) to float rounding; the decompositions bit for bit
-    _compare(session, _AllOps(), x, boxes, exact_from=4)
+    compare(session, _AllOps(), x, boxes, exact_from=4)
 
 
 @pytest.mark.parametrize("k", [0, 1])
@@ -144,7 +98,7 @@ def test_zero_and_one_box(all_ops, k):
         # Seen with 1.30: the adaptive max-mode decomposition, run on zero boxes, fails in a
         # Mul ("Can broadcast 0 by 0 or 1. 3 is invalid"); 1.32 (pinned) runs it.
         pytest.skip(f"onnxruntime {ort.__version__} refuses the zero-box graph; tested with 1.32")
-    _compare(session, _AllOps(), _inputs()["randn"], _test_boxes()[:k], exact_from=4)
+    compare(session, _AllOps(), inputs()["randn"], boxes_for_tests()[:k], exact_from=4)
 
 
 def test_decomposed_avg_is_bit_exact_even_where_roialign_is_not(avg_decomposed):
@@ -153,11 +107,11 @@ def test_decomposed_avg_is_bit_exact_even_where_roialign_is_not(avg_decomposed):
     # samples the value 0. The decomposition has no such sample.
     model, session = avg_decomposed
     assert not [n for n in model.graph.node if n.op_type == "RoiAlign"]
-    for x in _inputs().values():
+    for x in inputs().values():
         poisoned = x.clone()
         poisoned[:, :, 0, 0] = float("nan")
         for inp in (x, poisoned):
-            _compare(session, _AvgOnly(), inp, _test_boxes(), exact_from=0)
+            compare(session, _AvgOnly(), inp, boxes_for_tests(), exact_from=0)
 
 
 class _Dtypes(torch.nn.Module):
@@ -177,67 +131,33 @@ class _Dtypes(torch.nn.Module):
 @pytest.mark.filterwarnings("ignore:# The axis name")  # both box inputs share the Dim K, as intended
 def test_float16_and_float64():
     x = torch.randn(2, 3, 9, 11)
-    boxes = _test_boxes()
+    boxes = boxes_for_tests()
     boxes[:, 1:] *= 1.5
     args = (x.half(), x.double(), boxes, boxes.double())
     k = Dim("K")
-    model, session = _export(_Dtypes(), (args[0], args[1], boxes[:4], boxes[:4].double()),
+    model, session = export(_Dtypes(), (args[0], args[1], boxes[:4], boxes[:4].double()),
                              {"x16": None, "x64": None, "b32": {0: k}, "b64": {0: k}})
     got = session.run(None, {name: a.numpy() for name, a in zip(("x16", "x64", "b32", "b64"), args)})
     expected = _Dtypes()(*args)
     for i, (a, e) in enumerate(zip(got, expected)):
         assert a.dtype == {torch.float16: np.float16, torch.float64: np.float64}[e.dtype]
         # float16: RoiAlign rounds its float32 result once, as the kernel does
-        _same(a, e, exact=i % 5 > 1, what=f"output {i}")
+        same(a, e, exact=i % 5 > 1, what=f"output {i}")
 
 
 def test_export_refuses_what_it_cannot_do():
     with pytest.raises(ValueError, match="opset >= 16"):
-        roiops_onnx.export(_AvgOnly(), _example(), opset_version=15)
+        roiops_onnx.export(_AvgOnly(), example(), opset_version=15)
     with pytest.raises(ValueError, match="dynamo"):
-        roiops_onnx.export(_AvgOnly(), _example(), dynamo=False)
+        roiops_onnx.export(_AvgOnly(), example(), dynamo=False)
     with pytest.raises(ValueError, match="align_avg"):
         roiops_onnx.translation_table(align_avg="RoiAlignMax")  # type: ignore[arg-type]
 
 
-# RoI-shaped ops; an op with boxes per image is refused in its own test file.
-@pytest.mark.parametrize("spec", [s for s in ROI_SPECS if any(k.onnx is not None for k in s.kernels)],
-                         ids=lambda s: s.name)
-def test_export_refuses_what_onnx_lacks_naming_the_op(spec):
-    """An op whose spec says ONNX lacks it (Kernels.onnx) is refused with an error that
-    names the public function called and what ONNX lacks; its option sets are exported
-    until each of its refused ops has been met."""
-    class Head(torch.nn.Module):
-        def __init__(self, options: dict) -> None:
-            super().__init__()
-            self.options = options
-
-        def forward(self, x: torch.Tensor, boxes: torch.Tensor) -> torch.Tensor:
-            return Case(spec.name, spec, self.options | dict.fromkeys(per_bin_tensors(spec)))(x, boxes, OUT, SCALE)
-
-    x, boxes = _example()
-    # A multiple of the bins (position-sensitive ops) and of every option set's channel fields.
-    groups = spec.kernels[0].channel_groups
-    fields = math.lcm(*(o[groups] for o in OPTIONS[spec.name])) if groups else 1
-    x = x.repeat(1, OUT[0] * OUT[1] * fields, 1, 1)
-    boxes = spec.boxes.from_axis_aligned(boxes)
-    messages = {f"roiops.{spec.name} cannot be exported to ONNX: ONNX has no {k.onnx} operator"
-                for k in spec.kernels if k.onnx is not None}
-    met: set[str] = set()
-    for options in OPTIONS[spec.name]:
-        try:
-            roiops_onnx.export(Head(options).eval(), (x, boxes))
-        except Exception as error:
-            chain, e = [], error
-            while e is not None:
-                chain.append(str(e))
-                e = e.__cause__ or e.__context__
-            found = {m for m in messages if any(m in text for text in chain)}
-            assert found, chain
-            met |= found
-        if met == messages:
-            break
-    assert met == messages
+def test_every_registered_forward_op_has_a_translation():
+    forward = {op for op in registered_ops() if not op.startswith("_")}
+    table = roiops_onnx.translation_table()
+    assert {getattr(torch.ops.roiops, op).default for op in forward} == set(table)
 
 
 def test_translation_table_with_torch_onnx_export():
@@ -245,12 +165,12 @@ def test_translation_table_with_torch_onnx_export():
         def forward(self, x: torch.Tensor, boxes: torch.Tensor) -> torch.Tensor:
             return roiops.roi_pool(x, boxes, 2, SCALE)
 
-    x, boxes = _example()
+    x, boxes = example()
     program = torch.onnx.export(One().eval(), (x, boxes), dynamo=True,
                                 custom_translation_table=roiops_onnx.translation_table())
     session = ort.InferenceSession(program.model_proto.SerializeToString(), providers=["CPUExecutionProvider"])
     (got,) = session.run(None, {"x": x.numpy(), "boxes": boxes.numpy()})
-    _same(got, One()(x, boxes), exact=True, what="roi_pool")
+    same(got, One()(x, boxes), exact=True, what="roi_pool")
 
 
 class _Detector(torch.nn.Module):
@@ -274,12 +194,12 @@ def _session(program):
 def test_plain_torch_onnx_export():
     # No custom_translation_table: importing roiops is enough. The example boxes are the
     # test boxes, so their count (static without dynamic_shapes) fits.
-    boxes = _test_boxes()
-    program = torch.onnx.export(_Detector().eval(), (_inputs()["randn"], boxes), dynamo=True)
+    boxes = boxes_for_tests()
+    program = torch.onnx.export(_Detector().eval(), (inputs()["randn"], boxes), dynamo=True)
     session = _session(program)
     assert len([n for n in program.model_proto.graph.node if n.op_type == "RoiAlign"]) == 2
-    for x in _inputs().values():
-        _compare(session, _Detector(), x, boxes, exact_from=2)
+    for x in inputs().values():
+        compare(session, _Detector(), x, boxes, exact_from=2)
 
 
 def test_own_translations_come_first_and_ours_fill_in():
@@ -289,11 +209,11 @@ def test_own_translations_come_first_and_ours_fill_in():
 
     align = torch.ops.roiops.roi_align.default
     own = {align: roiops_onnx.translation_table(align_avg="decompose")[align]}  # roi_pool left to ours
-    boxes = _test_boxes()
-    program = torch.onnx.export(AvgAndPool().eval(), (_inputs()["randn"], boxes), dynamo=True,
+    boxes = boxes_for_tests()
+    program = torch.onnx.export(AvgAndPool().eval(), (inputs()["randn"], boxes), dynamo=True,
                                 custom_translation_table=own)
     assert not [n for n in program.model_proto.graph.node if n.op_type == "RoiAlign"]
-    _compare(_session(program), AvgAndPool(), _inputs()["nan"], boxes, exact_from=0)
+    compare(_session(program), AvgAndPool(), inputs()["nan"], boxes, exact_from=0)
 
 
 def test_where_torch_moved_its_registry_a_warning_names_the_explicit_routes():

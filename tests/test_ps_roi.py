@@ -239,19 +239,6 @@ def test_kernels_refuse_a_channel_count_that_is_not_a_multiple(op):
             getattr(torch.ops.roiops, op)(*args)
 
 
-@pytest.mark.parametrize("op", list(OPS))
-def test_onnx_export_refuses_naming_the_op(op):
-    roiops_onnx = pytest.importorskip("roiops.onnx")
-
-    class Model(torch.nn.Module):
-        def forward(self, x, boxes):
-            return OPS[op](x, boxes, 2, 0.5, 2)
-
-    name = {"align": "ps_roi_align", "pool": "ps_roi_pool"}[op]
-    with pytest.raises(Exception, match=f"roiops.{name} cannot be exported to ONNX"):
-        roiops_onnx.export(Model(), (torch.randn(1, 8, 6, 6), torch.tensor([[0, 1.0, 1, 9, 9]])))
-
-
 # ---- Triton kernels (on CUDA when there is a GPU, else through Triton's interpreter)
 
 def _triton():

@@ -245,25 +245,6 @@ def test_mmcv_drop_in():
     assert torch.equal(roi_align_rotated(x, b, 2), roiops.roi_align_rotated(x, b, 2, 1.0, 0, angle="radians"))
 
 
-def test_onnx_export_refuses_with_the_op_named():
-    pytest.importorskip("onnxscript")
-    import roiops.onnx
-
-    class Head(torch.nn.Module):
-        def forward(self, x, b):
-            return roiops.roi_align_rotated(x, b, 2, SCALE, 2)
-
-    x, b = feature(F32), boxes(F32)
-    with pytest.raises(Exception) as info:
-        roiops.onnx.export(Head(), (x, b))
-    chain, e = [], info.value
-    while e is not None:
-        chain.append(str(e))
-        e = e.__cause__ or e.__context__
-    assert any("roiops.roi_align_rotated cannot be exported to ONNX" in m for m in chain)
-
-
-
 # ----------------------------------------------------------------------------- on a GPU
 # The compiled Triton kernels at realistic sizes (moved from tests/test_gpu.py; the helpers
 # are tests/gpu_cases.py). Skipped without a CUDA GPU.

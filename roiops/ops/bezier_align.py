@@ -23,7 +23,7 @@ _KERNELS = Kernels(
      ("bool", "aligned")),
     ("spatial_scale", "pooled_height", "pooled_width", "batch_size", "channels", "height", "width", "sampling_ratio",
      "aligned", "channels_last"),
-    title="bezier_align", onnx="Bezier alignment",
+    title="bezier_align",
     variants={"forward": (dict(sampling_ratio=1, aligned=True), dict(sampling_ratio=0, aligned=False)),
               "backward": (dict(sampling_ratio=1, aligned=True, channels_last=False),
                            dict(sampling_ratio=0, aligned=False, channels_last=True))})

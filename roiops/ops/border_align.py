@@ -27,7 +27,7 @@ def _output_shape(input: Any, rois: Any, args: Mapping[str, Any]) -> tuple[Any, 
 _KERNELS = Kernels(
     "border_align", (("int", "pool_size"),),
     ("pool_size", "batch_size", "channels", "height", "width", "channels_last"),
-    saved=("argmax",), title="border_align", onnx="border align", output_shape=_output_shape,
+    saved=("argmax",), title="border_align", output_shape=_output_shape,
     variants={"forward": (dict(pool_size=1), dict(pool_size=10)),
               "backward": (dict(pool_size=10, channels_last=False), dict(pool_size=3, channels_last=True))})
 _border_align = register(_KERNELS)

@@ -20,7 +20,7 @@ _KERNELS = Kernels(
     "deform_roi_pool", _ARGS,
     ("spatial_scale", "pooled_height", "pooled_width", "batch_size", "channels", "height", "width", "sampling_ratio",
      "gamma", "channels_last"),
-    title="deform_roi_pool", tensors=(("offset", True),), bin_channels={"offset": 2}, onnx="deformable RoI pooling",
+    title="deform_roi_pool", tensors=(("offset", True),), bin_channels={"offset": 2},
     variants={"forward": (dict(sampling_ratio=2, gamma=0.1), dict(sampling_ratio=0, gamma=0.5)),
               "backward": (dict(sampling_ratio=2, gamma=0.1, channels_last=False),
                            dict(sampling_ratio=0, gamma=0.5, channels_last=True)),

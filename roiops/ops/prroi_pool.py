@@ -14,7 +14,7 @@ from ._declare import RoIModule, fx_leaf, register
 _KERNELS = Kernels(
     "prroi_pool", (("float", "spatial_scale"), ("int", "pooled_height"), ("int", "pooled_width")),
     ("spatial_scale", "pooled_height", "pooled_width", "batch_size", "channels", "height", "width", "channels_last"),
-    title="prroi_pool", rois_grad=True, onnx="Precise RoI Pooling",
+    title="prroi_pool", rois_grad=True,
     variants={"forward": (dict(), dict(rois_grad=True)), "backward": (dict(channels_last=True),),
               "rois_backward": (dict(),)})
 _prroi_pool = register(_KERNELS)

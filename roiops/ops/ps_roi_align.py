@@ -26,7 +26,7 @@ _KERNELS = Kernels(
     "ps_roi_align", (("float", "spatial_scale"), ("int", "pooled_height"), ("int", "pooled_width"),
                      ("int", "sampling_ratio")),
     ("spatial_scale", "pooled_height", "pooled_width", "batch_size", "channels", "height", "width", "sampling_ratio",
-     "channels_last"), title="ps_roi_align", out_channels=ps_channels, onnx="position-sensitive RoI", variants={
+     "channels_last"), title="ps_roi_align", out_channels=ps_channels, variants={
         "forward": (dict(sampling_ratio=-1, channels=12, out_channels=2),),
         "backward": (dict(sampling_ratio=2, channels=12, out_channels=2, channels_last=True),)})
 _ps_roi_align = register(_KERNELS)

@@ -15,7 +15,7 @@ from .ps_roi_align import ps_channels
 _KERNELS = Kernels(
     "ps_roi_pool", (("float", "spatial_scale"), ("int", "pooled_height"), ("int", "pooled_width")),
     ("spatial_scale", "pooled_height", "pooled_width", "batch_size", "channels", "height", "width", "channels_last"),
-    title="ps_roi_pool", out_channels=ps_channels, onnx="position-sensitive RoI", variants={
+    title="ps_roi_pool", out_channels=ps_channels, variants={
         "forward": (dict(channels=12, out_channels=2),),
         "backward": (dict(channels=12, out_channels=2, channels_last=False),)})
 _ps_roi_pool = register(_KERNELS)

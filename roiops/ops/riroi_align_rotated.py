@@ -23,7 +23,7 @@ _KERNELS = Kernels(
      ("int", "num_orientations"), ("bool", "clockwise")),
     ("spatial_scale", "pooled_height", "pooled_width", "batch_size", "channels", "height", "width", "sampling_ratio",
      "num_orientations", "clockwise", "channels_last"),
-    title="riroi_align_rotated", onnx="rotation-invariant RoIAlign", channel_groups="num_orientations",
+    title="riroi_align_rotated", channel_groups="num_orientations",
     variants={"forward": (dict(sampling_ratio=2, num_orientations=1, clockwise=False),
                           dict(sampling_ratio=0, num_orientations=1, clockwise=True)),
               "backward": (dict(sampling_ratio=2, num_orientations=1, clockwise=False, channels_last=False),

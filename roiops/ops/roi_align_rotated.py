@@ -17,7 +17,7 @@ from .._spec import Kernels, OpSpec
 from .._validation import BoxesType, OutputSize
 from ._declare import ALIGN_ARGS, ALIGN_BACKWARD, RoIModule, fx_leaf, register
 
-_KERNELS = Kernels("roi_align_rotated", ALIGN_ARGS, ALIGN_BACKWARD, title="roi_align_rotated", onnx="rotated RoIAlign",
+_KERNELS = Kernels("roi_align_rotated", ALIGN_ARGS, ALIGN_BACKWARD, title="roi_align_rotated",
                    variants={"forward": (dict(sampling_ratio=2, aligned=True), dict(sampling_ratio=0, aligned=False)),
                              "backward": (dict(sampling_ratio=2, aligned=True, channels_last=False),
                                           dict(sampling_ratio=-1, aligned=False, channels_last=True))})

@@ -1,0 +1,140 @@
+"""onnxruntime's CPU time for each operator exported to ONNX, on the CPU workloads of
+`roiops bench`, against roiops' C++ kernels and torchvision's eager op (where torchvision
+has the operator), in one process per workload; and the exported graph's size.
+
+    PYTHONPATH=. .venv/bin/python benchmarks/onnx_cpu.py [--threads 2] [--repeats 5]
+
+Writes benchmarks/results/onnx_cpu.json and prints the table docs/ecosystem.md shows.
+float32 NCHW, forward only, the median of `repeats` timed calls after one warm-up, each
+engine with the same number of threads. A workload whose graph needs more memory than
+`--memory-gb` is recorded as such (the decompositions hold every sample of every bin).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "results" / "onnx_cpu.json"
+TORCHVISION = {"roi_align": "roi_align", "roi_align max": None, "roi_pool": "roi_pool",
+               "ps_roi_align": "ps_roi_align", "ps_roi_pool": "ps_roi_pool"}
+
+
+def _median_ms(fn, repeats: int) -> float:
+    fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return 1e3 * statistics.median(times)
+
+
+def run_one(op: str, name: str, threads: int, repeats: int, align_avg: str) -> dict:
+    """Exports and times one workload (in this process)."""
+    import onnxruntime as ort
+    import torch
+
+    import roiops.onnx
+    from roiops.bench import OPS, WORKLOADS, draw_boxes
+
+    torch.set_num_threads(threads)
+    (w,) = [w for w in WORKLOADS if w.op == op and w.name == name]
+    bench = OPS[op]
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(w.n, w.channels, w.height, w.width, generator=g)
+    boxes = draw_boxes(w, g)
+
+    class Op(torch.nn.Module):
+        def forward(self, x: torch.Tensor, boxes: torch.Tensor) -> torch.Tensor:
+            return bench.call(w, x, boxes)
+
+    row = {"op": op, "workload": name, "align_avg": align_avg, "threads": threads}
+    with torch.no_grad():
+        row["roiops_ms"] = _median_ms(lambda: bench.call(w, x, boxes), repeats)
+        if TORCHVISION.get(op):
+            import torchvision.ops
+
+            tv = getattr(torchvision.ops, TORCHVISION[op])
+            args = dict(spatial_scale=w.scale)
+            if op != "roi_pool" and op != "ps_roi_pool":
+                args["sampling_ratio"] = w.sampling_ratio
+            if op == "roi_align":
+                args["aligned"] = w.aligned
+            row["torchvision_ms"] = _median_ms(lambda: tv(x, boxes, w.size, **args), repeats)
+        program = roiops.onnx.export(Op().eval(), (x, boxes), align_avg=align_avg)
+    model = program.model_proto
+    row["nodes"] = len(model.graph.node)
+    row["model_kb"] = round(len(model.SerializeToString()) / 1024, 1)
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    feed = {i.name: a.numpy() for i, a in zip(session.get_inputs(), (x, boxes))}
+    row["onnxruntime_ms"] = _median_ms(lambda: session.run(None, feed), repeats)
+    with torch.no_grad():
+        expected = bench.call(w, x, boxes)
+    got = torch.from_numpy(session.run(None, feed)[0])
+    row["max_abs_diff"] = float((got - expected).abs().max()) if expected.numel() else 0.0
+    return row
+
+
+def table(rows: list[dict]) -> str:
+    lines = ["| operator | workload | exported as | nodes | graph KB | onnxruntime ms | roiops C++ ms | "
+             "torchvision ms | onnxruntime / roiops |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        if "error" in r:
+            lines.append(f"| {r['op']} | {r['workload']} | {r['align_avg']} | | | {r['error']} | | | |")
+            continue
+        tv = f"{r['torchvision_ms']:.1f}" if "torchvision_ms" in r else ""
+        lines.append(f"| {r['op']} | {r['workload']} | {r['align_avg']} | {r['nodes']} | {r['model_kb']} | "
+                     f"{r['onnxruntime_ms']:.1f} | {r['roiops_ms']:.1f} | {tv} | "
+                     f"{r['onnxruntime_ms'] / r['roiops_ms']:.1f}x |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--memory-gb", type=float, default=16.0)
+    parser.add_argument("--one", nargs=3, metavar=("OP", "WORKLOAD", "ALIGN_AVG"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.one:  # the child process: one workload, its row as JSON on stdout
+        limit = int(args.memory_gb * 2**30)
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+        print(json.dumps(run_one(*args.one[:2], args.threads, args.repeats, args.one[2])))
+        return
+
+    sys.path.insert(0, str(ROOT))
+    from roiops.bench import WORKLOADS
+
+    rows = []
+    todo = [(w.op, w.name, "RoiAlign") for w in WORKLOADS if "cpu" in w.devices]
+    todo += [(w.op, w.name, "decompose") for w in WORKLOADS if "cpu" in w.devices and w.op == "roi_align"]
+    for op, name, align_avg in todo:
+        child = subprocess.run([sys.executable, __file__, "--one", op, name, align_avg, "--threads", str(args.threads),
+                                "--repeats", str(args.repeats), "--memory-gb", str(args.memory_gb)],
+                               capture_output=True, text=True, cwd=ROOT)
+        lines = child.stdout.strip().splitlines()
+        if child.returncode == 0 and lines:
+            row = json.loads(lines[-1])
+        else:
+            oom = "MemoryError" in child.stderr or "bad_alloc" in child.stderr or "Failed to allocate" in child.stderr
+            why = f"needs more than {args.memory_gb:g} GB" if oom else child.stderr.strip().splitlines()[-1][:120]
+            row = {"op": op, "workload": name, "align_avg": align_avg, "error": why}
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    RESULTS.write_text(json.dumps(rows, indent=1) + "\n")
+    print(table(rows))
+
+
+if __name__ == "__main__":
+    main()
