@@ -52,13 +52,23 @@ def run_one(op: str, name: str, threads: int, repeats: int, align_avg: str) -> d
     x = torch.randn(w.n, w.channels, w.height, w.width, generator=g)
     boxes = draw_boxes(w, g)
 
+    inputs = (x, boxes)
+    call = bench.call
+    if op == "deform_roi_pool":  # the offsets an input of the graph (the bench makes them inside its call)
+        from roiops.bench.deform_roi_pool import _offsets
+
+        inputs = (x, boxes, _offsets(boxes, w.size).detach())
+
+        def call(w, x, boxes, offset):  # noqa: F811 - the same call, its offsets given
+            return roiops.deform_roi_pool(x, boxes, offset, w.size, w.scale, w.sampling_ratio)
+
     class Op(torch.nn.Module):
-        def forward(self, x: torch.Tensor, boxes: torch.Tensor) -> torch.Tensor:
-            return bench.call(w, x, boxes)
+        def forward(self, *args: torch.Tensor) -> torch.Tensor:
+            return call(w, *args)
 
     row = {"op": op, "workload": name, "align_avg": align_avg, "threads": threads}
     with torch.no_grad():
-        row["roiops_ms"] = _median_ms(lambda: bench.call(w, x, boxes), repeats)
+        row["roiops_ms"] = _median_ms(lambda: call(w, *inputs), repeats)
         if TORCHVISION.get(op):
             import torchvision.ops
 
@@ -69,7 +79,7 @@ def run_one(op: str, name: str, threads: int, repeats: int, align_avg: str) -> d
             if op == "roi_align":
                 args["aligned"] = w.aligned
             row["torchvision_ms"] = _median_ms(lambda: tv(x, boxes, w.size, **args), repeats)
-        program = roiops.onnx.export(Op().eval(), (x, boxes), align_avg=align_avg)
+        program = roiops.onnx.export(Op().eval(), inputs, align_avg=align_avg)
     model = program.model_proto
     row["nodes"] = len(model.graph.node)
     row["model_kb"] = round(len(model.SerializeToString()) / 1024, 1)
@@ -77,10 +87,10 @@ def run_one(op: str, name: str, threads: int, repeats: int, align_avg: str) -> d
     options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
     session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
-    feed = {i.name: a.numpy() for i, a in zip(session.get_inputs(), (x, boxes))}
+    feed = {i.name: a.numpy() for i, a in zip(session.get_inputs(), inputs)}
     row["onnxruntime_ms"] = _median_ms(lambda: session.run(None, feed), repeats)
     with torch.no_grad():
-        expected = bench.call(w, x, boxes)
+        expected = call(w, *inputs)
     got = torch.from_numpy(session.run(None, feed)[0])
     row["max_abs_diff"] = float((got - expected).abs().max()) if expected.numel() else 0.0
     return row
@@ -105,6 +115,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--memory-gb", type=float, default=16.0)
+    parser.add_argument("--ops", nargs="*", help="only these operators (bench keys)")
     parser.add_argument("--one", nargs=3, metavar=("OP", "WORKLOAD", "ALIGN_AVG"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:  # the child process: one workload, its row as JSON on stdout
@@ -119,6 +130,7 @@ def main() -> None:
     rows = []
     todo = [(w.op, w.name, "RoiAlign") for w in WORKLOADS if "cpu" in w.devices]
     todo += [(w.op, w.name, "decompose") for w in WORKLOADS if "cpu" in w.devices and w.op == "roi_align"]
+    todo = [row for row in todo if not args.ops or row[0] in args.ops]
     for op, name, align_avg in todo:
         child = subprocess.run([sys.executable, __file__, "--one", op, name, align_avg, "--threads", str(args.threads),
                                 "--repeats", str(args.repeats), "--memory-gb", str(args.memory_gb)],
