@@ -4,7 +4,7 @@ has the operator), in one process per workload; and the exported graph's size.
 
     PYTHONPATH=. .venv/bin/python benchmarks/onnx_cpu.py [--threads 2] [--repeats 5]
 
-Writes benchmarks/results/onnx_cpu.json and prints the table docs/ecosystem.md shows.
+Writes benchmarks/onnx_cpu.json and prints the table docs/ecosystem.md shows.
 float32 NCHW, forward only, the median of `repeats` timed calls after one warm-up, each
 engine with the same number of threads. A workload whose graph needs more memory than
 `--memory-gb` is recorded as such (the decompositions hold every sample of every bin).
@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "benchmarks" / "results" / "onnx_cpu.json"
+RESULTS = ROOT / "benchmarks" / "onnx_cpu.json"
 TORCHVISION = {"roi_align": "roi_align", "roi_align max": None, "roi_pool": "roi_pool",
                "ps_roi_align": "ps_roi_align", "ps_roi_pool": "ps_roi_pool"}
 
