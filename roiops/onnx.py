@@ -473,6 +473,20 @@ def _align_samples(input: ir.Value, rois: ir.Value, spatial_scale: float, ph: in
     return val, inside, grid_h, grid_w, big_h, big_w, t
 
 
+def _bilinear(xf: ir.Value, base: ir.Value, ty: _Taps, tx: _Taps, width: ir.Value, t: ir.DataType) -> ir.Value:
+    """The bilinear values at taps ``ty`` and ``tx`` of the map rows ``xf`` (``[cells, C]``; a
+    point's cells are rows ``base + y * width + x``), channels on a new last axis, 0 off the
+    map: ``w1*v1 + w2*v2 + w3*v3 + w4*v4``, left to right as in the kernels."""
+    ylo, yhi = op.Mul(ty.lo, width), op.Mul(ty.hi, width)
+
+    def corner(yy: ir.Value, xx: ir.Value, wy: ir.Value, wx: ir.Value) -> ir.Value:
+        return op.Mul(op.Unsqueeze(op.Mul(wy, wx), _i64(-1)), op.Gather(xf, op.Add(base, op.Add(yy, xx)), axis=0))
+
+    val = op.Add(op.Add(op.Add(corner(ylo, tx.lo, ty.h, tx.h), corner(ylo, tx.hi, ty.h, tx.l)),
+                        corner(yhi, tx.lo, ty.l, tx.h)), corner(yhi, tx.hi, ty.l, tx.l))
+    return op.Where(op.Unsqueeze(op.And(ty.valid, tx.valid), _i64(-1)), val, _const(0, t))
+
+
 def _bilinear_samples(x: ir.Value, batch: ir.Value, ty: _Taps, tx: _Taps, inside: ir.Value, big_h: ir.Value,
                       big_w: ir.Value, ph: int, pw: int, position_sensitive: bool, t: ir.DataType
                       ) -> tuple[ir.Value, ir.Value]:
@@ -480,18 +494,7 @@ def _bilinear_samples(x: ir.Value, batch: ir.Value, ty: _Taps, tx: _Taps, inside
     ``[K, C, ph, pw, Gh * Gw]``, 0 outside the map, and ``inside`` (the real samples of the
     padded grid, ``[K, 1, Gh, 1, Gw]``) as ``[K, 1, 1, 1, Gh * Gw]``."""
     base, xf = _flat_planes(x, batch, ph, pw, position_sensitive)
-    width = _dim(x, 3)
-    ylo, yhi = op.Mul(ty.lo, width), op.Mul(ty.hi, width)
-
-    def corner(yy: ir.Value, xx: ir.Value, wy: ir.Value, wx: ir.Value) -> ir.Value:
-        w = op.Unsqueeze(op.Mul(wy, wx), _i64(5))                                 # [K, ph, Gh, pw, Gw, 1]
-        return op.Mul(w, op.Gather(xf, op.Add(base, op.Add(yy, xx)), axis=0))   # [K, ph, Gh, pw, Gw, C]
-
-    # w1*v1 + w2*v2 + w3*v3 + w4*v4, left to right as in the kernels
-    val = op.Add(op.Add(op.Add(corner(ylo, tx.lo, ty.h, tx.h), corner(ylo, tx.hi, ty.h, tx.l)),
-                        corner(yhi, tx.lo, ty.l, tx.h)), corner(yhi, tx.hi, ty.l, tx.l))
-    valid = op.Unsqueeze(op.And(ty.valid, tx.valid), _i64(5))
-    val = op.Where(valid, val, _const(0, t))
+    val = _bilinear(xf, base, ty, tx, _dim(x, 3), t)                              # [K, ph, Gh, pw, Gw, C]
     val = op.Transpose(val, perm=[0, 5, 1, 3, 2, 4])                              # [K, C, ph, pw, Gh, Gw]
     inside = op.Transpose(inside, perm=[0, 1, 3, 2, 4])                           # [K, 1, 1, Gh, Gw]
     # Explicit sizes, no -1: Reshape cannot infer a dimension when K = 0.
@@ -874,15 +877,7 @@ def _border_align(input: _In, rois: _In, pool_size: int) -> tuple[_In, _In]:
     xf = op.Reshape(op.Transpose(x5, perm=[0, 1, 3, 4, 2]), op.Concat(_i64(-1), c, axis=0))
     plane = op.Add(op.Mul(op.Unsqueeze(_range(_dim(x, 0)), _i64(1, 2, 3)), _scalar(4)),
                    op.Unsqueeze(_range(_scalar(4)), _i64(0, 1, 3)))                    # [N, 1, 4, 1]
-    base = op.Mul(plane, op.Mul(height, width))
-    ylo, yhi = op.Mul(ty.lo, width), op.Mul(ty.hi, width)
-
-    def corner(yy: ir.Value, xx: ir.Value, wy: ir.Value, wx: ir.Value) -> ir.Value:
-        return op.Mul(op.Unsqueeze(op.Mul(wy, wx), _i64(4)), op.Gather(xf, op.Add(base, op.Add(yy, xx)), axis=0))
-
-    val = op.Add(op.Add(op.Add(corner(ylo, tx.lo, ty.h, tx.h), corner(ylo, tx.hi, ty.h, tx.l)),
-                        corner(yhi, tx.lo, ty.l, tx.h)), corner(yhi, tx.hi, ty.l, tx.l))  # [N, K, 4, S, C]
-    val = op.Where(op.Unsqueeze(op.And(ty.valid, tx.valid), _i64(4)), val, _const(0, t))  # 0 off the map
+    val = _bilinear(xf, op.Mul(plane, op.Mul(height, width)), ty, tx, width, t)      # [N, K, 4, S, C]
     best, first, _ = _nan_aware_max(op.Transpose(val, perm=[0, 4, 1, 2, 3]), -1, t)     # [N, C, K, 4]
     return _restore(best, input), op.Cast(first, to=_INT32)
 
