@@ -40,6 +40,8 @@ from .ops import SPECS, fpn_levels, multi_scale_roi_align
 from .ops.bezier_align import BezierAlign, bezier_align
 from .ops.border_align import BorderAlign, border_align
 from .ops.deform_roi_pool import DeformRoIPool, deform_roi_pool
+from .ops.mask_targets import mask_targets
+from .ops.paste_masks import paste_masks
 from .ops.prroi_pool import PrRoIPool, prroi_pool
 from .ops.ps_roi_align import PSRoIAlign, ps_roi_align
 from .ops.ps_roi_pool import PSRoIPool, ps_roi_pool
@@ -48,7 +50,7 @@ from .ops.roi_align import RoIAlign, roi_align
 from .ops.roi_align_rotated import RoIAlignRotated, roi_align_rotated
 from .ops.roi_pool import RoIPool, roi_pool
 
-__all__ = ["config", "fpn_levels", "multi_scale_roi_align", "use_backend"]
+__all__ = ["config", "fpn_levels", "mask_targets", "multi_scale_roi_align", "paste_masks", "use_backend"]
 __all__ += [name for spec in SPECS for name in (spec.name, spec.module.__name__)]
 __version__ = "0.1.0"
 

@@ -47,6 +47,7 @@ on the data (a ValueError naming the row), the Triton kernels mask them (no host
 
 from __future__ import annotations
 
+import math
 import numbers
 import operator
 from collections.abc import Callable
@@ -337,3 +338,60 @@ def _grad_dtype(got: torch.dtype, want: torch.dtype) -> None:
         raise ValueError(f"roiops: grad must be floating point, got {got}")
     raise ValueError(f"roiops: grad must have the input's dtype {want}, got {got}")
 
+
+
+# ---- masks: the checks of csrc/paste_masks.cpp and csrc/mask_targets.cpp ---------------
+
+def paste_masks(masks: Tensor, boxes: Tensor, height: int, width: int, integer_boxes: bool) -> None:
+    """The kernel checks of ``paste_masks`` (``integer_boxes`` False) and
+    ``paste_masks_torchvision`` (True), before their scalar arguments'."""
+    if masks.dim() != 3:
+        raise ValueError(f"roiops: masks must be 3-D [K, M, M], got {masks.dim()}-D")
+    if not masks.is_floating_point():
+        raise ValueError(f"roiops: masks must be floating point, got {masks.dtype}")
+    if masks.dtype not in _KERNEL_DTYPES:
+        _unsupported("masks", masks.dtype)
+    if boxes.dim() != 2 or boxes.shape[1] != 4 or boxes.shape[0] != masks.shape[0]:
+        raise ValueError(f"roiops: boxes must be [K, 4] with K = masks.shape[0] = {masks.shape[0]}, got "
+                         f"{list(boxes.shape)}")
+    if integer_boxes:
+        if boxes.dtype != torch.int64:
+            raise ValueError(f"roiops: boxes must be int64, got {boxes.dtype}")
+    else:
+        want = torch.float64 if masks.dtype == torch.float64 else torch.float32
+        if boxes.dtype != want:
+            raise ValueError(f"roiops: boxes must be {str(want)[6:]} for {masks.dtype} masks, got {boxes.dtype}")
+    if boxes.device != masks.device:
+        raise ValueError(f"roiops: boxes is on {boxes.device} but masks is on {masks.device}")
+    if not (0 <= height <= MAX_MAP_SIDE and 0 <= width <= MAX_MAP_SIDE):
+        raise ValueError(f"roiops: image height and width must be in [0, 2^24], got {height} x {width}")
+    if not (0 < masks.shape[1] <= MAX_MAP_SIDE and 0 < masks.shape[2] <= MAX_MAP_SIDE):
+        raise ValueError(f"roiops: masks must have sides in [1, 2^24], got {masks.shape[1]} x {masks.shape[2]}")
+
+
+def mask_targets(masks: Tensor, rois: Tensor, pooled_height: int, pooled_width: int, sampling_ratio: int,
+                 threshold: float, binary: bool) -> None:
+    """The kernel checks of ``mask_targets``."""
+    if masks.dim() != 3:
+        raise ValueError(f"roiops: masks must be 3-D [G, H, W], got {masks.dim()}-D")
+    if masks.dtype not in (torch.bool, torch.uint8, *_KERNEL_DTYPES):
+        raise ValueError(f"roiops: masks must be bool, uint8, float16, bfloat16, float32 or float64, got {masks.dtype}")
+    if rois.dim() != 2 or rois.shape[1] != 5:
+        raise ValueError(f"roiops: rois must be [K, 5] (rows (batch_index, x1, y1, x2, y2)), got {list(rois.shape)}")
+    if not rois.is_floating_point():
+        raise ValueError(f"roiops: rois must be floating point, got {rois.dtype}")
+    if masks.dtype == torch.float64 and rois.dtype != torch.float64:
+        raise ValueError(f"roiops: rois must be float64 for a float64 masks, got {rois.dtype}")
+    if rois.device != masks.device:
+        raise ValueError(f"roiops: rois is on {rois.device} but masks is on {masks.device}")
+    if not (masks.shape[1] <= MAX_MAP_SIDE and masks.shape[2] <= MAX_MAP_SIDE):
+        raise ValueError(f"roiops: masks height and width must be at most 2^24, got {masks.shape[1]} x "
+                         f"{masks.shape[2]}")
+    if not (0 < pooled_height <= MAX_OUTPUT_SIZE and 0 < pooled_width <= MAX_OUTPUT_SIZE):
+        raise ValueError(f"roiops: output size must be in [1, {MAX_OUTPUT_SIZE}], got pooled_height={pooled_height}, "
+                         f"pooled_width={pooled_width}")
+    if sampling_ratio > MAX_SAMPLING_RATIO:
+        raise ValueError(f"roiops: sampling_ratio must be at most {MAX_SAMPLING_RATIO} (<= 0 for adaptive), got "
+                         f"{sampling_ratio}")
+    if binary and not math.isfinite(threshold):
+        raise ValueError(f"roiops: threshold must be finite, got {threshold:g}")

@@ -15,12 +15,26 @@ from collections.abc import Iterable
 from ._spec import Kernels, OpSpec
 
 _SPECS: list[OpSpec] = []
+# Ops with no OpSpec (mask pasting, mask targets): one forward each, which every kernel set
+# provides as ``<name>_forward``; they have no backward and are not RoI-shaped.
+_PLAIN: list[str] = []
 
 
 def add(spec: OpSpec) -> None:
     if any(s.name == spec.name for s in _SPECS):
         raise ImportError(f"roiops: operator {spec.name} is declared twice")
     _SPECS.append(spec)
+
+
+def add_plain(name: str) -> None:
+    if name in _PLAIN:
+        raise ImportError(f"roiops: op {name} is declared twice")
+    _PLAIN.append(name)
+
+
+def plain_ops() -> tuple[str, ...]:
+    """The ops without an OpSpec, in the order they were added."""
+    return tuple(_PLAIN)
 
 
 def specs() -> tuple[OpSpec, ...]:

@@ -422,3 +422,106 @@ def border_boxes(input: Tensor, boxes: object) -> Tensor:
             raise ValueError(f"{name}[{n}, {k}] {out[n, k].tolist()}: coordinates must be finite and within 2^24 "
                              "feature-map cells")
     return out
+
+
+# ---- masks (paste_masks, mask_targets) ------------------------------------------------
+
+def paste_masks_stack(masks: object) -> Tensor:
+    """Masks to paste: floating ``[K, Mh, Mw]``, or ``[K, 1, Mh, Mw]`` (a mask head's output for
+    one class), as ``[K, Mh, Mw]``."""
+    if not isinstance(masks, Tensor):
+        raise TypeError(f"masks must be a Tensor, got {type(masks).__name__}")
+    if masks.dim() == 4 and masks.shape[1] == 1:
+        masks = masks[:, 0]
+    if masks.dim() != 3:
+        raise ValueError(f"masks must be 3-D [K, M, M] or [K, 1, M, M], got shape {tuple(masks.shape)}")
+    if masks.layout != torch.strided:
+        raise ValueError(f"masks must be a dense (strided) tensor, got layout {masks.layout}")
+    if masks.dtype not in DTYPES:
+        raise ValueError(f"masks must be floating point (float16, bfloat16, float32 or float64), got {masks.dtype}")
+    if not (0 < masks.shape[1] <= MAX_MAP_SIDE and 0 < masks.shape[2] <= MAX_MAP_SIDE):
+        raise ValueError(f"masks must have sides in [1, 2^24], got shape {tuple(masks.shape)}")
+    return masks
+
+
+def image_size(value: object) -> tuple[int, int]:
+    """``(height, width)`` of an image: two ints in [0, 2^24]."""
+    if isinstance(value, (tuple, list, torch.Size)) and len(value) == 2:
+        h, w = _as_int(value[0]), _as_int(value[1])
+        if h is not None and w is not None and 0 <= h <= MAX_MAP_SIDE and 0 <= w <= MAX_MAP_SIDE:
+            return h, w
+    raise ValueError(f"image_size must be (height, width), two ints in [0, 2^24], got {value!r}")
+
+
+def threshold(value: object) -> float | None:
+    """None (no threshold) or a finite real."""
+    return None if value is None else finite("threshold", value)
+
+
+def paste_boxes(boxes: object, masks: Tensor, integer: bool = False) -> Tensor:
+    """One box per mask: ``Tensor[K, 4]`` of rows ``(x1, y1, x2, y2)`` in image pixels, finite
+    and within 2^24 -> contiguous, in the masks' coordinate type (``integer``: whole pixels,
+    int64, as the torchvision rule takes them)."""
+    if not isinstance(boxes, Tensor):
+        raise TypeError(f"boxes must be a Tensor, got {type(boxes).__name__}")
+    if boxes.dim() != 2 or boxes.shape[1] != 4 or boxes.shape[0] != masks.shape[0]:
+        raise BoxFormatError(f"boxes must be [K, 4] (rows (x1, y1, x2, y2)) with K = {masks.shape[0]} masks, "
+                             f"got shape {tuple(boxes.shape)}")
+    if not (boxes.is_floating_point() or integer and boxes.dtype == torch.int64):
+        raise ValueError(f"boxes must be floating point, got {boxes.dtype}")
+    if boxes.device != masks.device:
+        raise ValueError(f"boxes is on {boxes.device} but masks is on {masks.device}")
+    out = dense(boxes, torch.int64 if integer else _coord_type(masks))
+    if _checking_values(out) and out.numel() and not out.is_meta:
+        bad = ~(out.abs() <= MAX_COORDINATE)
+        if bool(bad.any()):
+            k = int(bad.any(dim=1).nonzero()[0, 0])
+            raise ValueError(f"boxes row {k} {boxes[k].tolist()}: coordinates must be finite and within 2^24 pixels")
+    return out
+
+
+def target_masks(masks: object) -> Tensor:
+    """Ground-truth bit masks ``[G, H, W]``: bool, uint8 or floating, read as they are."""
+    if not isinstance(masks, Tensor):
+        raise TypeError(f"masks must be a Tensor or a list of polygons, got {type(masks).__name__}")
+    if masks.dim() != 3:
+        raise ValueError(f"masks must be 3-D [G, H, W], got shape {tuple(masks.shape)}")
+    if masks.layout != torch.strided:
+        raise ValueError(f"masks must be a dense (strided) tensor, got layout {masks.layout}")
+    if masks.dtype not in (torch.bool, torch.uint8, *DTYPES):
+        raise ValueError(f"masks must be bool, uint8 or floating point, got {masks.dtype}")
+    if not (masks.shape[0] <= MAX_MAP_SIDE and masks.shape[1] <= MAX_MAP_SIDE and masks.shape[2] <= MAX_MAP_SIDE):
+        raise ValueError(f"masks must have at most 2^24 masks and sides of at most 2^24, got {tuple(masks.shape)}")
+    return masks
+
+
+def target_rois(masks: Tensor, boxes: object, indices: object) -> Tensor:
+    """Proposal ``p``'s row ``(indices[p], x1, y1, x2, y2)`` -> contiguous ``[P, 5]`` in the
+    masks' coordinate type; indices integers in ``[0, G)``."""
+    if not isinstance(boxes, Tensor):
+        raise TypeError(f"boxes must be a Tensor, got {type(boxes).__name__}")
+    if not isinstance(indices, Tensor):
+        raise TypeError(f"indices must be a Tensor, got {type(indices).__name__}")
+    if boxes.dim() != 2 or boxes.shape[1] != 4:
+        raise BoxFormatError(f"boxes must be [P, 4] (rows (x1, y1, x2, y2)), got shape {tuple(boxes.shape)}")
+    if not boxes.is_floating_point():
+        raise ValueError(f"boxes must be floating point, got {boxes.dtype}")
+    if indices.dim() != 1 or indices.shape[0] != boxes.shape[0]:
+        raise ValueError(f"indices must be [P] with P = {boxes.shape[0]} boxes, got shape {tuple(indices.shape)}")
+    if indices.is_floating_point() or indices.is_complex() or indices.dtype == torch.bool:
+        raise ValueError(f"indices must be integers, got {indices.dtype}")
+    for name, t in (("boxes", boxes), ("indices", indices)):
+        if t.device != masks.device:
+            raise ValueError(f"{name} is on {t.device} but masks is on {masks.device}")
+    dtype = _coord_type(masks)
+    rois = torch.cat([indices.to(dtype)[:, None], boxes.to(dtype)], dim=1)
+    if _checking_values(rois) and rois.shape[0] and not rois.is_meta:
+        g = masks.shape[0]
+        bad = (indices < 0) | (indices >= g)
+        if bool(bad.any()):
+            p = int(bad.nonzero()[0, 0])
+            raise ValueError(f"indices[{p}] = {int(indices[p])} is not a mask index in [0, {g})")
+        k, _ = _scan(rois, g, 1.0)
+        if k >= 0:
+            raise ValueError(f"boxes row {k} {boxes[k].tolist()}: coordinates must be finite and within 2^24 pixels")
+    return rois

@@ -23,12 +23,15 @@ no minimum box size (detectron2's kernels have no ``aligned`` switch for rotated
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor, nn
 
 import roiops as F
 
 from .. import _validation as v
 from ..ops._declare import fx_leaf
+from ..ops.mask_targets import targets
+from ..ops.paste_masks import paste
 from ._util import BoxAssertionError
 from . import torchvision as tv
 from .torchvision import roi_align
@@ -128,3 +131,79 @@ def _roi_align_rotated(input: Tensor, rois: Tensor, output_size: tuple[int, int]
     _assert_rows(rois, 6, "(batch_index, cx, cy, w, h, angle)")
     return F.roi_align_rotated(input, rois, output_size, spatial_scale, sampling_ratio, aligned=True, clockwise=False,
                                angle="degrees")
+
+
+# ---- Mask R-CNN's mask steps (detectron2.layers.mask_ops, detectron2.structures.masks) ---
+
+def paste_masks_in_image(masks: Tensor, boxes: object, image_shape: tuple[int, int],
+                         threshold: float = 0.5) -> Tensor:
+    """Drop-in for detectron2's ``paste_masks_in_image`` (``detectron2.layers.mask_ops``),
+    with its signature and result: bit for bit on the CPU for float32 masks and boxes.
+    Each mask is sampled at the pixel centres of its box (``grid_sample``'s arithmetic,
+    zeros outside the mask); on the CPU only pixels in ``[floor(x1) - 1, ceil(x2) + 1)``
+    (and along y) are pasted, as detectron2 does there. Semantics: docs/semantics.md,
+    "paste_masks".
+
+    Args:
+        masks: ``Tensor[N, M, M]`` of mask probabilities (square).
+        boxes: ``Tensor[N, 4]`` or a detectron2 ``Boxes`` (its ``.tensor``), rows ``(x1,
+            y1, x2, y2)`` in image pixels.
+        image_shape: ``(height, width)``.
+        threshold: ``>= 0``: bool masks, True where the value is ``>= threshold``;
+            negative: uint8 masks of ``value * 255``.
+
+    Returns:
+        ``Tensor[N, height, width]``, bool (uint8 for a negative threshold).
+
+    Examples:
+        >>> masks = torch.ones(1, 28, 28)
+        >>> out = roiops.compat.detectron2.paste_masks_in_image(masks, torch.tensor([[4.0, 4.0, 20.0, 12.0]]), (32, 32))
+        >>> out.dtype, int(out.sum())
+        (torch.bool, 128)
+    """
+    if not isinstance(masks, Tensor) or masks.dim() != 3 or masks.shape[-1] != masks.shape[-2]:
+        raise ValueError("masks must be a Tensor[N, M, M] of square masks")
+    height, width = v.image_size(image_shape)
+    rows_of = getattr(boxes, "tensor", boxes)
+    if masks.shape[0] == 0:
+        return masks.new_empty((0, height, width), dtype=torch.uint8)
+    if not masks.is_floating_point():
+        masks = masks.float()
+    stack = v.paste_masks_stack(masks).detach()
+    rows = v.paste_boxes(rows_of, stack).detach()
+    cut = v.finite("threshold", threshold)
+    window = stack.device.type == "cpu"
+    if cut >= 0:
+        return paste(stack, rows, height, width, cut, window)
+    return (paste(stack, rows, height, width, None, window) * 255).to(torch.uint8)
+
+
+def bitmasks_crop_and_resize(masks: Tensor, boxes: Tensor, mask_size: int) -> Tensor:
+    """Drop-in for detectron2's ``BitMasks.crop_and_resize(boxes, mask_size)`` (mask
+    targets from bit masks), as a function of the masks: mask i cropped to box i and
+    resized by RoIAlign (``aligned=True``, adaptive sampling), then ``>= 0.5``. Bit for bit
+    detectron2's, reading the masks as stored (no float copy).
+
+    Args:
+        masks: ``Tensor[N, H, W]`` of bit masks (bool, uint8 or floating): ``BitMasks.tensor``.
+        boxes: ``Tensor[N, 4]``, one box per mask.
+        mask_size: the side of the targets.
+
+    Returns:
+        ``Tensor[N, mask_size, mask_size]`` of bool.
+
+    Examples:
+        >>> m = torch.zeros(1, 16, 16, dtype=torch.bool)
+        >>> m[0, :, 8:] = True
+        >>> roiops.compat.detectron2.bitmasks_crop_and_resize(m, torch.tensor([[0.0, 0.0, 16.0, 16.0]]), 2).tolist()
+        [[[False, True], [False, True]]]
+    """
+    stack = v.target_masks(masks)
+    if not isinstance(boxes, Tensor) or boxes.dim() != 2 or boxes.shape[0] != stack.shape[0]:
+        raise ValueError(f"boxes must be a Tensor[N, 4] with N = {stack.shape[0]} masks")
+    indices = torch.arange(stack.shape[0], device=stack.device)
+    rois = v.target_rois(stack, boxes.to(torch.float32), indices)
+    return targets(stack.detach(), rois.detach(), v.output_size(mask_size), 0, True, 0.5)
+
+
+__all__ += ["bitmasks_crop_and_resize", "paste_masks_in_image"]

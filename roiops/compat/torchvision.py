@@ -22,6 +22,7 @@ sampling give 0, and so do ``ps_roi_align`` bins with an empty adaptive grid
 refused (PyTorch deprecates them).
 """
 
+import platform
 from typing import Any, Callable, Optional, Union
 
 import torch
@@ -32,7 +33,9 @@ import roiops as F
 
 from .. import _validation as v
 from ..ops._declare import fx_node
+from ..ops.mask_targets import targets
 from ..ops.multi_scale import levels_of, multi_scale_call
+from ..ops.paste_masks import paste_torchvision
 from ._util import box_assertions
 
 __all__ = ["LevelMapper", "MultiScaleRoIAlign", "RoIAlign", "RoIPool", "roi_align", "roi_pool"]
@@ -489,3 +492,124 @@ class MultiScaleRoIAlign(nn.Module):
     def __repr__(self) -> str:
         return (f"{type(self).__name__}(featmap_names={self.featmap_names}, output_size={self.output_size}, "
                 f"sampling_ratio={self.sampling_ratio})")
+
+
+# ---- Mask R-CNN's mask steps (torchvision.models.detection.roi_heads) --------------------
+
+def _aten_fuses() -> bool:
+    """Whether ATen's CPU kernels run with fused multiply-adds: its x86-64 builds compile
+    them with FMA contraction for the AVX2 and AVX512 dispatch levels, not for the baseline;
+    GCC fuses on AArch64."""
+    machine = platform.machine().lower()
+    return machine not in ("x86_64", "amd64", "i686", "x86") or torch.backends.cpu.get_cpu_capability() != "DEFAULT"
+
+
+def paste_masks_in_image(masks: Tensor, boxes: Tensor, img_shape: tuple[int, int], padding: int = 1) -> Tensor:
+    """Drop-in for torchvision's ``paste_masks_in_image`` (Mask R-CNN inference), with its
+    signature and result, bit for bit on the CPU for float32 and float64 masks: each mask
+    (channel 0 of ``[K, C, M, M]``) padded by ``padding`` zero cells, resized to its box
+    (expanded by ``(M + 2 * padding) / M`` and truncated to whole pixels) and pasted into
+    a zero image. One output written once by the C++ kernels, where torchvision allocates,
+    resizes and stacks a full image per mask.
+
+    What differs: boxes wholly left of or above the image give a zero mask where
+    torchvision raises a shape error; float16 and bfloat16 masks are resized in float32.
+    On CUDA tensors it runs roiops' reference kernels. Semantics: docs/semantics.md,
+    "paste_masks".
+
+    Plug it into torchvision's model with
+    ``torchvision.models.detection.roi_heads.paste_masks_in_image = paste_masks_in_image``
+    (docs/porting.md).
+
+    Args:
+        masks: ``Tensor[K, C, M, M]`` (channel 0 is pasted), floating.
+        boxes: ``Tensor[K, 4]`` of rows ``(x1, y1, x2, y2)`` in image pixels, floating.
+        img_shape: ``(height, width)`` of the image.
+        padding: zero cells added on each side of the mask before resizing.
+
+    Returns:
+        ``Tensor[K, 1, height, width]`` of the masks' dtype.
+
+    Examples:
+        >>> masks = torch.ones(1, 1, 28, 28)
+        >>> out = roiops.compat.torchvision.paste_masks_in_image(masks, torch.tensor([[4.0, 4.0, 20.0, 12.0]]), (32, 32))
+        >>> out.shape, float(out[0, 0, 8, 12])
+        (torch.Size([1, 1, 32, 32]), 1.0)
+    """
+    if not isinstance(masks, Tensor) or masks.dim() != 4:
+        raise ValueError(f"masks must be a Tensor[K, C, M, M], got {getattr(masks, 'shape', type(masks).__name__)}")
+    height, width = v.image_size(img_shape)
+    pad = _nonnegative("padding", padding)
+    stack = v.paste_masks_stack(masks[:, 0])
+    if not isinstance(boxes, Tensor) or not boxes.is_floating_point():
+        raise ValueError("boxes must be a floating-point Tensor[K, 4]")
+    rows = v.paste_boxes(_expanded(boxes, float(masks.shape[-1] + 2 * pad) / masks.shape[-1]), stack,
+                         integer=True)
+    dtype = stack.dtype
+    if dtype in (torch.float16, torch.bfloat16):
+        stack = stack.float()
+    out = paste_torchvision(stack.detach(), rows, height, width, pad, _aten_fuses())
+    return out.to(dtype)[:, None]
+
+
+def _nonnegative(name: str, value: object) -> int:
+    n = v._as_int(value)
+    if n is None or not 0 <= n <= 2**24:
+        raise ValueError(f"{name} must be an int in [0, 2^24], got {value!r}")
+    return n
+
+
+def _expanded(boxes: Tensor, scale: float) -> Tensor:
+    """torchvision's ``expand_boxes`` then its truncation to int64: each box scaled about its
+    centre, in the boxes' dtype and torchvision's order of operations."""
+    if boxes.dim() != 2 or boxes.shape[1] != 4:
+        raise ValueError(f"boxes must be [K, 4], got shape {tuple(boxes.shape)}")
+    half_w = (boxes[:, 2] - boxes[:, 0]) * 0.5 * scale
+    half_h = (boxes[:, 3] - boxes[:, 1]) * 0.5 * scale
+    cx = (boxes[:, 2] + boxes[:, 0]) * 0.5
+    cy = (boxes[:, 3] + boxes[:, 1]) * 0.5
+    expanded = torch.stack([cx - half_w, cy - half_h, cx + half_w, cy + half_h], dim=1)
+    if not bool(expanded.abs().le(2**24).all()):
+        raise ValueError("boxes: coordinates must be finite and within 2^24 pixels")
+    return expanded.to(torch.int64)
+
+
+def project_masks_on_boxes(gt_masks: Tensor, boxes: Tensor, matched_idxs: Tensor, M: int) -> Tensor:
+    """Drop-in for torchvision's ``project_masks_on_boxes`` (Mask R-CNN's mask targets), with
+    its signature and result bit for bit: RoIAlign (``aligned=False``, adaptive sampling)
+    of mask ``matched_idxs[p]`` over box p onto ``M x M``. The masks are read as they are
+    stored (bool, uint8 or float32), where torchvision converts all of them to float first.
+
+    Plug it into torchvision's model with
+    ``torchvision.models.detection.roi_heads.project_masks_on_boxes = project_masks_on_boxes``
+    (docs/porting.md).
+
+    Args:
+        gt_masks: ``Tensor[G, H, W]`` of one image's ground-truth masks.
+        boxes: ``Tensor[P, 4]`` of the image's positive proposals ``(x1, y1, x2, y2)``.
+        matched_idxs: ``Tensor[P]``: the ground-truth mask of each proposal.
+        M: the targets' side.
+
+    Returns:
+        ``Tensor[P, M, M]`` of the boxes' dtype.
+
+    Examples:
+        >>> gt = torch.zeros(1, 16, 16, dtype=torch.uint8)
+        >>> gt[0, 2:14, 2:14] = 1
+        >>> t = roiops.compat.torchvision.project_masks_on_boxes(gt, torch.tensor([[4.0, 4.0, 12.0, 12.0]]),
+        ...                                                      torch.tensor([0]), 2)
+        >>> t.tolist()
+        [[[1.0, 1.0], [1.0, 1.0]]]
+    """
+    masks = v.target_masks(gt_masks)
+    if not isinstance(boxes, Tensor) or not boxes.is_floating_point():
+        raise ValueError("boxes must be a floating-point Tensor[P, 4]")
+    # torchvision converts the masks to the boxes' dtype; bool, uint8 and float32 masks
+    # read as float32 give the same values.
+    if boxes.dtype != torch.float32 or masks.dtype not in (torch.bool, torch.uint8, torch.float32):
+        masks = masks.to(boxes.dtype)
+    rois = v.target_rois(masks, boxes, matched_idxs)
+    return targets(masks.detach(), rois.detach(), v.output_size(M), -1, False, None)
+
+
+__all__ += ["paste_masks_in_image", "project_masks_on_boxes"]

@@ -1,8 +1,9 @@
 // RoIAlign's plans and its forward kernels of one box, "avg" and "max" modes
 // (docs/semantics.md, "roi_align avg" and "roi_align max"). roi_align.cpp's forward runs
 // them; roi_align_box_grad.cpp's box gradient builds the same plans and finds max mode's
-// winners with the same kernels. Included by those two files only, and internal to each
-// (an unnamed namespace), as the rest of an op's kernels are.
+// winners with the same kernels; mask_targets.cpp runs the "avg" plane kernel on masks.
+// Included by those files only, and internal to each (an unnamed namespace), as the rest
+// of an op's kernels are.
 #pragma once
 
 #include <algorithm>
@@ -94,9 +95,10 @@ inline void gather_sample_row(const AlignPlan<T>& p, const scalar_t* plane, int6
 // NCHW, one channel plane (rows contiguous, row stride W): a bin row's samples are
 // evaluated a sample row at a time, then each bin adds its samples of that row.
 // scratch: 5 * (inside sample columns) + pw.
-template <typename scalar_t, typename T>
+// The output may be of another type than the plane (mask targets read bool and uint8 masks).
+template <typename scalar_t, typename T, typename O>
 ROIOPS_SIMD void avg_forward_plane(const AlignPlan<T>& p, const scalar_t* plane, int64_t W, int64_t ph, int64_t pw,
-                                   T* scratch, scalar_t* out, int64_t oH, int64_t oW) {
+                                   T* scratch, O* out, int64_t oH, int64_t oW) {
   const int64_t nx = static_cast<int64_t>(p.xs.lo.size());
   T* v = scratch + 4 * nx;
   T* sums = v + nx;
@@ -110,7 +112,7 @@ ROIOPS_SIMD void avg_forward_plane(const AlignPlan<T>& p, const scalar_t* plane,
         sums[j] = s;
       }
     }
-    for (int64_t j = 0; j < pw; ++j) out[i * oH + j * oW] = static_cast<scalar_t>(sums[j] / p.count);
+    for (int64_t j = 0; j < pw; ++j) out[i * oH + j * oW] = static_cast<O>(sums[j] / p.count);
   }
 }
 

@@ -1,0 +1,207 @@
+"""Mask pasting and mask targets: the C++ kernels against the reference (grid_sample and
+F.interpolate, the peers' own primitives) and the drop-ins against torchvision's functions
+and detectron2's documented definition; errors; compile and export."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+import torchvision
+from torchvision.models.detection import roi_heads
+
+import roiops
+import roiops.reference as reference
+from roiops.compat import detectron2 as d2
+from roiops.compat import torchvision as tv
+from roiops.ops.paste_masks import paste, paste_torchvision
+
+
+def boxes_in(k: int, height: int, width: int, largest: float, seed: int = 0) -> torch.Tensor:
+    """Boxes of 0.3 to ``largest`` pixels, some partly or wholly outside the image, plus a
+    zero-width, an inverted and a sub-pixel box."""
+    g = torch.Generator().manual_seed(seed)
+    xy = torch.rand(k, 2, generator=g) * torch.tensor([width + 40.0, height + 40.0]) - 30
+    wh = torch.rand(k, 2, generator=g) * largest + 0.3
+    boxes = torch.cat([xy, xy + wh], dim=1)
+    boxes[0] = torch.tensor([5.0, 5.0, 5.0, 30.0])
+    boxes[1] = torch.tensor([50.0, 40.0, 20.0, 60.0])
+    boxes[2] = torch.tensor([10.2, 11.7, 10.4, 11.9])
+    return boxes
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("threshold", [None, 0.5, 0.25])
+@pytest.mark.parametrize("box_window", [False, True])
+def test_paste_continuous_equals_reference(dtype: torch.dtype, threshold: float | None, box_window: bool) -> None:
+    masks = torch.rand(24, 28, 20, dtype=dtype, generator=torch.Generator().manual_seed(1))
+    boxes = boxes_in(24, 70, 90, 80.0).to(dtype)
+    got = paste(masks, boxes, 70, 90, threshold, box_window)
+    expected = reference.paste_masks_forward(masks, boxes, 70, 90, 0.0 if threshold is None else threshold,
+                                             threshold is not None, box_window)
+    assert got.dtype == (torch.bool if threshold is not None else dtype)
+    assert torch.equal(got, expected)
+
+
+def test_paste_masks_public() -> None:
+    masks = torch.rand(6, 1, 14, 14)
+    boxes = boxes_in(6, 40, 50, 30.0).double()  # any floating dtype: converted to float32
+    out = roiops.paste_masks(masks, boxes, (40, 50))
+    assert out.shape == (6, 40, 50) and out.dtype == torch.bool
+    assert torch.equal(out, reference.paste_masks_forward(masks[:, 0], boxes.float(), 40, 50, 0.5, True, False))
+    assert not out[0].any() and not out[1].any()  # zero-width and inverted boxes paste nothing
+    soft = roiops.paste_masks(masks, boxes, (40, 50), threshold=None)
+    assert soft.dtype == torch.float32 and torch.equal(soft >= 0.5, out)
+    with roiops.use_backend("reference"):
+        assert torch.equal(roiops.paste_masks(masks, boxes, (40, 50)), out)
+
+
+def detectron2_paste(masks: torch.Tensor, boxes: torch.Tensor, shape: tuple[int, int], threshold: float) -> torch.Tensor:
+    """detectron2's paste_masks_in_image on the CPU by its definition: per mask, the window
+    [floor(x1) - 1, ceil(x2) + 1) of pixel centres mapped to [-1, 1] over the box and
+    sampled by grid_sample; bool ``>= threshold``, or uint8 ``value * 255``."""
+    h, w = shape
+    out = torch.zeros(len(masks), h, w, dtype=torch.bool if threshold >= 0 else torch.uint8)
+    for i in range(len(masks)):
+        x1, y1, x2, y2 = boxes[i]
+        c0, r0 = max(int(x1.floor()) - 1, 0), max(int(y1.floor()) - 1, 0)
+        c1, r1 = min(int(x2.ceil()) + 1, w), min(int(y2.ceil()) + 1, h)
+        if c1 <= c0 or r1 <= r0:
+            continue
+        gx = (torch.arange(c0, c1, dtype=torch.float32) + 0.5 - x1) / (x2 - x1) * 2 - 1
+        gy = (torch.arange(r0, r1, dtype=torch.float32) + 0.5 - y1) / (y2 - y1) * 2 - 1
+        grid = torch.stack([gx[None, :].expand(len(gy), -1), gy[:, None].expand(-1, len(gx))], dim=2)
+        v = F.grid_sample(masks[i][None, None], grid[None], align_corners=False)[0, 0]
+        out[i, r0:r1, c0:c1] = v >= threshold if threshold >= 0 else (v * 255).to(torch.uint8)
+    return out
+
+
+@pytest.mark.parametrize("threshold", [0.5, 0.3, -1.0])
+def test_detectron2_paste_masks_in_image(threshold: float) -> None:
+    masks = torch.rand(40, 28, 28, generator=torch.Generator().manual_seed(2))
+    boxes = boxes_in(40, 120, 160, 120.0, seed=3)
+    boxes[0, 2] += 1.0  # detectron2 divides by the width: keep its boxes non-degenerate
+    got = d2.paste_masks_in_image(masks, boxes, (120, 160), threshold)
+    assert torch.equal(got, detectron2_paste(masks, boxes, (120, 160), threshold))
+    assert d2.paste_masks_in_image(masks[:0], boxes[:0], (5, 6)).shape == (0, 5, 6)
+
+
+def test_torchvision_paste_masks_in_image() -> None:
+    masks = torch.rand(80, 1, 28, 28, generator=torch.Generator().manual_seed(4))
+    g = torch.Generator().manual_seed(5)
+    xy = torch.rand(80, 2, generator=g) * torch.tensor([200.0, 150.0])
+    # box sides 1 to 250 pixels: ATen resizes outputs of height + width up to 128 in one
+    # pass and larger ones in two, with other roundings; both are reproduced
+    boxes = torch.cat([xy, xy + torch.rand(80, 2, generator=g) * 250 + 1], dim=1)
+    for m, b in ((masks, boxes), (masks.double(), boxes.double())):
+        expected = roi_heads.paste_masks_in_image(m, b, (150, 200))
+        got = tv.paste_masks_in_image(m, b, (150, 200))
+        assert got.dtype == expected.dtype and torch.equal(got, expected)
+    assert tv.paste_masks_in_image(masks[:0], boxes[:0], (7, 8)).shape == (0, 1, 7, 8)
+
+
+def test_paste_torchvision_equals_reference() -> None:
+    masks = torch.rand(10, 14, 14, generator=torch.Generator().manual_seed(6))
+    boxes = torch.tensor([[0, 0, 9, 9], [-5, -3, 20, 40], [30, 30, 29, 29], [40, 2, 90, 5], [3, 3, 3, 3],
+                          [-20, -20, -2, -2], [10, 50, 12, 200], [0, 0, 63, 63], [5, 5, 100, 6], [60, 1, 61, 70]])
+    got = paste_torchvision(masks, boxes, 64, 80, 1, True)
+    expected = reference.paste_masks_torchvision_forward(masks, boxes, 64, 80, 1, True)
+    assert torch.equal(got, expected)
+    assert not got[5].any()  # wholly outside (torchvision itself raises there): zeros
+
+
+@pytest.mark.parametrize("dtype", [torch.bool, torch.uint8, torch.float32, torch.float64])
+@pytest.mark.parametrize("aligned,sampling_ratio", [(False, -1), (True, 0), (True, 2)])
+def test_mask_targets_equal_roi_align(dtype: torch.dtype, aligned: bool, sampling_ratio: int) -> None:
+    g = torch.Generator().manual_seed(7)
+    masks = (torch.rand(5, 60, 80, generator=g) > 0.5).to(dtype)
+    indices = torch.randint(0, 5, (40,), generator=g)
+    boxes = boxes_in(40, 60, 80, 50.0, seed=8)
+    inverted = boxes[1].clone()
+    boxes[1] = torch.tensor([20.0, 40.0, 50.0, 60.0])  # torchvision fails on it (aligned, adaptive): below
+    coords = torch.float64 if dtype == torch.float64 else torch.float32
+    rois = torch.cat([indices[:, None].to(coords), boxes.to(coords)], dim=1)
+    expected = torchvision.ops.roi_align(masks[:, None].to(coords), rois, (14, 14), 1.0, sampling_ratio, aligned)[:, 0]
+    got = roiops.mask_targets(masks, boxes, indices, 14, aligned=aligned, sampling_ratio=sampling_ratio)
+    assert got.dtype == (dtype if dtype.is_floating_point else torch.float32)
+    assert torch.equal(got, expected.to(got.dtype))
+    assert torch.equal(roiops.mask_targets(masks, boxes, indices, 14, aligned=aligned, sampling_ratio=sampling_ratio,
+                                           threshold=0.5), expected >= 0.5)
+    if aligned and sampling_ratio <= 0:  # an empty adaptive grid: 0 (docs/semantics.md)
+        assert not roiops.mask_targets(masks, inverted[None], indices[:1], 14, aligned=aligned,
+                                       sampling_ratio=sampling_ratio).any()
+    with roiops.use_backend("reference"):  # the reference sums in its own order
+        torch.testing.assert_close(roiops.mask_targets(masks, boxes, indices, 14, aligned=aligned,
+                                                       sampling_ratio=sampling_ratio), got, atol=1e-6, rtol=1e-6)
+
+
+def test_project_masks_on_boxes_and_bitmasks() -> None:
+    g = torch.Generator().manual_seed(9)
+    gt = torch.rand(6, 90, 120, generator=g) > 0.4
+    boxes = boxes_in(50, 90, 120, 70.0, seed=10)
+    idx = torch.randint(0, 6, (50,), generator=g)
+    for masks in (gt, gt.to(torch.uint8), gt.float()):
+        assert torch.equal(tv.project_masks_on_boxes(masks, boxes, idx, 28),
+                           roi_heads.project_masks_on_boxes(masks, boxes, idx, 28))
+    boxes[1] = torch.tensor([20.0, 40.0, 50.0, 60.0])  # torchvision fails on an inverted box (aligned)
+    rois = torch.cat([torch.arange(6.0)[:, None], boxes[:6]], dim=1)
+    expected = torchvision.ops.roi_align(gt[:, None].float(), rois, (28, 28), 1.0, 0, True)[:, 0] >= 0.5
+    assert torch.equal(d2.bitmasks_crop_and_resize(gt, boxes[:6], 28), expected)
+
+
+def test_errors() -> None:
+    masks = torch.zeros(3, 10, 10, dtype=torch.bool)
+    boxes = torch.zeros(4, 4)
+    with pytest.raises(ValueError, match=r"indices\[1\] = 3 is not a mask index in \[0, 3\)"):
+        roiops.mask_targets(masks, boxes, torch.tensor([0, 3, 1, 2]), 7)
+    with pytest.raises(ValueError, match="indices must be \\[P\\]"):
+        roiops.mask_targets(masks, boxes, torch.tensor([0, 1]), 7)
+    with pytest.raises(ValueError, match="indices must be integers"):
+        roiops.mask_targets(masks, boxes, torch.zeros(4), 7)
+    with pytest.raises(ValueError, match="masks must be bool, uint8 or floating point"):
+        roiops.mask_targets(masks.int(), boxes, torch.zeros(4, dtype=torch.int64), 7)
+    with pytest.raises(ValueError, match="boxes row 2"):
+        roiops.mask_targets(masks, torch.tensor([[0, 0, 1, 1.0]] * 2 + [[0, float("nan"), 1, 1]]),
+                            torch.zeros(3, dtype=torch.int64), 7)
+    soft = torch.rand(3, 8, 8)
+    with pytest.raises(ValueError, match="boxes must be \\[K, 4\\]"):
+        roiops.paste_masks(soft, boxes, (10, 10))
+    with pytest.raises(ValueError, match="image_size must be"):
+        roiops.paste_masks(soft, boxes[:3], (10, -1))
+    with pytest.raises(ValueError, match="masks must be floating point"):
+        roiops.paste_masks(soft.bool(), boxes[:3], (10, 10))
+    with pytest.raises(ValueError, match="threshold must be a finite"):
+        roiops.paste_masks(soft, boxes[:3], (10, 10), threshold=float("nan"))
+    with pytest.raises(ValueError, match="boxes row 0"):
+        roiops.paste_masks(soft, torch.tensor([[0, 0, float("inf"), 1]] * 3), (10, 10))
+
+
+@pytest.mark.parametrize("backend", ["cpu", "reference"])
+def test_kernel_checks_agree(backend: str) -> None:
+    """A direct op call with bad arguments: the same ValueError from every backend."""
+    masks, rois = torch.rand(2, 8, 8), torch.zeros(3, 5)
+    calls = [
+        (lambda: torch.ops.roiops.mask_targets(masks, rois[:, :4], 4, 4, 0, True, 0.5, False), "rois must be \\[K, 5\\]"),
+        (lambda: torch.ops.roiops.mask_targets(masks.int(), rois, 4, 4, 0, True, 0.5, False), "masks must be bool"),
+        (lambda: torch.ops.roiops.mask_targets(masks, rois, 0, 4, 0, True, 0.5, False), "output size must be"),
+        (lambda: torch.ops.roiops.paste_masks(masks, rois[:2, :4].double(), 5, 5, 0.5, True, False), "boxes must be float32"),
+        (lambda: torch.ops.roiops.paste_masks(masks, rois[:, :4], 5, 5, 0.5, True, False), "boxes must be \\[K, 4\\]"),
+        (lambda: torch.ops.roiops.paste_masks_torchvision(masks, rois[:2, :4], 5, 5, 1, True), "boxes must be int64"),
+    ]
+    with roiops.use_backend(backend):
+        for call, message in calls:
+            with pytest.raises(ValueError, match="roiops: " + message):
+                call()
+
+
+def test_compile_and_export() -> None:
+    class Head(torch.nn.Module):
+        def forward(self, masks: torch.Tensor, boxes: torch.Tensor, gt: torch.Tensor, idx: torch.Tensor) -> tuple:
+            return roiops.paste_masks(masks, boxes, (32, 48)), roiops.mask_targets(gt, boxes, idx, 7, threshold=0.5)
+
+    args = (torch.rand(5, 14, 14), boxes_in(5, 32, 48, 20.0), torch.rand(2, 32, 48) > 0.5, torch.tensor([0, 1, 1, 0, 1]))
+    expected = Head()(*args)
+    compiled = torch.compile(Head(), fullgraph=True, backend="eager")(*args)
+    exported = torch.export.export(Head(), args).module()(*args)
+    for got in (compiled, exported):
+        assert all(torch.equal(a, b) for a, b in zip(got, expected))
