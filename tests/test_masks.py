@@ -4,6 +4,9 @@ and detectron2's documented definition; errors; compile and export."""
 
 from __future__ import annotations
 
+from fractions import Fraction
+
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -205,3 +208,151 @@ def test_compile_and_export() -> None:
     exported = torch.export.export(Head(), args).module()(*args)
     for got in (compiled, exported):
         assert all(torch.equal(a, b) for a, b in zip(got, expected))
+
+
+@pytest.fixture
+def fused_interpreter(monkeypatch):
+    """On a CPU, the Triton kernels run in Triton's interpreter, which evaluates ``tl.fma`` as
+    a multiply and an add (two roundings); compiled, it is fma.rn (one rounding, as the
+    CPU kernels' std::fma: tests/test_ptx.py). The interpreter gets a fused one here:
+    float32 through float64 (the product is exact there), float64 exactly."""
+    if torch.cuda.is_available():
+        return
+    from triton.runtime import interpreter
+
+    def fma64(a: float, b: float, c: float) -> float:
+        finite = np.isfinite(a) and np.isfinite(b) and np.isfinite(c)
+        return float(Fraction(a) * Fraction(b) + Fraction(c)) if finite else a * b + c
+
+    exact = np.vectorize(fma64, otypes=[np.float64])
+
+    def create_fma(self, x, y, z):
+        a, b, c = x.data, y.data, z.data
+        if np.result_type(a, b, c) == np.float64:
+            r = exact(a, b, c)
+        else:
+            r = (a.astype(np.float64) * b.astype(np.float64) + c.astype(np.float64)).astype(np.float32)
+        return interpreter.TensorHandle(r, z.dtype.scalar)
+
+    monkeypatch.setattr(interpreter.InterpreterBuilder, "create_fma", create_fma)
+
+
+def _device() -> str:
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16])
+@pytest.mark.parametrize("threshold,box_window", [(None, False), (0.5, False), (0.5, True), (None, True)])
+def test_triton_paste_equals_cpu(fused_interpreter, dtype: torch.dtype, threshold: float | None,
+                                 box_window: bool) -> None:
+    masks = torch.rand(8, 14, 10, generator=torch.Generator().manual_seed(11)).to(dtype)
+    boxes = boxes_in(8, 40, 60, 50.0, seed=12).to(torch.float64 if dtype == torch.float64 else torch.float32)
+    expected = paste(masks, boxes, 40, 60, threshold, box_window)
+    with roiops.use_backend("triton"):
+        got = paste(masks.to(_device()), boxes.to(_device()), 40, 60, threshold, box_window)
+    assert torch.equal(got.cpu(), expected)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("fused", [True, False])
+def test_triton_paste_torchvision_equals_cpu(fused_interpreter, dtype: torch.dtype, fused: bool) -> None:
+    masks = torch.rand(12, 14, 14, dtype=dtype, generator=torch.Generator().manual_seed(13))
+    # one-pass and two-pass sizes, outside, inverted, wider than the image
+    boxes = torch.tensor([[0, 0, 9, 9], [-5, -3, 20, 40], [30, 30, 29, 29], [40, 2, 90, 5], [3, 3, 3, 3],
+                          [-20, -20, -2, -2], [10, 50, 12, 200], [0, 0, 63, 63], [5, 5, 100, 6], [60, 1, 61, 70],
+                          [2, 2, 150, 100], [0, 0, 1, 1]])
+    expected = paste_torchvision(masks, boxes, 64, 80, 1, fused)
+    with roiops.use_backend("triton"):
+        got = paste_torchvision(masks.to(_device()), boxes.to(_device()), 64, 80, 1, fused)
+    assert torch.equal(got.cpu(), expected)
+
+
+@pytest.mark.parametrize("dtype", [torch.bool, torch.uint8, torch.float16, torch.float32, torch.float64])
+def test_triton_mask_targets_equal_cpu(dtype: torch.dtype) -> None:
+    g = torch.Generator().manual_seed(14)
+    masks = (torch.rand(3, 40, 50, generator=g) > 0.5).to(dtype)
+    indices = torch.randint(0, 3, (24,), generator=g)
+    boxes = boxes_in(24, 40, 50, 30.0, seed=15)
+    for kwargs in (dict(aligned=False, sampling_ratio=-1), dict(aligned=True, threshold=0.5),
+                   dict(aligned=True, sampling_ratio=2)):
+        expected = roiops.mask_targets(masks, boxes, indices, 7, **kwargs)
+        with roiops.use_backend("triton"):
+            got = roiops.mask_targets(masks.to(_device()), boxes.to(_device()), indices.to(_device()), 7, **kwargs)
+        assert got.dtype == expected.dtype and torch.equal(got.cpu(), expected), kwargs
+
+
+def coco_polygons(seed: int, instances: int) -> list[list[np.ndarray]]:
+    """COCO-like instances: 1 to 3 polygons of 3 to 12 vertices each (convex and
+    self-intersecting), some on whole or tenth pixels, some partly off any box."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(instances):
+        centre = rng.uniform(0, 200, 2)
+        polys = []
+        for _ in range(int(rng.integers(1, 4))):
+            n = int(rng.integers(3, 13))
+            pts = centre + rng.normal(0, rng.uniform(3, 60), (n, 2))
+            if rng.random() < 0.3:
+                pts = np.round(pts * rng.choice([1, 10])) / rng.choice([1, 10])
+            polys.append(pts.reshape(-1).astype(np.float64))
+        out.append(polys)
+    return out
+
+
+def detectron2_polygon_targets(polygons: list[list[np.ndarray]], boxes: torch.Tensor, size: int) -> torch.Tensor:
+    """detectron2's PolygonMasks.crop_and_resize by its definition (rasterize_polygons_within_box):
+    shift to the box corner, scale by size / max(side, 0.1), pycocotools' frPyObjects, merge,
+    decode."""
+    mask_util = pytest.importorskip("pycocotools.mask", reason="pycocotools rasterises detectron2's polygons")
+    out = []
+    for polys, box in zip(polygons, boxes.numpy()):
+        w, h = box[2] - box[0], box[3] - box[1]
+        shifted = []
+        for p in polys:
+            p = p.copy()
+            p[0::2] = p[0::2] - box[0]
+            p[1::2] = p[1::2] - box[1]
+            shifted.append(p)
+        ratio_h, ratio_w = size / max(h, 0.1), size / max(w, 0.1)
+        for p in shifted:
+            if ratio_h == ratio_w:
+                p *= ratio_h
+            else:
+                p[0::2] *= ratio_w
+                p[1::2] *= ratio_h
+        rle = mask_util.merge(mask_util.frPyObjects(shifted, size, size))
+        out.append(torch.from_numpy(mask_util.decode(rle).astype(bool)))
+    return torch.stack(out)
+
+
+def test_polygon_targets_equal_pycocotools() -> None:
+    polygons = coco_polygons(16, 60)
+    g = torch.Generator().manual_seed(17)
+    centres = torch.from_numpy(np.array([p[0][:2] for p in polygons], dtype=np.float32))
+    wh = torch.rand(60, 2, generator=g) * 80 + 0.05  # some sides under 0.1 (clamped)
+    boxes = torch.cat([centres - wh / 2, centres + wh / 2], dim=1)
+    expected = detectron2_polygon_targets(polygons, boxes, 28)
+    assert torch.equal(d2.polygons_crop_and_resize(polygons, boxes, 28), expected)
+    # a proposal per instance index, several per instance, through the native API
+    indices = torch.arange(60).flip(0)
+    got = roiops.mask_targets(polygons, boxes[indices], indices, 28)
+    assert torch.equal(got, expected.flip(0))
+    with roiops.use_backend("reference"):
+        assert torch.equal(roiops.mask_targets(polygons[:8], boxes[:8], torch.arange(8), 28), expected[:8])
+
+
+def test_polygon_targets_errors() -> None:
+    square = [[[0.0, 0.0, 4.0, 0.0, 4.0, 4.0]]]
+    boxes = torch.tensor([[0.0, 0.0, 4.0, 4.0]])
+    with pytest.raises(ValueError, match=r"indices\[0\] = 1 is not an instance in \[0, 1\)"):
+        roiops.mask_targets(square, boxes, torch.tensor([1]), 4)
+    with pytest.raises(ValueError, match="must hold \\(x, y\\) pairs"):
+        roiops.mask_targets([[[0.0, 1.0, 2.0]]], boxes, torch.tensor([0]), 4)
+    with pytest.raises(ValueError, match="square"):
+        roiops.mask_targets(square, boxes, torch.tensor([0]), (4, 5))
+    with pytest.raises(ValueError, match="do not apply to polygons"):
+        roiops.mask_targets(square, boxes, torch.tensor([0]), 4, threshold=0.5)
+    with pytest.raises(ValueError, match="boxes row 0"):
+        roiops.mask_targets(square, torch.tensor([[0.0, float("nan"), 4.0, 4.0]]), torch.tensor([0]), 4)
+    assert roiops.mask_targets(square, boxes[:0], torch.zeros(0, dtype=torch.int64), 4).shape == (0, 4, 4)
+    assert not roiops.mask_targets([[]], boxes, torch.tensor([0]), 4).any()  # an instance without polygons

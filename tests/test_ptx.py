@@ -66,6 +66,14 @@ EXPECTED_VARIANTS |= {"_bezier_fwd_kernel": 16,         # x aligned
                       "_bezier_tiles_kernel": 4}        # only rois: float32/float64 x aligned
 EXPECTED_VARIANTS |= {"_border_fwd_kernel": 8, "_border_bwd_atomic_kernel": 8,
                       "_border_bwd_ordered_kernel": 8}  # layouts differ in unit strides
+EXPECTED_VARIANTS |= {"_paste_kernel": 16,              # masks' dtype x binary x window (no layouts)
+                      "_paste_torchvision_kernel": 8,   # masks' dtype x fused
+                      "_targets_kernel": 10}            # float masks x aligned, and uint8/bool masks x aligned
+
+# Kernels whose fused multiply-adds are explicit (tl.fma), as the CPU kernels' std::fma: the
+# mask pasting reproduces ATen's fused arithmetic. A variant whose label says FUSED=False
+# must hold none.
+FMA_KERNELS = ("_paste_kernel", "_paste_torchvision_kernel")
 
 # ----------------------------------------------------------------------------- the rules
 
@@ -226,7 +234,10 @@ def test_ptx_is_exact(compiled):
         if v["error"]:
             continue  # reported by test_every_variant_compiles
         checked += 1
+        fused = v["kernel"] in FMA_KERNELS and "FUSED=False" not in v["label"]
         for n, line, why in ptx_problems((compiled["dir"] / v["file"]).read_text()):
+            if fused and line.split()[0] in ("fma.rn.f32", "fma.rn.f64"):
+                continue
             key = (line.split()[0], why)
             hits[key] += 1
             by_rule.setdefault(key, {}).setdefault(v["label"], f"{v['file']}:{n}: {line}")
@@ -366,6 +377,21 @@ def _calls(launchers: dict, torch) -> list:
         "border_align_backward": lambda f, dt, cl, deterministic: f(
             meta((N, C // 4, K, 4), dt, cl), meta((N, C // 4, K, 4), torch.int32, cl), meta((N, K, 4), dt), 10, N, C,
             H, W, cl, deterministic=deterministic),
+    }
+    def masks(dt, size=14):
+        return meta((K, size, size), dt)
+
+    def paste_boxes(dt):
+        return meta((K, 4), torch.float64 if dt == torch.float64 else torch.float32)
+
+    recipes |= {
+        "paste_masks_forward": lambda f, dt, cl, binary, box_window: f(
+            masks(dt), paste_boxes(dt), H, W, 0.5, binary, box_window),
+        "paste_masks_torchvision_forward": lambda f, dt, cl, fused: f(
+            masks(dt), meta((K, 4), torch.int64), H, W, 1, fused),
+        # bool masks go to the kernel as uint8: the same variants as uint8 ones
+        "mask_targets_forward": lambda f, dt, cl, aligned, byte_masks: f(
+            meta((N, H, W), torch.bool if byte_masks else dt), rois(dt), P, P, 0, aligned, 0.5, False),
     }
     missing = sorted(set(launchers) - set(recipes))
     if missing:

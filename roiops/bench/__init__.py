@@ -12,7 +12,8 @@ is known, its share of it. Writes a table to stdout, ``results.json`` and ``rati
 An operator joins the suite through a module beside this one, ``roiops/bench/<op>.py``,
 whose ``BENCH`` lists its ``Bench`` entries (how to call roiops and its peer on a workload's
 map and boxes, the speed target) with one ``Workload`` per shape; the timing code does not
-change.
+change. An operator that takes other inputs (masks to paste, ground-truth masks) declares
+how to draw them and the bytes its forward moves (``Inputs``), and is timed forward only.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ import torch
 import roiops
 
 from .. import _requirements
-from ._case import Bench, Peer, Workload
+from ._case import Bench, Inputs, Peer, Workload
 
 # ----------------------------------------------------------------------------- declarations
 
@@ -52,6 +53,8 @@ def describe(w: Workload) -> str:
     sampling = "" if not spec.sampled else (
         ", adaptive sampling" if w.sampling_ratio <= 0 else f", sampling {w.sampling_ratio}")
     where = "" if set(DEVICES) <= set(w.devices) else f" ({', '.join(w.devices)} only)"
+    if spec.inputs is not None:
+        return f"{spec.title}{sampling}: {spec.inputs.text(w)}{where}"
     return (f"{spec.title} {w.size}x{w.size}{sampling}: {w.boxes} boxes, "
             f"{w.n}x{w.channels}x{w.height}x{w.width} map, scale 1/{1 / w.scale:g}{where}")
 
@@ -175,8 +178,11 @@ class Case:
 
 def select_cases(workloads: list[Workload], device: str, layouts: list[str], dtypes: list[str],
                  threads: list[int]) -> list[Case]:
+    """Each workload that runs on the device in each dtype, layout and thread count; an entry
+    with its own inputs has no map to lay out, and runs as nchw only."""
     return [Case(w, LAYOUTS[layout], dtype, t) for w in workloads if device in w.devices
-            for dtype in dtypes for layout in layouts for t in threads]
+            for dtype in dtypes for layout in layouts if OPS[w.op].inputs is None or layout == "nchw"
+            for t in threads]
 
 
 def covered_cells(extent: torch.Tensor, w: Workload) -> int:
@@ -250,11 +256,14 @@ def wake_threads() -> None:
     torch.ones(torch.get_num_threads() * 32768).add_(1.0)
 
 
-def measure(case: Case, device: Device, repeats: int, peers: dict[str, ModuleType],
-            peak_gbps: float | None, order: str) -> list[dict[str, Any]]:
+Runs = dict[str, dict[str, Callable[[], torch.Tensor]]]  # who -> direction -> one call
+
+
+def map_runs(case: Case, device: Device, peers: dict[str, ModuleType]) -> tuple[Runs, dict[str, int], str | None]:
+    """roiops' and the peer's calls of each direction on a feature map and boxes, the bytes
+    each direction moves, and why the peer could not run (None if it could)."""
     w = case.workload
     spec = OPS[w.op]
-    torch.set_num_threads(case.threads)
     fmt = torch.channels_last if case.layout == "channels_last" else torch.contiguous_format
     # Drawn on the CPU from one seed, in this order, so that every device gets the same data.
     g = torch.Generator().manual_seed(0)
@@ -270,7 +279,7 @@ def measure(case: Case, device: Device, repeats: int, peers: dict[str, ModuleTyp
         call, module = peer.call, peers[peer.module]
         calls["peer"] = (lambda x, b: call(module, w, x, b),
                          boxes.to(x.dtype) if peer.boxes_in_input_dtype else boxes)
-    runs: dict[str, dict[str, Callable[[], torch.Tensor]]] = {}
+    runs: Runs = {}
     setup_error = None
     grad: torch.Tensor | None = None
     for who, (fn, who_boxes) in calls.items():
@@ -293,9 +302,34 @@ def measure(case: Case, device: Device, repeats: int, peers: dict[str, ModuleTyp
 
         runs[who] = {"forward": partial(fn, x, who_boxes), "backward": backward}
     runs["roiops"]["backward det"] = deterministic(runs["roiops"]["backward"])
+    return runs, nbytes, setup_error
 
+
+def input_runs(case: Case, device: Device, peers: dict[str, ModuleType]) -> tuple[Runs, dict[str, int], None]:
+    """roiops' and the peer's forward on the tensors an entry's ``Inputs`` draw, and the
+    bytes it moves; a peer that fails says so in its warm-up."""
+    w = case.workload
+    spec = OPS[w.op]
+    assert spec.inputs is not None
+    # Drawn on the CPU from one seed, so that every device gets the same data.
+    drawn = spec.inputs.draw(w, torch.Generator().manual_seed(0), getattr(torch, case.dtype))
+    inputs = tuple(t.to(device.name) for t in drawn)
+    runs: Runs = {"roiops": {"forward": partial(spec.call, w, *inputs)}}
+    if spec.peer is not None:
+        runs["peer"] = {"forward": partial(spec.peer.call, peers[spec.peer.module], w, *inputs)}
+    return runs, {"forward": spec.inputs.nbytes(w, drawn, runs["roiops"]["forward"]())}, None
+
+
+def measure(case: Case, device: Device, repeats: int, peers: dict[str, ModuleType],
+            peak_gbps: float | None, order: str) -> list[dict[str, Any]]:
+    spec = OPS[case.workload.op]
+    torch.set_num_threads(case.threads)
+    runs, nbytes, setup_error = (map_runs if spec.inputs is None else input_runs)(case, device, peers)
+    peer = spec.peer
     rows = []
     for direction in device.directions:
+        if direction not in runs["roiops"]:
+            continue  # an entry with its own inputs: forward only
         against = peer if direction in PEER_DIRECTIONS else None
         peer_error = setup_error if against else None
         timed = ["roiops"] + (["peer"] if against and "peer" in runs else [])
@@ -501,7 +535,9 @@ def build_parser() -> argparse.ArgumentParser:
             "op must move at the least - the covered map cells once per channel, the output "
             "and argmax forward; grad, argmax and the whole input gradient backward - over "
             "roiops' time), its percentage of --peak-gbps and the largest difference from the "
-            "peer's result, and writes results.json and ratios.png to --out.", 78),
+            "peer's result, and writes results.json and ratios.png to --out. The mask operators "
+            "(pasting, targets) take masks instead of a feature map: they are timed forward only, "
+            "as nchw, their bytes the masks they must read and the output.", 78),
         epilog="workloads (quote names that contain spaces; maps are N x C x H x W):\n" + "\n".join(
             f"  {w.name}\n    {describe(w)}" for w in WORKLOADS)
         + "\n\noperators and their peers:\n" + _peers_help())
@@ -515,7 +551,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="torch CPU thread counts to run each case with (default: 1 2); --device "
                         "cpu only")
     p.add_argument("--layouts", nargs="+", choices=list(LAYOUTS), metavar="LAYOUT",
-                   help="memory layouts of the feature map: nchw, channels_last (default: both)")
+                   help="memory layouts of the feature map: nchw, channels_last (default: both); "
+                        "the mask operators, which take no map, run as nchw only")
     p.add_argument("--dtypes", nargs="+", choices=DTYPES, metavar="DTYPE",
                    help=f"feature map dtypes, of {', '.join(DTYPES)} (default: float32 on the CPU, "
                         "float32 bfloat16 on cuda); a dtype the peer lacks is timed for roiops alone")
@@ -581,7 +618,9 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"--out must be a folder, but {str(args.out)!r} is a file")
         device, cases, repeats = plan(args)
         if not cases:
-            parser.error(f"none of the chosen workloads runs on --device {device.name}")
+            parser.error(f"none of the chosen workloads runs on --device {device.name}"
+                         + (" (the mask operators run as nchw only)" if "nchw" not in (args.layouts or ["nchw"])
+                            else ""))
     except SystemExit as e:  # argparse: --help (0) or a usage error (2), message already printed
         return e.code if isinstance(e.code, int) else 2
 

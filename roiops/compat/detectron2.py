@@ -30,7 +30,7 @@ import roiops as F
 
 from .. import _validation as v
 from ..ops._declare import fx_leaf
-from ..ops.mask_targets import targets
+from ..ops.mask_targets import polygon_targets, targets
 from ..ops.paste_masks import paste
 from ._util import BoxAssertionError
 from . import torchvision as tv
@@ -206,4 +206,38 @@ def bitmasks_crop_and_resize(masks: Tensor, boxes: Tensor, mask_size: int) -> Te
     return targets(stack.detach(), rois.detach(), v.output_size(mask_size), 0, True, 0.5)
 
 
-__all__ += ["bitmasks_crop_and_resize", "paste_masks_in_image"]
+def polygons_crop_and_resize(polygons: list, boxes: Tensor, mask_size: int) -> Tensor:
+    """Drop-in for detectron2's ``PolygonMasks.crop_and_resize(boxes, mask_size)`` (mask
+    targets from polygons), as a function of the polygons: instance i's polygons shifted to
+    box i's corner, scaled onto a ``mask_size`` grid and rasterised by pycocotools' rule,
+    their union; bit for bit detectron2's (with NumPy 2), without pycocotools. The C++
+    kernel rasterises on the host (as detectron2 does); the result goes to the boxes'
+    device. Semantics: docs/semantics.md, "mask_targets".
+
+    Args:
+        polygons: ``PolygonMasks.polygons``: one list per instance of flat ``[x0, y0, x1,
+            y1, ...]`` arrays, in image pixels.
+        boxes: ``Tensor[N, 4]``, one box per instance, read as float32 (detectron2's
+            ``Boxes``).
+        mask_size: the side of the targets.
+
+    Returns:
+        ``Tensor[N, mask_size, mask_size]`` of bool.
+
+    Examples:
+        >>> square = [[[2.0, 2.0, 14.0, 2.0, 14.0, 14.0, 2.0, 14.0]]]
+        >>> t = roiops.compat.detectron2.polygons_crop_and_resize(square, torch.tensor([[0.0, 0.0, 16.0, 16.0]]), 4)
+        >>> t.int().tolist()
+        [[[0, 0, 0, 0], [0, 1, 1, 1], [0, 1, 1, 1], [0, 1, 1, 1]]]
+    """
+    if not isinstance(polygons, (list, tuple)):
+        raise TypeError(f"polygons must be a list (one per instance) of lists of polygons, got {type(polygons).__name__}")
+    if not isinstance(boxes, Tensor) or boxes.dim() != 2 or boxes.shape[0] != len(polygons):
+        raise ValueError(f"boxes must be a Tensor[N, 4] with N = {len(polygons)} instances")
+    size = v.output_size(mask_size)
+    indices = torch.arange(len(polygons), device=boxes.device)
+    v.polygon_rows(polygons, boxes, indices)
+    return polygon_targets(polygons, boxes, indices, size[0])
+
+
+__all__ += ["bitmasks_crop_and_resize", "paste_masks_in_image", "polygons_crop_and_resize"]

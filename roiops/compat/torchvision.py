@@ -514,12 +514,12 @@ def paste_masks_in_image(masks: Tensor, boxes: Tensor, img_shape: tuple[int, int
 
     What differs: boxes wholly left of or above the image give a zero mask where
     torchvision raises a shape error; float16 and bfloat16 masks are resized in float32.
-    On CUDA tensors it runs roiops' reference kernels. Semantics: docs/semantics.md,
-    "paste_masks".
+    On CUDA tensors the result is the CPU's arithmetic (torchvision's CUDA resize rounds
+    differently in the last bit). Semantics: docs/semantics.md, "paste_masks".
 
-    Plug it into torchvision's model with
-    ``torchvision.models.detection.roi_heads.paste_masks_in_image = paste_masks_in_image``
-    (docs/porting.md).
+    Plug it into torchvision's model by setting ``paste_masks_in_image`` in both
+    ``torchvision.models.detection.transform`` (whose postprocess pastes at inference) and
+    ``torchvision.models.detection.roi_heads`` (docs/porting.md).
 
     Args:
         masks: ``Tensor[K, C, M, M]`` (channel 0 is pasted), floating.

@@ -22,7 +22,7 @@ from ._declare import define, direct, fx_leaf
 
 def _forward(masks: Tensor, boxes: Tensor, height: int, width: int, threshold: float, binary: bool,
              box_window: bool) -> Tensor:
-    return _backend.plain_kernel(masks, "paste_masks_forward")(masks, boxes, height, width, threshold, binary, box_window)
+    return _backend.kernels_of(masks).paste_masks_forward(masks, boxes, height, width, threshold, binary, box_window)
 
 
 def _fake(masks: Tensor, boxes: Tensor, height: int, width: int, threshold: float, binary: bool,
@@ -31,7 +31,7 @@ def _fake(masks: Tensor, boxes: Tensor, height: int, width: int, threshold: floa
 
 
 def _torchvision_forward(masks: Tensor, boxes: Tensor, height: int, width: int, padding: int, fused: bool) -> Tensor:
-    return _backend.plain_kernel(masks, "paste_masks_torchvision_forward")(masks, boxes, height, width, padding, fused)
+    return _backend.kernels_of(masks).paste_masks_torchvision_forward(masks, boxes, height, width, padding, fused)
 
 
 def _torchvision_fake(masks: Tensor, boxes: Tensor, height: int, width: int, padding: int, fused: bool) -> Tensor:

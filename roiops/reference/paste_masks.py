@@ -22,8 +22,7 @@ def paste_masks_forward(masks: Tensor, boxes: Tensor, height: int, width: int, t
     value ``>= threshold``. ``box_window``: only pixels in ``[floor(x1) - 1, ceil(x2) + 1)``
     (and along y) are pasted, as detectron2 does on the CPU."""
     checks.paste_masks(masks, boxes, height, width, integer_boxes=False)
-    if binary and not torch.tensor(threshold).isfinite():
-        raise ValueError(f"roiops: threshold must be finite, got {threshold:g}")
+    checks.paste_threshold(threshold, binary)
     dtype = torch.float64 if masks.dtype == torch.float64 else torch.float32
     out = torch.zeros((masks.shape[0], height, width), dtype=torch.bool if binary else masks.dtype,
                       device=masks.device)
@@ -55,8 +54,7 @@ def paste_masks_torchvision_forward(masks: Tensor, boxes: Tensor, height: int, w
     Boxes are whole pixels (int64). ``fused`` is the C++ kernels' choice of arithmetic;
     ``F.interpolate`` here uses its own. Memory grows with the boxes' sizes."""
     checks.paste_masks(masks, boxes, height, width, integer_boxes=True)
-    if not 0 <= padding <= 2**24:
-        raise ValueError(f"roiops: padding must be in [0, 2^24], got {padding}")
+    checks.paste_padding(padding)
     out = torch.zeros((masks.shape[0], height, width), dtype=masks.dtype, device=masks.device)
     padded = F.pad(masks, (padding,) * 4)
     for k, (x1, y1, x2, y2) in enumerate(boxes.tolist()):
