@@ -15,8 +15,9 @@ from collections.abc import Iterable
 from ._spec import Kernels, OpSpec
 
 _SPECS: list[OpSpec] = []
-# Ops with no OpSpec (mask pasting, mask targets): one forward each, which every kernel set
-# provides as ``<name>_forward``; they have no backward and are not RoI-shaped.
+# Ops with no OpSpec (mask pasting, mask targets): one forward each, which the kernel sets
+# provide as ``<name>_forward`` (polygon targets: the C++ and reference sets, polygons being
+# host data); they have no backward and are not RoI-shaped.
 _PLAIN: list[str] = []
 
 

@@ -458,20 +458,19 @@ def threshold(value: object) -> float | None:
     return None if value is None else finite("threshold", value)
 
 
-def paste_boxes(boxes: object, masks: Tensor, integer: bool = False) -> Tensor:
+def paste_boxes(boxes: object, masks: Tensor) -> Tensor:
     """One box per mask: ``Tensor[K, 4]`` of rows ``(x1, y1, x2, y2)`` in image pixels, finite
-    and within 2^24 -> contiguous, in the masks' coordinate type (``integer``: whole pixels,
-    int64, as the torchvision rule takes them)."""
+    and within 2^24 -> contiguous, in the masks' coordinate type."""
     if not isinstance(boxes, Tensor):
         raise TypeError(f"boxes must be a Tensor, got {type(boxes).__name__}")
     if boxes.dim() != 2 or boxes.shape[1] != 4 or boxes.shape[0] != masks.shape[0]:
         raise BoxFormatError(f"boxes must be [K, 4] (rows (x1, y1, x2, y2)) with K = {masks.shape[0]} masks, "
                              f"got shape {tuple(boxes.shape)}")
-    if not (boxes.is_floating_point() or integer and boxes.dtype == torch.int64):
+    if not boxes.is_floating_point():
         raise ValueError(f"boxes must be floating point, got {boxes.dtype}")
     if boxes.device != masks.device:
         raise ValueError(f"boxes is on {boxes.device} but masks is on {masks.device}")
-    out = dense(boxes, torch.int64 if integer else _coord_type(masks))
+    out = dense(boxes, _coord_type(masks))
     if _checking_values(out) and out.numel() and not out.is_meta:
         bad = ~(out.abs() <= MAX_COORDINATE)
         if bool(bad.any()):
@@ -530,24 +529,29 @@ def target_rois(masks: Tensor, boxes: object, indices: object) -> Tensor:
 def packed_polygons(polygons: list[Any]) -> tuple[Tensor, Tensor, Tensor]:
     """Polygons, G instances of polygons ``[x0, y0, x1, y1, ...]`` (lists, numpy arrays or
     tensors) -> CPU ``(coords float64 [2V], vertex_offsets int64 [n + 1], polygon_offsets
-    int64 [G + 1])``."""
-    flat: list[Tensor] = []
-    vertex_offsets, polygon_offsets = [0], [0]
+    int64 [G + 1])``, through NumPy: a data loader's float64 arrays are taken as they are."""
+    import numpy as np
+
+    flat: list[Any] = []
+    per_instance = np.zeros(len(polygons) + 1, dtype=np.int64)
     for g, instance in enumerate(polygons):
         if not isinstance(instance, (list, tuple)):
             raise TypeError(f"masks[{g}] must be a list of polygons, got {type(instance).__name__}")
         for i, polygon in enumerate(instance):
+            if isinstance(polygon, Tensor):
+                polygon = polygon.detach().cpu().numpy()
             try:
-                t = torch.as_tensor(polygon, dtype=torch.float64, device="cpu").reshape(-1)
-            except (TypeError, ValueError, RuntimeError) as e:
+                a = np.asarray(polygon, dtype=np.float64).reshape(-1)
+            except (TypeError, ValueError) as e:
                 raise TypeError(f"masks[{g}][{i}] must be a flat sequence of coordinates: {e}") from None
-            if t.numel() % 2:
-                raise ValueError(f"masks[{g}][{i}] must hold (x, y) pairs, got {t.numel()} values")
-            flat.append(t)
-            vertex_offsets.append(vertex_offsets[-1] + t.numel() // 2)
-        polygon_offsets.append(len(flat))
-    coords = torch.cat(flat) if flat else torch.zeros(0, dtype=torch.float64)
-    return coords, torch.tensor(vertex_offsets), torch.tensor(polygon_offsets)
+            if a.size % 2:
+                raise ValueError(f"masks[{g}][{i}] must hold (x, y) pairs, got {a.size} values")
+            flat.append(a)
+        per_instance[g + 1] = len(instance)
+    vertex_offsets = np.zeros(len(flat) + 1, dtype=np.int64)
+    np.cumsum([a.size // 2 for a in flat], out=vertex_offsets[1:])
+    coords = np.concatenate(flat) if flat else np.zeros(0, dtype=np.float64)
+    return torch.from_numpy(coords), torch.from_numpy(vertex_offsets), torch.from_numpy(np.cumsum(per_instance))
 
 
 def polygon_rows(polygons: list[Any], boxes: object, indices: object) -> None:

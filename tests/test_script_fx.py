@@ -71,9 +71,16 @@ FILL = {"output_size": 2, "out_size": 2, "aligned_height": 2, "aligned_width": 2
         "output_channels": 8, "pool_size": 2}
 
 
+# Mask R-CNN's mask steps take masks, not a feature map: tests/test_masks.py tests them.
+MASK_STEPS = {tv.paste_masks_in_image, tv.project_masks_on_boxes, d2.paste_masks_in_image, d2.bitmasks_crop_and_resize,
+              d2.polygons_crop_and_resize}
+
+
 def _public(module, kind):
-    """A drop-in module's public functions (``kind`` function) or classes (``kind`` type)."""
-    return [getattr(module, name) for name in module.__all__ if isinstance(getattr(module, name), kind)]
+    """A drop-in module's public RoI functions (``kind`` function) or classes (``kind``
+    type)."""
+    return [obj for name in module.__all__ for obj in [getattr(module, name)]
+            if isinstance(obj, kind) and obj not in MASK_STEPS]
 
 
 def _fill(fn) -> dict:

@@ -135,6 +135,7 @@ def _roi_align_rotated(input: Tensor, rois: Tensor, output_size: tuple[int, int]
 
 # ---- Mask R-CNN's mask steps (detectron2.layers.mask_ops, detectron2.structures.masks) ---
 
+@fx_leaf
 def paste_masks_in_image(masks: Tensor, boxes: object, image_shape: tuple[int, int],
                          threshold: float = 0.5) -> Tensor:
     """Drop-in for detectron2's ``paste_masks_in_image`` (``detectron2.layers.mask_ops``),
@@ -178,6 +179,7 @@ def paste_masks_in_image(masks: Tensor, boxes: object, image_shape: tuple[int, i
     return (paste(stack, rows, height, width, None, window) * 255).to(torch.uint8)
 
 
+@fx_leaf
 def bitmasks_crop_and_resize(masks: Tensor, boxes: Tensor, mask_size: int) -> Tensor:
     """Drop-in for detectron2's ``BitMasks.crop_and_resize(boxes, mask_size)`` (mask
     targets from bit masks), as a function of the masks: mask i cropped to box i and
@@ -206,6 +208,7 @@ def bitmasks_crop_and_resize(masks: Tensor, boxes: Tensor, mask_size: int) -> Te
     return targets(stack.detach(), rois.detach(), v.output_size(mask_size), 0, True, 0.5)
 
 
+@fx_leaf
 def polygons_crop_and_resize(polygons: list, boxes: Tensor, mask_size: int) -> Tensor:
     """Drop-in for detectron2's ``PolygonMasks.crop_and_resize(boxes, mask_size)`` (mask
     targets from polygons), as a function of the polygons: instance i's polygons shifted to

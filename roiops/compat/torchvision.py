@@ -32,7 +32,7 @@ from torch.jit.annotations import BroadcastingList2
 import roiops as F
 
 from .. import _validation as v
-from ..ops._declare import fx_node
+from ..ops._declare import fx_leaf, fx_node
 from ..ops.mask_targets import targets
 from ..ops.multi_scale import levels_of, multi_scale_call
 from ..ops.paste_masks import paste_torchvision
@@ -504,6 +504,7 @@ def _aten_fuses() -> bool:
     return machine not in ("x86_64", "amd64", "i686", "x86") or torch.backends.cpu.get_cpu_capability() != "DEFAULT"
 
 
+@fx_leaf
 def paste_masks_in_image(masks: Tensor, boxes: Tensor, img_shape: tuple[int, int], padding: int = 1) -> Tensor:
     """Drop-in for torchvision's ``paste_masks_in_image`` (Mask R-CNN inference), with its
     signature and result, bit for bit on the CPU for float32 and float64 masks: each mask
@@ -515,7 +516,8 @@ def paste_masks_in_image(masks: Tensor, boxes: Tensor, img_shape: tuple[int, int
     What differs: boxes wholly left of or above the image give a zero mask where
     torchvision raises a shape error; float16 and bfloat16 masks are resized in float32.
     On CUDA tensors the result is the CPU's arithmetic (torchvision's CUDA resize rounds
-    differently in the last bit). Semantics: docs/semantics.md, "paste_masks".
+    differently in the last bit). Unlike the RoI drop-ins, the mask steps do not script
+    with ``torch.jit.script``. Semantics: docs/semantics.md, "paste_masks".
 
     Plug it into torchvision's model by setting ``paste_masks_in_image`` in both
     ``torchvision.models.detection.transform`` (whose postprocess pastes at inference) and
@@ -541,10 +543,8 @@ def paste_masks_in_image(masks: Tensor, boxes: Tensor, img_shape: tuple[int, int
     height, width = v.image_size(img_shape)
     pad = _nonnegative("padding", padding)
     stack = v.paste_masks_stack(masks[:, 0])
-    if not isinstance(boxes, Tensor) or not boxes.is_floating_point():
-        raise ValueError("boxes must be a floating-point Tensor[K, 4]")
-    rows = v.paste_boxes(_expanded(boxes, float(masks.shape[-1] + 2 * pad) / masks.shape[-1]), stack,
-                         integer=True)
+    v.paste_boxes(boxes, stack)  # the checks; the expansion keeps the boxes' own dtype
+    rows = _expanded(boxes, float(masks.shape[-1] + 2 * pad) / masks.shape[-1]).contiguous()
     dtype = stack.dtype
     if dtype in (torch.float16, torch.bfloat16):
         stack = stack.float()
@@ -562,18 +562,14 @@ def _nonnegative(name: str, value: object) -> int:
 def _expanded(boxes: Tensor, scale: float) -> Tensor:
     """torchvision's ``expand_boxes`` then its truncation to int64: each box scaled about its
     centre, in the boxes' dtype and torchvision's order of operations."""
-    if boxes.dim() != 2 or boxes.shape[1] != 4:
-        raise ValueError(f"boxes must be [K, 4], got shape {tuple(boxes.shape)}")
     half_w = (boxes[:, 2] - boxes[:, 0]) * 0.5 * scale
     half_h = (boxes[:, 3] - boxes[:, 1]) * 0.5 * scale
     cx = (boxes[:, 2] + boxes[:, 0]) * 0.5
     cy = (boxes[:, 3] + boxes[:, 1]) * 0.5
-    expanded = torch.stack([cx - half_w, cy - half_h, cx + half_w, cy + half_h], dim=1)
-    if not bool(expanded.abs().le(2**24).all()):
-        raise ValueError("boxes: coordinates must be finite and within 2^24 pixels")
-    return expanded.to(torch.int64)
+    return torch.stack([cx - half_w, cy - half_h, cx + half_w, cy + half_h], dim=1).to(torch.int64)
 
 
+@fx_leaf
 def project_masks_on_boxes(gt_masks: Tensor, boxes: Tensor, matched_idxs: Tensor, M: int) -> Tensor:
     """Drop-in for torchvision's ``project_masks_on_boxes`` (Mask R-CNN's mask targets), with
     its signature and result bit for bit: RoIAlign (``aligned=False``, adaptive sampling)

@@ -188,14 +188,17 @@ void plane_tasks(int64_t K, int64_t H, const F& f) {
 }
 
 template <typename S, typename O>
-void continuous_impl(const Tensor& masks, const Tensor& boxes, int64_t H, int64_t W, double threshold,
-                                 Tensor& out, bool box_window) {
+void continuous_impl(const Tensor& masks, const Tensor& boxes, int64_t H, int64_t W, double threshold, Tensor& out,
+                     bool box_window) {
   using T = opmath_type<S>;
   const int64_t K = masks.size(0), mh = masks.size(1), mw = masks.size(2);
   const S* m = masks.const_data_ptr<S>();
   const T* b = boxes.const_data_ptr<T>();
   O* o = out.mutable_data_ptr<O>();
   const T cut = static_cast<T>(threshold);
+  // A threshold <= 0 passes the value 0 too: then every pixel of the box's region (its
+  // window, or the whole plane) is computed, not only those its mask reaches.
+  const bool zero_passes = std::is_same_v<O, bool> && T(0) >= cut;
   Scratch<Tap<T>> scratch;
   plane_tasks(K, H, [&](int64_t k, int64_t r0, int64_t r1) {
     const T* box = b + 4 * k;
@@ -210,6 +213,9 @@ void continuous_impl(const Tensor& masks, const Tensor& boxes, int64_t H, int64_
       const auto [wx0, wx1] = win(box[0], box[2], W);
       const auto [wy0, wy1] = win(box[1], box[3], H);
       c0 = std::max(c0, wx0), c1 = std::min(c1, wx1), y0 = std::max(y0, wy0), y1 = std::min(y1, wy1);
+      if (zero_passes) c0 = wx0, c1 = wx1, y0 = wy0, y1 = wy1;
+    } else if (zero_passes) {
+      c0 = 0, c1 = W, y0 = 0, y1 = H;
     }
     const T xa = box[0], xs = box[2] - box[0], ya = box[1], ys = box[3] - box[1];
     Tap<T>* tx = scratch.get(std::max<int64_t>(c1 - c0, 1));
@@ -217,7 +223,11 @@ void continuous_impl(const Tensor& masks, const Tensor& boxes, int64_t H, int64_
     for (int64_t c = c0; c < c1; ++c) valid[c - c0] = continuous_tap(c, xa, xs, mw, tx[c - c0]);
     write_rows<O, T>(
         o + k * H * W, W, r0, r1, c0, c1,
-        [&](int64_t r, Tap<T>& ty) { return r >= y0 && r < y1 && continuous_tap(r, ya, ys, mh, ty); },
+        [&](int64_t r, Tap<T>& ty) {
+          if (r < y0 || r >= y1) return false;
+          if (!continuous_tap(r, ya, ys, mh, ty)) ty = {-1, -1, T(0), T(0)};  // value 0
+          return true;
+        },
         [&](const Tap<T>& ty, O* row) { continuous_row(plane, mw, ty, tx, valid.data(), c0, c1, cut, row); });
   });
 }

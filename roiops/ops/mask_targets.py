@@ -58,10 +58,23 @@ def targets(masks: Tensor, rois: Tensor, output_size: tuple[int, int], sampling_
 
 
 def polygon_targets(polygons: list[Any], boxes: Tensor, indices: Tensor, size: int) -> Tensor:
-    """Polygon targets on checked arguments, on the boxes' device."""
-    coords, vertex_offsets, polygon_offsets = v.packed_polygons(polygons)
-    args = (coords, vertex_offsets, polygon_offsets, boxes.detach().to("cpu", torch.float32).contiguous(),
-            indices.to("cpu", torch.int64), size)
+    """Polygon targets on checked arguments, on the boxes' device. An instance that appears
+    more than once (the same list object: detectron2's masks indexed per proposal) is
+    packed once."""
+    index_of: dict[int, int] = {}
+    unique: list[Any] = []
+    remap = []
+    for instance in polygons:
+        u = index_of.get(id(instance))
+        if u is None:
+            u = index_of[id(instance)] = len(unique)
+            unique.append(instance)
+        remap.append(u)
+    rows = indices.to("cpu", torch.int64)
+    if len(unique) < len(polygons):
+        rows = torch.tensor(remap, dtype=torch.int64)[rows]
+    coords, vertex_offsets, polygon_offsets = v.packed_polygons(unique)
+    args = (coords, vertex_offsets, polygon_offsets, boxes.detach().to("cpu", torch.float32).contiguous(), rows, size)
     out = _polygon_forward(*args) if direct(coords, args[3]) else _POLYGON_OP(*args)
     return out.to(boxes.device)
 

@@ -68,17 +68,18 @@ def _paste_kernel(masks_ptr, boxes_ptr, out_ptr, thr_bits, H, W, MH, MW, n_tw, n
     val = tl.fma(m01, ey[:, None] * wx[None, :], val)
     val = tl.fma(m10, wy[:, None] * ex[None, :], val)
     val = tl.fma(m11, wy[:, None] * wx[None, :], val)
-    keep = ok_y[:, None] & ok_x[None, :]
+    val = tl.where(ok_y[:, None] & ok_x[None, :], val, 0)  # a coordinate that is not finite: 0
     if WINDOW:  # detectron2's CPU window: [floor(x1) - 1, ceil(x2) + 1), likewise in y
-        keep = keep & ((r.to(T) >= tl.floor(y1) - 1) & (r.to(T) < tl.ceil(y2) + 1))[:, None]
-        keep = keep & ((c.to(T) >= tl.floor(x1) - 1) & (c.to(T) < tl.ceil(x2) + 1))[None, :]
-    val = tl.where(keep, val, 0)
+        win = ((r.to(T) >= tl.floor(y1) - 1) & (r.to(T) < tl.ceil(y2) + 1))[:, None] & \
+            ((c.to(T) >= tl.floor(x1) - 1) & (c.to(T) < tl.ceil(x2) + 1))[None, :]
+    else:
+        win = (r >= 0)[:, None] & (c >= 0)[None, :]
     inside = (r < H)[:, None] & (c < W)[None, :]
     o = out_ptr + k * H * W + r[:, None].to(tl.int64) * W + c[None, :]
     if BINARY:
-        tl.store(o, val >= scale_of(thr_bits, T), mask=inside)
+        tl.store(o, (val >= scale_of(thr_bits, T)) & win, mask=inside)
     else:
-        tl.store(o, val.to(out_ptr.dtype.element_ty), mask=inside)
+        tl.store(o, tl.where(win, val, 0).to(out_ptr.dtype.element_ty), mask=inside)
 
 
 @triton.jit
