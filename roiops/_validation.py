@@ -529,7 +529,8 @@ def target_rois(masks: Tensor, boxes: object, indices: object) -> Tensor:
 def packed_polygons(polygons: list[Any]) -> tuple[Tensor, Tensor, Tensor]:
     """Polygons, G instances of polygons ``[x0, y0, x1, y1, ...]`` (lists, numpy arrays or
     tensors) -> CPU ``(coords float64 [2V], vertex_offsets int64 [n + 1], polygon_offsets
-    int64 [G + 1])``, through NumPy: a data loader's float64 arrays are taken as they are."""
+    int64 [G + 1])``, through NumPy: a data loader's float64 arrays are taken as they are
+    (roiops needs NumPy for polygons alone)."""
     import numpy as np
 
     flat: list[Any] = []

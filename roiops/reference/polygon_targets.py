@@ -3,12 +3,10 @@ rasterised within its box by pycocotools' rule (_polygons.py), on the host."""
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 from torch import Tensor
 
 from .. import _kernel_checks as checks
-from ._polygons import rasterize_in_box
 
 __all__ = ["polygon_targets_forward"]
 
@@ -19,6 +17,11 @@ def polygon_targets_forward(coords: Tensor, vertex_offsets: Tensor, polygon_offs
     i's vertices ``vertex_offsets[i]`` to ``vertex_offsets[i + 1]``, instance g's polygons
     ``polygon_offsets[g]`` to ``polygon_offsets[g + 1]``) rasterised within ``boxes[p]``."""
     checks.polygon_targets(coords, vertex_offsets, polygon_offsets, boxes, indices, size)
+    # NumPy only here: roiops needs it for polygons alone
+    import numpy as np
+
+    from ._polygons import rasterize_in_box
+
     xy = coords.numpy().reshape(-1, 2)
     vo, po = vertex_offsets.tolist(), polygon_offsets.tolist()
     out = torch.zeros((boxes.shape[0], size, size), dtype=torch.bool)
