@@ -393,11 +393,11 @@ def mask_targets(masks: Tensor, rois: Tensor, pooled_height: int, pooled_width: 
     if sampling_ratio > MAX_SAMPLING_RATIO:
         raise ValueError(f"roiops: sampling_ratio must be at most {MAX_SAMPLING_RATIO} (<= 0 for adaptive), got "
                          f"{sampling_ratio}")
-    if binary and not math.isfinite(threshold):
-        raise ValueError(f"roiops: threshold must be finite, got {threshold:g}")
+    finite_threshold(threshold, binary)
 
 
-def paste_threshold(threshold: float, binary: bool) -> None:
+def finite_threshold(threshold: float, binary: bool) -> None:
+    """The threshold of a mask op's bool result (``binary``) is finite."""
     if binary and not math.isfinite(threshold):
         raise ValueError(f"roiops: threshold must be finite, got {threshold:g}")
 

@@ -28,7 +28,7 @@ import torch
 from torch import Tensor, nn
 from torch.fx import Proxy
 
-from .. import _backend, _library
+from .. import _backend, _library, _registry
 from .. import _validation as v
 from .._geometry import is_channels_last, memory_format
 from .._spec import Kernels
@@ -141,6 +141,21 @@ def fx_leaf(function: Callable[_P, _T]) -> Callable[_P, _T]:
         if node is not None:
             return node
         return function(*args, **kwargs)
+
+    return call
+
+
+def define_plain(name: str, schema: str, kernel: Callable[..., Tensor],
+                 fake: Callable[..., Tensor]) -> Callable[..., Tensor]:
+    """Defines op ``roiops::<name>`` without an OpSpec (:func:`define`; a forward only, no
+    gradient: the mask ops) and records it in the registry, whose kernel sets then provide
+    ``<name>_forward``. Returns the call its public function makes: ``kernel`` itself where
+    :func:`direct` allows, else the registered op."""
+    op = define(name, schema, kernel, fake)
+    _registry.add_plain(name)
+
+    def call(*args: Any) -> Tensor:
+        return kernel(*args) if direct(*[a for a in args if isinstance(a, Tensor)]) else op(*args)
 
     return call
 

@@ -10,9 +10,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .. import _backend, _registry
+from .. import _backend
 from .. import _validation as v
-from ._declare import define, direct, fx_leaf
+from ._declare import define_plain, fx_leaf
 
 
 def _forward(masks: Tensor, rois: Tensor, pooled_height: int, pooled_width: int, sampling_ratio: int, aligned: bool,
@@ -41,20 +41,17 @@ def _polygon_fake(coords: Tensor, vertex_offsets: Tensor, polygon_offsets: Tenso
     return boxes.new_empty((boxes.shape[0], size, size), dtype=torch.bool)
 
 
-_OP = define("mask_targets", "(Tensor masks, Tensor rois, int pooled_height, int pooled_width, int sampling_ratio, "
-             "bool aligned, float threshold, bool binary) -> Tensor", _forward, _fake)
-_POLYGON_OP = define("polygon_targets", "(Tensor coords, Tensor vertex_offsets, Tensor polygon_offsets, Tensor boxes, "
-                     "Tensor indices, int size) -> Tensor", _polygon_forward, _polygon_fake)
-_registry.add_plain("mask_targets")
-_registry.add_plain("polygon_targets")
+_targets = define_plain("mask_targets", "(Tensor masks, Tensor rois, int pooled_height, int pooled_width, "
+                        "int sampling_ratio, bool aligned, float threshold, bool binary) -> Tensor", _forward, _fake)
+_polygon_targets = define_plain("polygon_targets", "(Tensor coords, Tensor vertex_offsets, Tensor polygon_offsets, "
+                                "Tensor boxes, Tensor indices, int size) -> Tensor", _polygon_forward, _polygon_fake)
 
 
 def targets(masks: Tensor, rois: Tensor, output_size: tuple[int, int], sampling_ratio: int, aligned: bool,
             threshold: float | None) -> Tensor:
     """The op on checked arguments (``rois`` ``[P, 5]`` of rows ``(index, x1, y1, x2, y2)``)."""
-    args = (masks, rois, *output_size, sampling_ratio, aligned, 0.0 if threshold is None else threshold,
-            threshold is not None)
-    return _forward(*args) if direct(masks, rois) else _OP(*args)
+    return _targets(masks, rois, *output_size, sampling_ratio, aligned, 0.0 if threshold is None else threshold,
+                    threshold is not None)
 
 
 def polygon_targets(polygons: list[Any], boxes: Tensor, indices: Tensor, size: int) -> Tensor:
@@ -74,8 +71,8 @@ def polygon_targets(polygons: list[Any], boxes: Tensor, indices: Tensor, size: i
     if len(unique) < len(polygons):
         rows = torch.tensor(remap, dtype=torch.int64)[rows]
     coords, vertex_offsets, polygon_offsets = v.packed_polygons(unique)
-    args = (coords, vertex_offsets, polygon_offsets, boxes.detach().to("cpu", torch.float32).contiguous(), rows, size)
-    out = _polygon_forward(*args) if direct(coords, args[3]) else _POLYGON_OP(*args)
+    out = _polygon_targets(coords, vertex_offsets, polygon_offsets,
+                                   boxes.detach().to("cpu", torch.float32).contiguous(), rows, size)
     return out.to(boxes.device)
 
 

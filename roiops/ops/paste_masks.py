@@ -10,14 +10,12 @@ resized). Neither has a gradient."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 from torch import Tensor
 
-from .. import _backend, _registry
+from .. import _backend
 from .. import _validation as v
-from ._declare import define, direct, fx_leaf
+from ._declare import define_plain, fx_leaf
 
 
 def _forward(masks: Tensor, boxes: Tensor, height: int, width: int, threshold: float, binary: bool,
@@ -38,28 +36,24 @@ def _torchvision_fake(masks: Tensor, boxes: Tensor, height: int, width: int, pad
     return masks.new_empty((masks.shape[0], height, width))
 
 
-_OP = define("paste_masks", "(Tensor masks, Tensor boxes, int height, int width, float threshold, bool binary, "
-             "bool box_window) -> Tensor", _forward, _fake)
-_TORCHVISION_OP = define("paste_masks_torchvision", "(Tensor masks, Tensor boxes, int height, int width, "
-                         "int padding, bool fused) -> Tensor", _torchvision_forward, _torchvision_fake)
-_registry.add_plain("paste_masks")
-_registry.add_plain("paste_masks_torchvision")
+_paste = define_plain("paste_masks", "(Tensor masks, Tensor boxes, int height, int width, float threshold, "
+                      "bool binary, bool box_window) -> Tensor", _forward, _fake)
+_paste_torchvision = define_plain("paste_masks_torchvision", "(Tensor masks, Tensor boxes, int height, int width, "
+                                  "int padding, bool fused) -> Tensor", _torchvision_forward, _torchvision_fake)
 
 
 def paste(masks: Tensor, boxes: Tensor, height: int, width: int, threshold: float | None,
           box_window: bool = False) -> Tensor:
     """The continuous rule on checked arguments (masks ``[K, Mh, Mw]``, boxes ``[K, 4]`` in
     the masks' coordinate type): bool with a threshold, the masks' dtype without."""
-    args: tuple[Any, ...] = (masks, boxes, height, width, 0.0 if threshold is None else threshold,
-                             threshold is not None, box_window)
-    return _forward(*args) if direct(masks, boxes) else _OP(*args)
+    return _paste(masks, boxes, height, width, 0.0 if threshold is None else threshold, threshold is not None,
+                  box_window)
 
 
 def paste_torchvision(masks: Tensor, boxes: Tensor, height: int, width: int, padding: int, fused: bool) -> Tensor:
     """The torchvision rule on checked arguments (int64 boxes, already expanded by the
     padding's scale and truncated)."""
-    args = (masks, boxes, height, width, padding, fused)
-    return _torchvision_forward(*args) if direct(masks, boxes) else _TORCHVISION_OP(*args)
+    return _paste_torchvision(masks, boxes, height, width, padding, fused)
 
 
 @fx_leaf

@@ -22,7 +22,7 @@ def paste_masks_forward(masks: Tensor, boxes: Tensor, height: int, width: int, t
     value ``>= threshold``. ``box_window``: only pixels in ``[floor(x1) - 1, ceil(x2) + 1)``
     (and along y) are pasted, as detectron2 does on the CPU."""
     checks.paste_masks(masks, boxes, height, width, integer_boxes=False)
-    checks.paste_threshold(threshold, binary)
+    checks.finite_threshold(threshold, binary)
     dtype = torch.float64 if masks.dtype == torch.float64 else torch.float32
     out = torch.zeros((masks.shape[0], height, width), dtype=torch.bool if binary else masks.dtype,
                       device=masks.device)

@@ -156,7 +156,7 @@ def paste_masks_forward(masks: torch.Tensor, boxes: torch.Tensor, height: int, w
                         binary: bool, box_window: bool) -> torch.Tensor:
     """The continuous rule: ``[K, height, width]``, bool with ``binary``, else the masks' dtype."""
     checks.paste_masks(masks, boxes, height, width, integer_boxes=False)
-    checks.paste_threshold(threshold, binary)
+    checks.finite_threshold(threshold, binary)
     check_device(masks, _paste_kernel)
     K, MH, MW = masks.shape
     out = torch.empty((K, height, width), dtype=torch.bool if binary else masks.dtype, device=masks.device)
