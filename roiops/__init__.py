@@ -42,6 +42,7 @@ from .ops.border_align import BorderAlign, border_align
 from .ops.deform_roi_pool import DeformRoIPool, deform_roi_pool
 from .ops.mask_targets import mask_targets
 from .ops.paste_masks import paste_masks
+from .ops.points_in_boxes import PointsInBoxes, points_in_boxes
 from .ops.prroi_pool import PrRoIPool, prroi_pool
 from .ops.ps_roi_align import PSRoIAlign, ps_roi_align
 from .ops.ps_roi_pool import PSRoIPool, ps_roi_pool
@@ -49,8 +50,11 @@ from .ops.riroi_align_rotated import RiRoIAlignRotated, riroi_align_rotated
 from .ops.roi_align import RoIAlign, roi_align
 from .ops.roi_align_rotated import RoIAlignRotated, roi_align_rotated
 from .ops.roi_pool import RoIPool, roi_pool
+from .ops.roiaware_pool3d import RoIAwarePool3d, roiaware_pool3d
+from .ops.roipoint_pool3d import RoIPointPool3d, roipoint_pool3d
 
-__all__ = ["config", "fpn_levels", "mask_targets", "multi_scale_roi_align", "paste_masks", "use_backend"]
+__all__ = ["PointsInBoxes", "RoIAwarePool3d", "RoIPointPool3d", "config", "fpn_levels", "mask_targets",
+           "multi_scale_roi_align", "paste_masks", "points_in_boxes", "roiaware_pool3d", "roipoint_pool3d", "use_backend"]
 __all__ += [name for spec in SPECS for name in (spec.name, spec.module.__name__)]
 __version__ = "0.1.0"
 

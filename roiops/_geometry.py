@@ -32,6 +32,8 @@ MAX_ARGMAX_GRID = 2**31 - 1  # samples per bin in mode "max": its argmax is int3
 MIN_SCALE, MAX_SCALE = 2.0**-64, 2.0**64  # the kernels use spatial_scale as a float32
 MAX_POOL_SIZE = 1024  # border align: each output value takes pool_size + 1 samples, as a fixed sampling ratio
 MAX_LEVELS = 5  # feature maps of a multi-level op: pick() in triton/_jit.py selects among five arguments
+MAX_VOXEL_SIDE = 1024  # RoIAwarePool3d: voxels per box side; ox * oy * oz < 2^31 (int32 voxel indices)
+MAX_POINTS = 2**31 - 1  # point-cloud ops: point indices are int32
 MAX_ORIENTATIONS = 2**16  # per channel field of rotation-invariant RoIAlign: angle * O exact in float64 for float32
 
 

@@ -57,7 +57,7 @@ import torch
 from torch import Tensor
 
 from ._geometry import (MAX_MAP_SIDE, MAX_ORIENTATIONS, MAX_OUTPUT_SIZE, MAX_POOL_SIZE, MAX_SAMPLING_RATIO, MAX_SCALE,
-                        MIN_SCALE)
+                        MAX_VOXEL_SIDE, MIN_SCALE)
 from ._boxes import BoxFormat
 from ._registry import declaration
 
@@ -431,3 +431,92 @@ def polygon_targets(coords: Tensor, vertex_offsets: Tensor, polygon_offsets: Ten
     if bad.numel():
         p = int(bad[0, 0])
         raise ValueError(f"roiops: indices[{p}] = {int(indices[p])} is not an instance in [0, {g})")
+
+
+# ---- point-cloud ops: points [B, N, 3] (RoIAwarePool3d: [N, 3]), boxes [B, M, 7] ([K, 7])
+
+
+def _lidar(name: str, t: Tensor, shape: str, dims: int, last: int | None, like: Tensor | None = None) -> None:
+    if t.dim() != dims or (last is not None and t.shape[-1] != last):
+        raise ValueError(f"roiops: {name} must be {shape}, got {list(t.shape)}")
+    if t.dtype not in _KERNEL_DTYPES:
+        raise ValueError(f"roiops: {name} must be float16, bfloat16, float32 or float64, got {t.dtype}")
+    if like is not None and t.device != like.device:
+        raise ValueError(f"roiops: {name} is on {t.device} but points is on {like.device}")
+
+
+def _scene(points: Tensor, boxes: Tensor, batched: bool) -> None:
+    _lidar("points", points, "[B, N, 3]" if batched else "[N, 3]", 2 + batched, 3)
+    _lidar("boxes", boxes, "[B, M, 7]" if batched else "[K, 7]", 2 + batched, 7, points)
+    if boxes.dtype != points.dtype:
+        raise ValueError(f"roiops: boxes must have the points' dtype {points.dtype}, got {boxes.dtype}")
+    if batched and boxes.shape[0] != points.shape[0]:
+        raise ValueError(f"roiops: boxes has batch size {boxes.shape[0]} but points has {points.shape[0]}")
+    if points.shape[-2] > _INT32_MAX:
+        raise ValueError(f"roiops: at most 2^31 - 1 points, got {points.shape[-2]}")
+
+
+def _features(features: Tensor, points: Tensor, same_dtype: bool) -> None:
+    shape = "[B, N, C]" if points.dim() == 3 else "[N, C]"
+    _lidar("features", features, shape, points.dim(), None, points)
+    if features.shape[:-1] != points.shape[:-1]:
+        raise ValueError(f"roiops: features must be {shape} with the points' leading sizes {list(points.shape[:-1])}, "
+                         f"got {list(features.shape)}")
+    if same_dtype and features.dtype != points.dtype:
+        raise ValueError(f"roiops: features must have the points' dtype {points.dtype}, got {features.dtype}")
+
+
+def _positive(name: str, value: int, high: int = _INT32_MAX) -> None:
+    if not 1 <= value <= high:
+        raise ValueError(f"roiops: {name} must be in [1, {high}], got {value}")
+
+
+def points_in_boxes(points: Tensor, boxes: Tensor, all_boxes: bool) -> None:
+    """The kernel check of ``points_in_boxes``."""
+    _scene(points, boxes, True)
+
+
+def roiaware_pool3d(points: Tensor, features: Tensor, boxes: Tensor, out_x: int, out_y: int, out_z: int,
+                    max_points: int, max_mode: bool) -> None:
+    """The kernel check of ``roiaware_pool3d``."""
+    _scene(points, boxes, False)
+    _features(features, points, False)
+    for name, side in (("out_x", out_x), ("out_y", out_y), ("out_z", out_z)):
+        _positive(name, side, MAX_VOXEL_SIDE)
+    _positive("max_points", max_points)
+
+
+def roiaware_pool3d_backward(grad: Tensor, saved: Tensor, points: Tensor, boxes: Tensor, num_points: int,
+                             max_mode: bool) -> None:
+    """The kernel check of ``roiaware_pool3d``'s backward: grad ``[K, X, Y, Z, C]``, saved
+    int32 ``[K, X, Y, Z, C]`` (max) or ``[K, X, Y, Z, 2]`` (avg)."""
+    _scene(points, boxes, False)
+    _lidar("grad", grad, "[K, out_x, out_y, out_z, C]", 5, None, points)
+    if grad.shape[0] != boxes.shape[0]:
+        raise ValueError(f"roiops: grad must have one row per box ({boxes.shape[0]}), got {list(grad.shape)}")
+    want = list(grad.shape) if max_mode else [*grad.shape[:4], 2]
+    if list(saved.shape) != want or saved.dtype != torch.int32 or saved.device != grad.device:
+        raise ValueError(f"roiops: saved must be int32 {want} on {grad.device}, got {saved.dtype} "
+                         f"{list(saved.shape)} on {saved.device}")
+    if num_points != points.shape[0]:
+        raise ValueError(f"roiops: num_points must be the points' count {points.shape[0]}, got {num_points}")
+
+
+def roipoint_pool3d(points: Tensor, features: Tensor, boxes: Tensor, num_samples: int) -> None:
+    """The kernel check of ``roipoint_pool3d``."""
+    _scene(points, boxes, True)
+    _features(features, points, True)
+    _positive("num_samples", num_samples)
+
+
+def roipoint_pool3d_backward(grad: Tensor, index: Tensor, num_points: int) -> None:
+    """The kernel check of ``roipoint_pool3d``'s backward: grad ``[B, M, S, 3 + C]``, index
+    int32 ``[B, M, S]``."""
+    _lidar("grad", grad, "[B, M, S, 3 + C]", 4, None)
+    if grad.shape[-1] < 3:
+        raise ValueError(f"roiops: grad must be [B, M, S, 3 + C], got {list(grad.shape)}")
+    if list(index.shape) != list(grad.shape[:3]) or index.dtype != torch.int32 or index.device != grad.device:
+        raise ValueError(f"roiops: index must be int32 {list(grad.shape[:3])} on {grad.device}, got {index.dtype} "
+                         f"{list(index.shape)} on {index.device}")
+    if not 0 <= num_points <= _INT32_MAX:
+        raise ValueError(f"roiops: num_points must be in [0, 2^31 - 1], got {num_points}")

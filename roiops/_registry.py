@@ -15,10 +15,11 @@ from collections.abc import Iterable
 from ._spec import Kernels, OpSpec
 
 _SPECS: list[OpSpec] = []
-# Ops with no OpSpec (mask pasting, mask targets): one forward each, which the kernel sets
-# provide as ``<name>_forward`` (polygon targets: the C++ and reference sets, polygons being
-# host data); they have no backward and are not RoI-shaped.
-_PLAIN: list[str] = []
+# Ops with no OpSpec, not RoI-shaped: the mask steps (a forward each, no gradient) and the
+# point-cloud ops (with a backward). The kernel sets provide ``<name>_forward`` and, with a
+# backward, ``<name>_backward`` (polygon targets: the C++ and reference sets, polygons being
+# host data).
+_PLAIN: dict[str, bool] = {}
 
 
 def add(spec: OpSpec) -> None:
@@ -27,15 +28,26 @@ def add(spec: OpSpec) -> None:
     _SPECS.append(spec)
 
 
-def add_plain(name: str) -> None:
+def add_plain(name: str, backward: bool = False) -> None:
     if name in _PLAIN:
         raise ImportError(f"roiops: op {name} is declared twice")
-    _PLAIN.append(name)
+    _PLAIN[name] = backward
 
 
 def plain_ops() -> tuple[str, ...]:
     """The ops without an OpSpec, in the order they were added."""
     return tuple(_PLAIN)
+
+
+def plain_kernels() -> dict[str, str]:
+    """The kernel functions of the ops without an OpSpec, each with its registered op:
+    ``<name>_forward`` runs ``roiops::<name>``, ``<name>_backward`` ``roiops::_<name>_backward``."""
+    kernels = {}
+    for name, backward in _PLAIN.items():
+        kernels[f"{name}_forward"] = name
+        if backward:
+            kernels[f"{name}_backward"] = f"_{name}_backward"
+    return kernels
 
 
 def specs() -> tuple[OpSpec, ...]:

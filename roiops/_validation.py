@@ -16,10 +16,9 @@ import torch
 from torch import Tensor
 
 from . import _library, config
-from ._boxes import AXIS_ALIGNED, BEZIER, FORMATS, PER_IMAGE, ROTATED, BoxFormat
+from ._boxes import AXIS_ALIGNED, BEZIER, FORMATS, LIDAR, PER_IMAGE, ROTATED, BoxFormat
 from ._geometry import (MAX_ARGMAX_GRID, MAX_COORDINATE, MAX_LEVELS, MAX_MAP_SIDE, MAX_ORIENTATIONS, MAX_OUTPUT_SIZE,
-                        MAX_POOL_SIZE,
-                        MAX_SAMPLING_RATIO, MAX_SCALE, MIN_SCALE, align_axis, dense)
+                        MAX_POINTS, MAX_POOL_SIZE, MAX_SAMPLING_RATIO, MAX_SCALE, MAX_VOXEL_SIDE, MIN_SCALE, align_axis, dense)
 
 BoxesType = Union[Tensor, Sequence[Tensor]]
 """The boxes of an op: one ``Tensor[K, R]`` whose rows start with the batch index (``R = 5``:
@@ -570,3 +569,94 @@ def polygon_rows(polygons: list[Any], boxes: object, indices: object) -> None:
     if bad.numel():
         p = int(bad[0, 0])
         raise ValueError(f"indices[{p}] = {int(indices[p])} is not an instance in [0, {len(polygons)})")
+
+
+# ---- point clouds
+
+
+def lidar_points(points: object, batched: bool) -> Tensor:
+    """Points ``[N, 3]`` (``[B, N, 3]`` when ``batched``) of rows ``(x, y, z)``, floating."""
+    shape = "[B, N, 3]" if batched else "[N, 3]"
+    if not isinstance(points, Tensor):
+        raise TypeError(f"points must be a Tensor{shape}, got {type(points).__name__}")
+    if points.dim() != 2 + batched or points.shape[-1] != 3:
+        raise ValueError(f"points must have shape {shape} (rows (x, y, z)), got {tuple(points.shape)}")
+    _floating("points", points)
+    if points.shape[-2] > MAX_POINTS:
+        raise ValueError(f"points: at most 2^31 - 1 points, got {points.shape[-2]}")
+    return points
+
+
+def point_features(features: object, points: Tensor) -> Tensor:
+    """Features ``[..., N, C]`` of ``points`` ``[..., N, 3]``, floating, on their device."""
+    lead = "[B, N, C]" if points.dim() == 3 else "[N, C]"
+    if not isinstance(features, Tensor):
+        raise TypeError(f"features must be a Tensor{lead}, got {type(features).__name__}")
+    if features.dim() != points.dim() or features.shape[:-1] != points.shape[:-1]:
+        raise ValueError(f"features must have shape {lead} with the points' {lead[1:-4]} = "
+                         f"{tuple(points.shape[:-1])}, got {tuple(features.shape)}")
+    _floating("features", features)
+    if features.device != points.device:
+        raise ValueError(f"features is on {features.device} but points is on {points.device}")
+    return features
+
+
+def lidar_boxes(boxes: object, points: Tensor) -> Tensor:
+    """LiDAR boxes ``[M, 7]`` (``[B, M, 7]`` for batched points), rows ``(x, y, z, dx, dy,
+    dz, yaw)``, converted to the points' dtype. Their values, and the points', are checked
+    where box values are (config.check_box_values): finite, sizes >= 0."""
+    batched = points.dim() == 3
+    shape = "[B, M, 7]" if batched else "[M, 7]"
+    if not isinstance(boxes, Tensor):
+        raise TypeError(f"boxes must be a Tensor{shape}, got {type(boxes).__name__}")
+    if boxes.dim() != 2 + batched or boxes.shape[-1] != 7:
+        raise BoxFormatError(f"boxes must have shape {shape} (rows {LIDAR.rows()}), got {tuple(boxes.shape)}")
+    if batched and boxes.shape[0] != points.shape[0]:
+        raise ValueError(f"boxes has batch size {boxes.shape[0]} but points has {points.shape[0]}")
+    _floating("boxes", boxes)
+    if boxes.device != points.device:
+        raise ValueError(f"boxes is on {boxes.device} but points is on {points.device}")
+    boxes = boxes.to(points.dtype)
+    if _checking_values(boxes) and not boxes.is_meta:
+        _lidar_values(points, boxes)
+    return boxes
+
+
+def _lidar_values(points: Tensor, boxes: Tensor) -> None:
+    flat = boxes.detach().reshape(-1, 7)
+    bad = ~torch.isfinite(flat).all(1) | (flat[:, 3:6] < 0).any(1)
+    if bool(bad.any()):
+        k = int(bad.nonzero()[0, 0])
+        where = f"boxes row {k} {flat[k].tolist()}" if boxes.dim() == 2 else \
+            f"boxes[{k // boxes.shape[1]}] row {k % boxes.shape[1]} {flat[k].tolist()}"
+        raise ValueError(f"{where}: values must be finite and the sizes (dx, dy, dz) >= 0")
+    finite = torch.isfinite(points.detach()).all(-1).reshape(-1)
+    if not bool(finite.all()):
+        p = int((~finite).nonzero()[0, 0])
+        where = f"points row {p}" if points.dim() == 2 else f"points[{p // points.shape[1]}] row {p % points.shape[1]}"
+        raise ValueError(f"{where} {points.detach().reshape(-1, 3)[p].tolist()}: coordinates must be finite")
+
+
+def _floating(name: str, t: Tensor) -> None:
+    if t.layout != torch.strided:
+        raise ValueError(f"{name} must be a dense (strided) tensor, got layout {t.layout}")
+    if t.dtype not in DTYPES:
+        if t.is_quantized:
+            raise _quantized(name, t)
+        raise ValueError(f"{name} must be float16, bfloat16, float32 or float64, got {t.dtype}")
+
+
+def voxel_grid(value: object) -> tuple[int, int, int]:
+    """RoIAwarePool3d's output size: an int ``s`` for ``(s, s, s)`` or ``(x, y, z)``, each in
+    [1, MAX_VOXEL_SIDE]."""
+    n = _as_int(value)
+    sides = (n, n, n) if n is not None else tuple(_as_int(v) for v in value) \
+        if isinstance(value, (tuple, list)) and len(value) == 3 else None
+    if sides is None or any(s is None or not 1 <= s <= MAX_VOXEL_SIDE for s in sides):
+        raise ValueError(f"out_size must be an int or a triple of ints in [1, {MAX_VOXEL_SIDE}], got {value!r}")
+    return sides  # type: ignore[return-value]
+
+
+def count(name: str, value: object) -> int:
+    """A count of points (per voxel, per box) in [1, 2^31 - 1]."""
+    return _int_in(name, value, MAX_POINTS)

@@ -21,6 +21,6 @@ for _spec in _registry.specs():
         for _role, _op in _k.ops().items():
             globals()[f"{_k.name}_{_role}"] = _library.cpu_kernel(_op)
             __all__.append(f"{_k.name}_{_role}")
-for _op in _registry.plain_ops():
-    globals()[f"{_op}_forward"] = _library.cpu_kernel(_op)
-    __all__.append(f"{_op}_forward")
+for _kernel, _op in _registry.plain_kernels().items():
+    globals()[_kernel] = _library.cpu_kernel(_op)
+    __all__.append(_kernel)

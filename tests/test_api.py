@@ -26,7 +26,9 @@ def test_exports_follow_the_specs():
     with the exports that are no spec's; every exported name resolves."""
     from_specs = {name for spec in SPECS for name in (spec.name, spec.module.__name__)}
     assert set(roiops.__all__) == from_specs | {"config", "fpn_levels", "mask_targets", "multi_scale_roi_align",
-                                                "paste_masks", "use_backend"}
+                                                "paste_masks", "use_backend", "points_in_boxes", "PointsInBoxes",
+                                                "roiaware_pool3d", "RoIAwarePool3d", "roipoint_pool3d",
+                                                "RoIPointPool3d"}
     assert set(roiops.ops.__all__) == from_specs | {"BoxesType", "OutputSize", "SPECS", "fpn_levels",
                                                     "multi_scale_roi_align"}
     assert len(roiops.__all__) == len(set(roiops.__all__)) and len(roiops.ops.__all__) == len(set(roiops.ops.__all__))

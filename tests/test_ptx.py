@@ -69,6 +69,13 @@ EXPECTED_VARIANTS |= {"_border_fwd_kernel": 8, "_border_bwd_atomic_kernel": 8,
 EXPECTED_VARIANTS |= {"_paste_kernel": 16,              # masks' dtype x binary x window (no layouts)
                       "_paste_torchvision_kernel": 8,   # masks' dtype x fused
                       "_targets_kernel": 10}            # float masks x aligned, and uint8/bool masks x aligned
+# Point clouds: no layouts; the points' dtype, and for RoIAwarePool3d the features' too
+# (their own dtype or another: float64 beside half/float32 points, float16 beside float64).
+EXPECTED_VARIANTS |= {"_in_boxes_kernel": 8,    # x first/all boxes
+                      "_aware_fwd_kernel": 16,  # x other features' dtype x max/avg
+                      "_aware_bwd_kernel": 16,  # x other features' dtype x max/avg
+                      "_point_fwd_kernel": 4,
+                      "_point_bwd_kernel": 4}
 
 # Kernels whose fused multiply-adds are explicit (tl.fma), as the CPU kernels' std::fma: the
 # mask pasting reproduces ATen's fused arithmetic. A variant whose label says FUSED=False
@@ -392,6 +399,26 @@ def _calls(launchers: dict, torch) -> list:
         # bool masks go to the kernel as uint8: the same variants as uint8 ones
         "mask_targets_forward": lambda f, dt, cl, aligned, byte_masks: f(
             meta((N, H, W), torch.bool if byte_masks else dt), rois(dt), P, P, 0, aligned, 0.5, False),
+    }
+    # point clouds: NP points, K boxes (RoIAwarePool3d: a 4 x 4 x 4 grid, 8 points a voxel), C features
+    NP, VOX = 100, (4, 4, 4)
+
+    def lidar(dt, *lead):
+        return meta((*lead, NP, 3), dt), meta((*lead, K, 7), dt)
+
+    def aware_features(dt, other):
+        return (torch.float16 if dt == torch.float64 else torch.float64) if other else dt
+
+    recipes |= {
+        "points_in_boxes_forward": lambda f, dt, cl, all_boxes: f(*lidar(dt, N), all_boxes),
+        "roiaware_pool3d_forward": lambda f, dt, cl, other, max_mode: f(
+            lidar(dt)[0], meta((NP, C), aware_features(dt, other)), lidar(dt)[1], *VOX, 8, max_mode),
+        "roiaware_pool3d_backward": lambda f, dt, cl, other, max_mode: f(
+            meta((K, *VOX, C), aware_features(dt, other)), meta((K, *VOX, C if max_mode else 2), torch.int32),
+            *lidar(dt), NP, max_mode),
+        "roipoint_pool3d_forward": lambda f, dt, cl: f(lidar(dt, N)[0], meta((N, NP, C), dt), lidar(dt, N)[1], 16),
+        "roipoint_pool3d_backward": lambda f, dt, cl: f(meta((N, K, 16, 3 + C), dt), meta((N, K, 16), torch.int32),
+                                                        NP),
     }
     missing = sorted(set(launchers) - set(recipes))
     if missing:

@@ -63,6 +63,17 @@ boxes and reprs. Semantics:
   (mmcv recomputes it as start + argmax * step, which can differ in the last bits) and
   adds nothing for a sample outside the map; ``pool_size`` must be in [1, 1024].
 
+- ``RoIAwarePool3d``, ``RoIPointPool3d``, ``points_in_boxes_part``, ``points_in_boxes_all``
+  and ``points_in_boxes_cpu``: the point-cloud ops, [`roiops.roiaware_pool3d`][],
+  [`roiops.roipoint_pool3d`][] and [`roiops.points_in_boxes`][], in mmcv's arithmetic
+  (docs/semantics.md, "Point clouds"). mmcv runs them on CUDA only (points_in_boxes_cpu
+  on the CPU); roiops on CPU and GPU. Where they differ: ``max_pts_per_voxel`` keeps
+  ``max_pts_per_voxel - 1`` points as in mmcv, and 1 (no point at all) is refused;
+  ``out_size`` sides above 256, which mmcv's packed voxel index cannot hold, are refused;
+  mmcv's float64 mean sums in float32, roiops' in float64; ``RoIPointPool3d`` has a
+  gradient (mmcv raises ``NotImplementedError``) and returns its empty flag as int32 as
+  mmcv does.
+
 ``RoIAlign`` and ``RoIAlignRotated`` also take mmcv's deprecated keywords ``out_size`` and
 ``sample_num`` (for ``output_size`` and ``sampling_ratio``), with mmcv's
 ``DeprecationWarning``; giving both names of one argument is a ``TypeError``.
@@ -75,6 +86,7 @@ import warnings
 from collections.abc import Callable
 from typing import Any, TypeVar, Union
 
+import torch
 from torch import Tensor, nn
 
 
@@ -85,8 +97,9 @@ from ..ops._declare import fx_leaf
 from ._util import box_assertions
 
 __all__ = ["BezierAlign", "BorderAlign", "DeformRoIPool", "DeformRoIPoolPack", "ModulatedDeformRoIPoolPack", "PrRoIPool",
-           "RiRoIAlignRotated", "RoIAlign", "RoIAlignRotated", "RoIPool", "bezier_align", "border_align",
-           "deform_roi_pool", "prroi_pool", "riroi_align_rotated", "roi_align", "roi_align_rotated", "roi_pool"]
+           "RiRoIAlignRotated", "RoIAlign", "RoIAlignRotated", "RoIAwarePool3d", "RoIPointPool3d", "RoIPool",
+           "bezier_align", "border_align", "deform_roi_pool", "points_in_boxes_all", "points_in_boxes_cpu",
+           "points_in_boxes_part", "prroi_pool", "riroi_align_rotated", "roi_align", "roi_align_rotated", "roi_pool"]
 
 OutputSize = Union[int, tuple[int, int], list[int]]
 _Init = TypeVar("_Init", bound=Callable[..., None])
@@ -752,3 +765,137 @@ class BorderAlign(nn.Module):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(pool_size={self.pool_size})"
+
+
+# ---- point clouds
+
+
+def _mmcv_voxels(value: object) -> tuple[int, int, int]:
+    # mmcv packs a voxel's indices in 8 bits each: beyond 256 it would pool into wrong voxels.
+    grid = v.voxel_grid(value)
+    if max(grid) > 256:
+        raise ValueError(f"out_size sides must be at most 256 (mmcv's voxel index holds 8 bits a side), got {value!r}")
+    return grid
+
+
+class RoIAwarePool3d(nn.Module):
+    """``mmcv.ops.RoIAwarePool3d``: ``module(rois, pts, pts_feature)`` is
+    [`roiops.roiaware_pool3d`][] with ``max_points = max_pts_per_voxel - 1`` (mmcv's count
+    slot takes one of its ``max_pts_per_voxel``).
+
+    Args:
+        out_size: voxels per box, an int or ``(x, y, z)``, each in [1, 256].
+        max_pts_per_voxel: mmcv's per-voxel capacity, >= 2: the first
+            ``max_pts_per_voxel - 1`` points of a voxel are pooled.
+        mode: ``"max"`` or ``"avg"``.
+
+    Examples:
+        >>> from roiops.compat.mmcv import RoIAwarePool3d
+        >>> pool = RoIAwarePool3d(out_size=4, max_pts_per_voxel=128, mode="avg")
+        >>> pts = torch.rand(100, 3)
+        >>> pool(torch.tensor([[0.5, 0.5, 0.0, 1.0, 1.0, 1.0, 0.3]]), pts, pts).shape
+        torch.Size([1, 4, 4, 4, 3])
+    """
+
+    def __init__(self, out_size: int | tuple[int, int, int], max_pts_per_voxel: int = 128, mode: str = "max") -> None:
+        super().__init__()
+        self.out_size = out_size
+        _mmcv_voxels(out_size)
+        if v.count("max_pts_per_voxel", max_pts_per_voxel) < 2:
+            raise ValueError("max_pts_per_voxel must be at least 2: mmcv keeps max_pts_per_voxel - 1 points a voxel, "
+                             "so 1 would pool none")
+        self.max_pts_per_voxel = max_pts_per_voxel
+        self.mode = {"max": 0, "avg": 1}[v.choice("mode", mode, ("max", "avg"))]
+
+    def forward(self, rois: Tensor, pts: Tensor, pts_feature: Tensor) -> Tensor:
+        return F.roiaware_pool3d(pts, pts_feature, rois, _mmcv_voxels(self.out_size), self.max_pts_per_voxel - 1,
+                                 "avg" if self.mode else "max")
+
+
+class RoIPointPool3d(nn.Module):
+    """``mmcv.ops.RoIPointPool3d``: ``module(points, point_features, boxes3d)`` is
+    [`roiops.roipoint_pool3d`][], with the empty flag as int32.
+
+    Args:
+        num_sampled_points: rows per box.
+
+    Examples:
+        >>> from roiops.compat.mmcv import RoIPointPool3d
+        >>> pts = torch.rand(1, 100, 3)
+        >>> pooled, empty = RoIPointPool3d(8)(pts, pts, torch.tensor([[[0.5, 0.5, 0.0, 1.0, 1.0, 1.0, 0.3]]]))
+        >>> pooled.shape, empty
+        (torch.Size([1, 1, 8, 6]), tensor([[0]], dtype=torch.int32))
+    """
+
+    def __init__(self, num_sampled_points: int = 512) -> None:
+        super().__init__()
+        self.num_sampled_points = v.count("num_sampled_points", num_sampled_points)
+
+    def forward(self, points: Tensor, point_features: Tensor, boxes3d: Tensor) -> tuple[Tensor, Tensor]:
+        pooled, empty = F.roipoint_pool3d(points, point_features, boxes3d, self.num_sampled_points)
+        return pooled, empty.int()
+
+
+@fx_leaf
+def points_in_boxes_part(points: Tensor, boxes: Tensor) -> Tensor:
+    """``mmcv.ops.points_in_boxes_part``: each point's first box, [`roiops.points_in_boxes`][].
+
+    Args:
+        points: ``Tensor[B, N, 3]``.
+        boxes: ``Tensor[B, M, 7]`` of LiDAR boxes ``(x, y, z, dx, dy, dz, yaw)``, ``(x, y,
+            z)`` the bottom centre.
+
+    Returns:
+        int32 ``Tensor[B, N]``: the index of the first box holding each point, -1 for none.
+
+    Examples:
+        >>> from roiops.compat.mmcv import points_in_boxes_part
+        >>> points_in_boxes_part(torch.tensor([[[0.0, 0.0, 0.5], [5.0, 0.0, 0.5]]]),
+        ...                      torch.tensor([[[0.0, 0.0, 0.0, 2.0, 2.0, 1.0, 0.0]]]))
+        tensor([[ 0, -1]], dtype=torch.int32)
+    """
+    return F.points_in_boxes(v.lidar_points(points, batched=True), boxes).int()
+
+
+@fx_leaf
+def points_in_boxes_all(points: Tensor, boxes: Tensor) -> Tensor:
+    """``mmcv.ops.points_in_boxes_all``: every box of each point, [`roiops.points_in_boxes`][].
+
+    Args:
+        points: ``Tensor[B, N, 3]``.
+        boxes: ``Tensor[B, M, 7]`` of LiDAR boxes.
+
+    Returns:
+        int32 ``Tensor[B, N, M]``: 1 where the box holds the point.
+
+    Examples:
+        >>> from roiops.compat.mmcv import points_in_boxes_all
+        >>> points_in_boxes_all(torch.tensor([[[0.0, 0.0, 0.5], [5.0, 0.0, 0.5]]]),
+        ...                     torch.tensor([[[0.0, 0.0, 0.0, 2.0, 2.0, 1.0, 0.0]]]))
+        tensor([[[1],
+                 [0]]], dtype=torch.int32)
+    """
+    return F.points_in_boxes(v.lidar_points(points, batched=True), boxes, "all").int()
+
+
+@fx_leaf
+def points_in_boxes_cpu(points: Tensor, boxes: Tensor) -> Tensor:
+    """``mmcv.ops.points_in_boxes_cpu``: [`points_in_boxes_all`][roiops.compat.mmcv.points_in_boxes_all] computed in float32,
+    as mmcv's CPU kernel converts to it, on any device.
+
+    Args:
+        points: ``Tensor[B, N, 3]``.
+        boxes: ``Tensor[B, M, 7]`` of LiDAR boxes.
+
+    Returns:
+        int32 ``Tensor[B, N, M]``: 1 where the box holds the point.
+
+    Examples:
+        >>> from roiops.compat.mmcv import points_in_boxes_cpu
+        >>> points_in_boxes_cpu(torch.tensor([[[0.0, 0.0, 0.5]]]), torch.tensor([[[0.0, 0.0, 0.0, 2.0, 2.0, 1.0, 0.0]]]))
+        tensor([[[1]]], dtype=torch.int32)
+    """
+    points = v.lidar_points(points, batched=True)
+    if not isinstance(boxes, Tensor):
+        raise TypeError(f"boxes must be a Tensor[B, M, 7], got {type(boxes).__name__}")
+    return F.points_in_boxes(points.to(torch.float32), boxes.to(torch.float32), "all").int()

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Literal, ParamSpec, TypeVar, get_args, get_origin, get_type_hints
 
 import torch
@@ -145,19 +146,78 @@ def fx_leaf(function: Callable[_P, _T]) -> Callable[_P, _T]:
     return call
 
 
-def define_plain(name: str, schema: str, kernel: Callable[..., Tensor],
-                 fake: Callable[..., Tensor]) -> Callable[..., Tensor]:
-    """Defines op ``roiops::<name>`` without an OpSpec (:func:`define`; a forward only, no
-    gradient: the mask ops) and records it in the registry, whose kernel sets then provide
-    ``<name>_forward``. Returns the call its public function makes: ``kernel`` itself where
+@dataclass(frozen=True)
+class PlainBackward:
+    """The backward of an op without an OpSpec: op ``roiops::_<name>_backward`` with
+    ``schema``, its ``kernel`` and ``fake``; ``save(ctx, inputs, outputs)`` keeps what it
+    needs on the autograd context; ``gradients(ctx, backward, *grads)`` returns a gradient
+    (or None) per forward input, calling ``backward`` (the backward op's call) for them.
+    The forward's non-floating outputs are not differentiable."""
+
+    schema: str
+    kernel: Callable[..., Any]
+    fake: Callable[..., Any]
+    save: Callable[..., None]
+    gradients: Callable[..., tuple[Tensor | None, ...]]
+    title: str
+
+
+def define_plain(name: str, schema: str, kernel: Callable[..., Any], fake: Callable[..., Any],
+                 backward: PlainBackward | None = None) -> Callable[..., Any]:
+    """Defines op ``roiops::<name>`` without an OpSpec (:func:`define`: the mask and
+    point-cloud ops, which are not RoI-shaped), with ``backward``'s op and autograd formula
+    when it has one, and records it in the registry, whose kernel sets then provide
+    ``<name>_forward`` (and ``<name>_backward``). Returns the call its public function
+    makes: ``kernel`` itself (in an autograd Function when a gradient is needed) where
     :func:`direct` allows, else the registered op."""
     op = define(name, schema, kernel, fake)
-    _registry.add_plain(name)
+    _registry.add_plain(name, backward is not None)
+    if backward is None:
+        def call(*args: Any) -> Any:
+            return kernel(*args) if direct(*[a for a in args if isinstance(a, Tensor)]) else op(*args)
 
-    def call(*args: Any) -> Tensor:
-        return kernel(*args) if direct(*[a for a in args if isinstance(a, Tensor)]) else op(*args)
+        return call
 
-    return call
+    bwd = define(f"_{name}_backward", backward.schema, backward.kernel, backward.fake)
+    refuse_double_backward(bwd, backward.title)
+    backward_op = backward_call(bwd, backward.kernel)
+
+    def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
+        ctx.set_materialize_grads(False)  # no zero gradients for the integer outputs
+        backward.save(ctx, inputs, output)
+        ctx.backend = _backend.current()
+
+    def gradient(ctx: Any, *grads: Any) -> tuple[Tensor | None, ...]:
+        if grads[0] is None:  # the output took no part in the loss
+            return (None,) * len(ctx.needs_input_grad)
+        if ctx.backend:  # the backend the forward was forced to
+            with _backend.use_backend(ctx.backend):
+                return backward.gradients(ctx, backward_op, *grads)
+        return backward.gradients(ctx, backward_op, *grads)
+
+    register_autograd(op, gradient, setup_context)
+
+    class Direct(torch.autograd.Function):
+        """The op's autograd formula around its kernel, for calls :func:`direct` allows."""
+
+        @staticmethod
+        def forward(ctx: Any, *args: Any) -> Any:
+            output = kernel(*args)
+            setup_context(ctx, args, output)
+            ctx.mark_non_differentiable(*[t for t in output if not t.is_floating_point()])
+            return output
+
+        backward = staticmethod(gradient)
+
+    def call_with_grad(*args: Any) -> Any:
+        tensors = [a for a in args if isinstance(a, Tensor)]
+        if not direct(*tensors):
+            return op(*args)
+        if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+            return Direct.apply(*args)
+        return kernel(*args)
+
+    return call_with_grad
 
 
 def register(spec: Kernels) -> Callable[..., Any]:

@@ -238,7 +238,16 @@ def level_starts(programs: list[int]) -> list[int]:
 # compiler which dimension is contiguous.
 _RUNTIME_INTS = {"scale_bits", "gamma_bits", "K", "N", "C", "H", "W", "ph", "pw", "sampling_ratio", "n_pblocks", "n_tw",
                  "n_tiles", "TILE", "n_words", "n_levels", "num_orientations", "pool_size", "n_kblocks", "n_cblocks",
+                 "ox", "oy", "oz", "max_points", "S",
                  *(f"{name}{level}" for name in ("sb", "H", "W", "p") for level in range(5))}  # per-level arguments
+
+
+def box_trig(boxes: torch.Tensor) -> torch.Tensor:
+    """``[..., 2]`` (cos, sin) of -yaw of ``[..., 7]`` LiDAR boxes: computed in float64 on the
+    boxes' device and rounded to their dtype (no host read; tl.cos would fuse and round
+    differently)."""
+    yaw = -boxes[..., 6].to(torch.float64)
+    return torch.stack((torch.cos(yaw), torch.sin(yaw)), -1).to(boxes.dtype)
 
 
 def kernel(fn):

@@ -567,3 +567,68 @@ def box_level(lvl_ptr, k, n_levels, C, sb0, sb1, sb2, sb3, sb4, H0, H1, H2, H3, 
     H, W, sN, sC, sH, sW, scale = level_map(l, C, sb0, sb1, sb2, sb3, sb4, H0, H1, H2, H3, H4, W0, W1, W2, W3, W4,
                                             T, CHANNELS_LAST)
     return valid, l, H, W, sN, sC, sH, sW, scale
+
+
+# ----------------------------------------------------------------------------- LiDAR boxes
+# points_in_boxes, RoIAwarePool3d and RoIPointPool3d (docs/semantics.md, point clouds): box
+# rows (x, y, z, dx, dy, dz, yaw), (x, y, z) the centre of the bottom face. Every step is
+# rounded in the coordinate type T as the C++ kernels round it (fp fusion off: no FMA).
+
+
+@triton.jit
+def lidar_box(boxes_ptr, trig_ptr, k, mask):
+    """Box k (a scalar or a vector of rows, `mask`ed: masked rows are zero, which holds no
+    point) of a [*, 7] box tensor in T and its [*, 2] (cos, sin) of -yaw, which the launcher
+    computes in float64 and rounds to T (tl.cos/tl.sin are neither exact nor FMA-free):
+    (x, y, z, dx, dy, dz, zc, c, s), zc the centre height z + dz / 2 summed in float64 and
+    rounded once to T."""
+    row = boxes_ptr + k * 7
+    x = tl.load(row, mask=mask, other=0.0)
+    y = tl.load(row + 1, mask=mask, other=0.0)
+    z = tl.load(row + 2, mask=mask, other=0.0)
+    dx = tl.load(row + 3, mask=mask, other=0.0)
+    dy = tl.load(row + 4, mask=mask, other=0.0)
+    dz = tl.load(row + 5, mask=mask, other=0.0)
+    c = tl.load(trig_ptr + k * 2, mask=mask, other=0.0)
+    s = tl.load(trig_ptr + k * 2 + 1, mask=mask, other=0.0)
+    zc = (z.to(tl.float64) + dz.to(tl.float64) * 0.5).to(z.dtype)
+    return x, y, z, dx, dy, dz, zc, c, s
+
+
+@triton.jit
+def lidar_inside(px, py, pz, x, y, dx, dy, dz, zc, c, s):
+    """(inside, lx, ly): whether point (px, py, pz) lies in the box (broadcast operands) and
+    its coordinates in the box's frame. Inclusive on the z faces, strict on the others;
+    |pz - zc| > dz / 2 is the outside test, so a NaN there passes it (as mmcv's) and NaN in
+    x or y fails the strict comparisons."""
+    above = tl.abs(pz - zc) > dz * 0.5
+    sx = px - x
+    sy = py - y
+    lx = sx * c - sy * s  # sx * c + sy * (-s): the same rounded products and sum
+    ly = sx * s + sy * c
+    hx = dx * 0.5
+    hy = dy * 0.5
+    inside = (lx > -hx) & (lx < hx) & (ly > -hy) & (ly < hy)
+    return tl.where(above, False, inside), lx, ly
+
+
+@triton.jit
+def voxel_cell(q, n):
+    """trunc(q) clamped to [0, n - 1] (n voxels along the axis) as int32: clamped as a
+    float first, so that NaN (to 0), infinities and huge values never reach the conversion;
+    truncating the clamped value is the same."""
+    top = (n - 1).to(q.dtype)
+    q = tl.where(q > 0.0, q, 0.0)
+    q = tl.where(q < top, q, top)
+    return q.to(tl.int32)
+
+
+@triton.jit
+def lidar_voxel(lx, ly, pz, z, dx, dy, dz, ox, oy, oz):
+    """The voxel (ix * oy + iy) * oz + iz of an inside point (lidar_inside's lx, ly) of a
+    box split into ox x oy x oz voxels, int32."""
+    T = lx.dtype
+    qx = div_rn(lx + dx * 0.5, div_rn(dx, ox.to(T)))
+    qy = div_rn(ly + dy * 0.5, div_rn(dy, oy.to(T)))
+    qz = div_rn(pz - z, div_rn(dz, oz.to(T)))
+    return (voxel_cell(qx, ox) * oy + voxel_cell(qy, oy)) * oz + voxel_cell(qz, oz)
