@@ -73,13 +73,20 @@ def _classes(module: Any) -> list[type]:
             and (c.__module__ == module.__name__ or c.__name__ in getattr(module, "__all__", ()))]
 
 
+# The point-cloud Modules take points and LiDAR boxes, not a map: tests/test_points3d.py
+# runs them.
+POINT_CLOUDS = {roiops.PointsInBoxes, roiops.RoIAwarePool3d, roiops.RoIPointPool3d, mmcv.RoIAwarePool3d,
+                mmcv.RoIPointPool3d}
+
+
 def discovered() -> list[type]:
     """Every public Module of roiops (one per spec, and any other nn.Module roiops exports) and
-    every nn.Module class of roiops.compat."""
+    every nn.Module class of roiops.compat, but the point-cloud ones."""
     public = [spec.module for spec in SPECS]
     public += [getattr(roiops, n) for n in roiops.__all__ if isinstance(getattr(roiops, n), type)
                and issubclass(getattr(roiops, n), nn.Module)]
-    return list(dict.fromkeys(public + [c for m in _compat_modules() for c in _classes(m)]))
+    found = dict.fromkeys(public + [c for m in _compat_modules() for c in _classes(m)])
+    return [c for c in found if c not in POINT_CLOUDS]
 
 
 # ----------------------------------------------------------------------------- the table

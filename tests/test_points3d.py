@@ -6,6 +6,7 @@ values through the drop-ins, gradients (gradcheck in float64), errors, compile a
 from __future__ import annotations
 
 import importlib.util
+import io
 import math
 
 import numpy as np
@@ -429,3 +430,43 @@ def test_fuzz_cpu_against_reference(n, k, grid, cap, seed, size, max_mode, doubl
     assert torch.equal(torch.ops.roiops.points_in_boxes(pts[None], bxs[None], False), expected_first)
     got_rows = torch.ops.roiops.roipoint_pool3d(pts[None], feats[None], bxs[None], cap + 1)
     assert all(torch.equal(a, b) for a, b in zip(got_rows, expected_rows))
+
+
+@pytest.mark.parametrize("fn, args", [(roiops.points_in_boxes, ()), (mmcv.points_in_boxes_part, ()),
+                                      (mmcv.points_in_boxes_all, ()), (mmcv.points_in_boxes_cpu, ())])
+def test_functions_are_one_fx_node(fn, args) -> None:
+    """torch.fx records each point-cloud function whole, as the RoI functions (a leaf)."""
+    class Call(torch.nn.Module):
+        def forward(self, points: torch.Tensor, boxes: torch.Tensor) -> torch.Tensor:
+            return fn(points, boxes, *args)
+
+    traced = torch.fx.symbolic_trace(Call())
+    assert [n.target for n in traced.graph.nodes if n.op == "call_function"] == [fn]
+    pts, bxs = scene(40, 3, 16)
+    assert torch.equal(traced(pts, bxs), Call()(pts, bxs))
+
+
+@pytest.mark.parametrize("make", [lambda: roiops.RoIAwarePool3d(3, 4, "avg"), lambda: roiops.RoIPointPool3d(5),
+                                  lambda: mmcv.RoIAwarePool3d(3, 5, "max"), lambda: mmcv.RoIPointPool3d(5),
+                                  lambda: roiops.PointsInBoxes("all")])
+def test_modules_save_load_and_compile(make) -> None:
+    module = make()
+    pts, bxs = scene(50, 3, 17)
+    feats = torch.randn(1, 50, 2)
+    if isinstance(module, mmcv.RoIAwarePool3d):
+        args = (bxs[0], pts[0], feats[0])
+    elif isinstance(module, roiops.RoIAwarePool3d):
+        args = (pts[0], feats[0], bxs[0])
+    elif isinstance(module, roiops.PointsInBoxes):
+        args = (pts, bxs)
+    else:
+        args = (pts, feats, bxs)
+    expected = module(*args)
+    buffer = io.BytesIO()
+    torch.save(module, buffer)
+    buffer.seek(0)
+    loaded = torch.load(buffer, weights_only=False)
+    assert repr(loaded) == repr(module)
+    for got in (loaded(*args), torch.compile(module, fullgraph=True, backend="eager")(*args)):
+        got, want = (got, expected) if isinstance(got, tuple) else ((got,), (expected,))
+        assert all(torch.equal(a, b) for a, b in zip(got, want))

@@ -71,9 +71,11 @@ FILL = {"output_size": 2, "out_size": 2, "aligned_height": 2, "aligned_width": 2
         "output_channels": 8, "pool_size": 2}
 
 
-# Mask R-CNN's mask steps take masks, not a feature map: tests/test_masks.py tests them.
+# Mask R-CNN's mask steps take masks, the point-cloud ops points, not a feature map:
+# tests/test_masks.py and tests/test_points3d.py test them.
 MASK_STEPS = {tv.paste_masks_in_image, tv.project_masks_on_boxes, d2.paste_masks_in_image, d2.bitmasks_crop_and_resize,
-              d2.polygons_crop_and_resize}
+              d2.polygons_crop_and_resize, mmcv.RoIAwarePool3d, mmcv.RoIPointPool3d, mmcv.points_in_boxes_part,
+              mmcv.points_in_boxes_all, mmcv.points_in_boxes_cpu}
 
 
 def _public(module, kind):
