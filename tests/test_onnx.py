@@ -156,7 +156,7 @@ def test_export_refuses_what_it_cannot_do():
 
 
 def test_every_registered_forward_op_has_a_translation():
-    # The mask ops (no OpSpec: paste_masks, mask_targets) have no translation yet.
+    # The ops without an OpSpec (the mask steps, the point-cloud ops) have no translation yet.
     forward = {op for op in registered_ops() if not op.startswith("_") and op not in _registry.plain_ops()}
     table = roiops_onnx.translation_table()
     assert {getattr(torch.ops.roiops, op).default for op in forward} == set(table)
