@@ -54,7 +54,8 @@ from .ops.roiaware_pool3d import RoIAwarePool3d, roiaware_pool3d
 from .ops.roipoint_pool3d import RoIPointPool3d, roipoint_pool3d
 
 __all__ = ["PointsInBoxes", "RoIAwarePool3d", "RoIPointPool3d", "config", "fpn_levels", "mask_targets",
-           "multi_scale_roi_align", "paste_masks", "points_in_boxes", "roiaware_pool3d", "roipoint_pool3d", "use_backend"]
+           "multi_scale_roi_align", "paste_masks", "points_in_boxes", "roiaware_pool3d", "roipoint_pool3d",
+           "use_backend"]
 __all__ += [name for spec in SPECS for name in (spec.name, spec.module.__name__)]
 __version__ = "0.1.0"
 

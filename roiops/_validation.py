@@ -18,7 +18,8 @@ from torch import Tensor
 from . import _library, config
 from ._boxes import AXIS_ALIGNED, BEZIER, FORMATS, LIDAR, PER_IMAGE, ROTATED, BoxFormat
 from ._geometry import (MAX_ARGMAX_GRID, MAX_COORDINATE, MAX_LEVELS, MAX_MAP_SIDE, MAX_ORIENTATIONS, MAX_OUTPUT_SIZE,
-                        MAX_POINTS, MAX_POOL_SIZE, MAX_SAMPLING_RATIO, MAX_SCALE, MAX_VOXEL_SIDE, MIN_SCALE, align_axis, dense)
+                        MAX_POINTS, MAX_POOL_SIZE, MAX_SAMPLING_RATIO, MAX_SCALE, MAX_VOXEL_SIDE, MIN_SCALE,
+                        align_axis, dense)
 
 BoxesType = Union[Tensor, Sequence[Tensor]]
 """The boxes of an op: one ``Tensor[K, R]`` whose rows start with the batch index (``R = 5``:

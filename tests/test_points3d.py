@@ -129,8 +129,8 @@ def scene(points: int, boxes: int, seed: int, dtype: torch.dtype = torch.float32
     if boxes > 1:
         bxs[:, 1] = torch.tensor([10.0, 5.0, -1.0, 0.0, 2.0, 2.0, 0.3], dtype=dtype)
     faces = torch.tensor([[12.0, 5.0, 0.0], [8.0, 5.0, 0.0], [10.0, 6.0, 0.0], [10.0, 4.0, 0.0], [10.0, 5.0, -1.0],
-                          [10.0, 5.0, 1.0], [11.999, 5.0, 0.999], [10.0, 5.0, 0.0], [9.5, 5.5, 0.5], [10.0, 5.0, 1.001]],
-                         dtype=dtype)
+                          [10.0, 5.0, 1.0], [11.999, 5.0, 0.999], [10.0, 5.0, 0.0], [9.5, 5.5, 0.5],
+                          [10.0, 5.0, 1.001]], dtype=dtype)
     pts[:, :faces.shape[0]] = faces
     return pts, bxs
 

@@ -880,8 +880,9 @@ def points_in_boxes_all(points: Tensor, boxes: Tensor) -> Tensor:
 
 @fx_leaf
 def points_in_boxes_cpu(points: Tensor, boxes: Tensor) -> Tensor:
-    """``mmcv.ops.points_in_boxes_cpu``: [`points_in_boxes_all`][roiops.compat.mmcv.points_in_boxes_all] computed in float32,
-    as mmcv's CPU kernel converts to it, on any device.
+    """``mmcv.ops.points_in_boxes_cpu``:
+    [`points_in_boxes_all`][roiops.compat.mmcv.points_in_boxes_all] computed in float32, as
+    mmcv's CPU kernel converts to it, on any device.
 
     Args:
         points: ``Tensor[B, N, 3]``.
@@ -892,7 +893,8 @@ def points_in_boxes_cpu(points: Tensor, boxes: Tensor) -> Tensor:
 
     Examples:
         >>> from roiops.compat.mmcv import points_in_boxes_cpu
-        >>> points_in_boxes_cpu(torch.tensor([[[0.0, 0.0, 0.5]]]), torch.tensor([[[0.0, 0.0, 0.0, 2.0, 2.0, 1.0, 0.0]]]))
+        >>> points_in_boxes_cpu(torch.tensor([[[0.0, 0.0, 0.5]]]),
+        ...                     torch.tensor([[[0.0, 0.0, 0.0, 2.0, 2.0, 1.0, 0.0]]]))
         tensor([[[1]]], dtype=torch.int32)
     """
     points = v.lidar_points(points, batched=True)
