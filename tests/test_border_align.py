@@ -328,7 +328,9 @@ def test_gradcheck_input(backend):
     x = feature(F64, n=1, c=1, h=5, w=6).to(dev).requires_grad_()
     b = torch.tensor([[[0.3, 0.45, 4.1, 3.35], [-0.6, 1.2, 2.7, 4.6], [5.3, 3.9, 1.15, 0.2]]], dtype=F64, device=dev)
     with roiops.use_backend(backend), config_set(deterministic_backward=True):
-        assert torch.autograd.gradcheck(lambda t: roiops.border_align(t, b, 3), (x,))
+        # Triton's interpreter takes minutes for the full Jacobian: a random projection of it.
+        assert torch.autograd.gradcheck(lambda t: roiops.border_align(t, b, 3), (x,),
+                                        fast_mode=backend == "triton" and not torch.cuda.is_available())
 
 
 def test_boxes_get_no_gradient_and_double_backward_is_refused():

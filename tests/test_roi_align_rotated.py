@@ -210,9 +210,11 @@ def test_triton_deterministic_backward(channels_last):
     g = torch.randn(len(b), C, 2, 2, generator=torch.Generator().manual_seed(2))
     sizes = (SCALE, 2, 2, N, C, H, W, 0, True, channels_last)
     dev = device_for("triton")
-    runs = [rt.roi_align_rotated_backward(g.to(dev), b.to(dev), *sizes, deterministic=True).cpu() for _ in range(2)]
+    # Twice on a GPU, where programs run concurrently; the interpreter runs them in order.
+    runs = [rt.roi_align_rotated_backward(g.to(dev), b.to(dev), *sizes, deterministic=True).cpu()
+            for _ in range(2 if dev == "cuda" else 1)]
     ref = roiops.reference.roi_align_rotated_backward(g, b, *sizes)
-    assert torch.equal(runs[0], runs[1])
+    assert torch.equal(runs[0], runs[-1])
     torch.testing.assert_close(runs[0], ref, **tol(F32))
 
 
