@@ -60,6 +60,7 @@ passed() { [ "$1" = 0 ] || { [ "$1" = 5 ] && [ -n "$k" ]; }; }
 passed "${PIPESTATUS[0]}" || status=1
 "$PY" -m pytest -v -p no:cacheprovider $xdist tests/test_ps_roi.py tests/test_roi_align_rotated.py \
     tests/test_prroi_pool.py tests/test_generic.py tests/test_box_grad.py tests/test_autocast.py tests/test_fuzz.py \
+    tests/test_masks.py tests/test_points3d.py \
     -k "(triton or cuda)${k:+ and ($k)}" 2>&1 | tee -a "$DIR/gpu_tests.log" | tail -25
 passed "${PIPESTATUS[0]}" || status=1
 chart=$("$PY" -c "import matplotlib" 2>/dev/null || echo "--no-chart")

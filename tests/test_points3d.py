@@ -76,7 +76,7 @@ def bf_points_in_boxes(points: torch.Tensor, boxes: torch.Tensor) -> torch.Tenso
 
 def bf_roiaware(points, features, boxes, grid, cap, max_mode) -> tuple[torch.Tensor, torch.Tensor]:
     T, A = _np(points.dtype), _np(features.dtype)
-    K, (N, C), V = boxes.shape[0], features.shape, grid[0] * grid[1] * grid[2]
+    K, C, V = boxes.shape[0], features.shape[1], grid[0] * grid[1] * grid[2]
     out = torch.zeros(K, V, C, dtype=torch.float64)
     arg = torch.full((K, V, C), -1, dtype=torch.int32)
     feats = features.double().tolist()
@@ -470,3 +470,31 @@ def test_modules_save_load_and_compile(make) -> None:
     for got in (loaded(*args), torch.compile(module, fullgraph=True, backend="eager")(*args)):
         got, want = (got, expected) if isinstance(got, tuple) else ((got,), (expected,))
         assert all(torch.equal(a, b) for a, b in zip(got, want))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the compiled Triton kernels need a GPU (the interpreter "
+                    "runs them above at small sizes)")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_triton_equals_cpu_at_bench_sizes(dtype: torch.dtype) -> None:
+    """PartA2's and PointRCNN's sizes: the compiled kernels give the C++ kernels' bits, forward
+    and backward (the float64 trig can differ from libm's in the last bit, which moves no point
+    of these scenes)."""
+    pts, bxs = (t.to(dtype) for t in LIDAR.scene(1, 16384, 128, torch.Generator().manual_seed(18)))
+    feats = torch.randn(16384, 16, generator=torch.Generator().manual_seed(19), dtype=dtype)
+    for max_mode in (True, False):
+        args = (pts[0], feats, bxs[0], 14, 14, 14, 128, max_mode)
+        out, saved = torch.ops.roiops.roiaware_pool3d(*args)
+        grad = torch.randn_like(out)
+        gf = torch.ops.roiops._roiaware_pool3d_backward(grad, saved, pts[0], bxs[0], 16384, max_mode)
+        with roiops.use_backend("triton"):
+            t_out, t_saved = torch.ops.roiops.roiaware_pool3d(*(a.cuda() if isinstance(a, torch.Tensor) else a
+                                                                for a in args))
+            t_gf = torch.ops.roiops._roiaware_pool3d_backward(grad.cuda(), t_saved, pts[0].cuda(), bxs[0].cuda(),
+                                                             16384, max_mode)
+        assert torch.equal(t_out.cpu(), out) and torch.equal(t_saved.cpu(), saved) and torch.equal(t_gf.cpu(), gf)
+    rows, empty, index = torch.ops.roiops.roipoint_pool3d(pts, feats[None], bxs, 512)
+    with roiops.use_backend("triton"):
+        t_rows, t_empty, t_index = torch.ops.roiops.roipoint_pool3d(pts.cuda(), feats[None].cuda(), bxs.cuda(), 512)
+        t_first = torch.ops.roiops.points_in_boxes(pts.cuda(), bxs.cuda(), False)
+    assert torch.equal(t_rows.cpu(), rows) and torch.equal(t_empty.cpu(), empty) and torch.equal(t_index.cpu(), index)
+    assert torch.equal(t_first.cpu(), torch.ops.roiops.points_in_boxes(pts, bxs, False))
