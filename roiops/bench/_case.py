@@ -86,6 +86,12 @@ class Inputs:
     text: Callable[[Workload], str]
 
 
+def read_and_written(w: Workload, inputs: tuple[Tensor, ...], out: Tensor) -> int:
+    """An :class:`Inputs`' ``nbytes`` for an entry that reads each input once and writes its
+    whole output once."""
+    return sum(t.numel() * t.element_size() for t in (*inputs, out))
+
+
 @dataclass(frozen=True)
 class Bench:
     """How ``roiops bench`` times an operator: ``call(workload, map, boxes)`` and its peer's,

@@ -15,7 +15,7 @@ from torch import Tensor
 
 from ..compat.torchvision import paste_masks_in_image
 from ..ops.paste_masks import paste_masks
-from ._case import Bench, Inputs, Peer, Target, Workload
+from ._case import Bench, Inputs, Peer, Target, Workload, read_and_written
 
 SIDES = (10.0, 310.0)  # the detections' box sides in pixels
 
@@ -33,14 +33,10 @@ def _draw(w: Workload, g: torch.Generator, dtype: torch.dtype) -> tuple[Tensor, 
     return masks, torch.cat([corner, corner + size], dim=1)
 
 
-def _nbytes(w: Workload, inputs: tuple[Tensor, ...], out: Tensor) -> int:
-    """Every mask and box read once, the whole output written once (it is dense: the zeros
-    around each box are part of the result)."""
-    return sum(t.numel() * t.element_size() for t in (*inputs, out))
-
-
 def _inputs(output: str) -> Inputs:
-    return Inputs(_draw, _nbytes, lambda w: (
+    # Bytes: every mask and box read once, the whole output written once (it is dense: the
+    # zeros around each box are part of the result).
+    return Inputs(_draw, read_and_written, lambda w: (
         f"{w.boxes} {w.size}x{w.size} masks pasted into {w.height}x{w.width} image planes ({output}), box sides "
         f"log-uniform in {SIDES[0]:g}-{SIDES[1]:g} px, inside the image"))
 

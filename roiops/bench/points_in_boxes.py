@@ -13,16 +13,12 @@ from torch import Tensor
 
 from .._boxes import LIDAR
 from ..ops.points_in_boxes import points_in_boxes
-from ._case import Bench, Inputs, Peer, Target, Workload
+from ._case import Bench, Inputs, Peer, Workload, read_and_written
 
 
 def _draw(w: Workload, g: torch.Generator, dtype: torch.dtype) -> tuple[Tensor, ...]:
     points, boxes = LIDAR.scene(w.n, w.height, w.boxes, g)
     return points.to(dtype), boxes.to(dtype)
-
-
-def _nbytes(w: Workload, inputs: tuple[Tensor, ...], out: Tensor) -> int:
-    return sum(t.numel() * t.element_size() for t in inputs) + out.numel() * out.element_size()
 
 
 def _mode(w: Workload) -> Literal["first", "all"]:
@@ -40,5 +36,5 @@ BENCH = (Bench("points_in_boxes", "points_in_boxes", lambda w, p, b: points_in_b
                (Workload("lidar sweep first", 1, 0, 16384, 1, 1.0, 128, 1),
                 Workload("lidar sweep all", 1, 0, 16384, 1, 1.0, 128, 1)),
                sampled=False,
-               inputs=Inputs(_draw, _nbytes, lambda w: (
+               inputs=Inputs(_draw, read_and_written, lambda w: (
                    f"{w.height} points against {w.boxes} boxes, mode {_mode(w)}"))),)

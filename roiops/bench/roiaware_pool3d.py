@@ -14,7 +14,7 @@ from torch import Tensor
 
 from .._boxes import LIDAR
 from ..ops.roiaware_pool3d import roiaware_pool3d
-from ._case import Bench, Inputs, Peer, Target, Workload
+from ._case import Bench, Inputs, Peer, Target, Workload, read_and_written
 
 CAP = 128
 
@@ -25,11 +25,6 @@ def _draw(w: Workload, g: torch.Generator, dtype: torch.dtype) -> tuple[Tensor, 
     points, boxes = LIDAR.scene(1, w.height, w.boxes, g)
     features = torch.randn(w.height, w.channels, generator=g)
     return points[0].to(dtype), features.to(dtype), boxes[0].to(dtype)
-
-
-def _nbytes(w: Workload, inputs: tuple[Tensor, ...], out: Tensor) -> int:
-    """The points, features and boxes read once, the output written."""
-    return sum(t.numel() * t.element_size() for t in inputs) + out.numel() * out.element_size()
 
 
 def _mode(w: Workload) -> Literal["max", "avg"]:
@@ -49,6 +44,6 @@ BENCH = (Bench("roiaware_pool3d", "RoIAwarePool3d",
                 Workload("parta2 segmentation 512 max", 1, 16, 16384, 1, 1.0, 512, 14),
                 Workload("parta2 parts avg", 1, 4, 16384, 1, 1.0, 512, 14)),
                sampled=False, target=Target(10, None),
-               inputs=Inputs(_draw, _nbytes, lambda w: (
+               inputs=Inputs(_draw, read_and_written, lambda w: (
                    f"{w.boxes} proposals, {w.size}^3 voxels of <= {CAP} points, {w.height} points with "
                    f"{w.channels} features, mode {_mode(w)}"))),)

@@ -12,7 +12,7 @@ from torch import Tensor
 
 from .._boxes import LIDAR
 from ..ops.roipoint_pool3d import roipoint_pool3d
-from ._case import Bench, Inputs, Peer, Target, Workload
+from ._case import Bench, Inputs, Peer, Target, Workload, read_and_written
 
 
 def _draw(w: Workload, g: torch.Generator, dtype: torch.dtype) -> tuple[Tensor, ...]:
@@ -21,11 +21,6 @@ def _draw(w: Workload, g: torch.Generator, dtype: torch.dtype) -> tuple[Tensor, 
     points, boxes = LIDAR.scene(w.n, w.height, w.boxes, g)
     features = torch.randn(w.n, w.height, w.channels, generator=g)
     return points.to(dtype), features.to(dtype), boxes.to(dtype)
-
-
-def _nbytes(w: Workload, inputs: tuple[Tensor, ...], out: Tensor) -> int:
-    """The points, features and boxes read once, the pooled rows written."""
-    return sum(t.numel() * t.element_size() for t in inputs) + out.numel() * out.element_size()
 
 
 def _reference(ref: ModuleType, w: Workload, points: Tensor, features: Tensor, boxes: Tensor) -> Tensor:
@@ -38,6 +33,6 @@ BENCH = (Bench("roipoint_pool3d", "RoIPointPool3d", lambda w, p, f, b: roipoint_
                          "box and point, a cumulative count, one gather)"),
                (Workload("pointrcnn", 1, 128, 16384, 1, 1.0, 512, 512),),
                sampled=False, target=Target(10, None),
-               inputs=Inputs(_draw, _nbytes, lambda w: (
+               inputs=Inputs(_draw, read_and_written, lambda w: (
                    f"{w.boxes} proposals, {w.size} points each, from {w.height} points with {w.channels} "
                    f"features"))),)
