@@ -48,6 +48,16 @@ def _quantized(name: str, t: Tensor) -> QuantizedTensorError:
                                 f"which PyTorch deprecates; dequantize it first ({name}.dequantize())")
 
 
+def _floating(name: str, t: Tensor) -> None:
+    """A dense tensor of a dtype the kernels have."""
+    if t.layout != torch.strided:
+        raise ValueError(f"{name} must be a dense (strided) tensor, got layout {t.layout}")
+    if t.dtype not in DTYPES:
+        if t.is_quantized:
+            raise _quantized(name, t)
+        raise ValueError(f"{name} must be floating point (float16, bfloat16, float32 or float64), got {t.dtype}")
+
+
 def output_size(value: object) -> tuple[int, int]:
     """``int`` or ``(h, w)`` of positive ints -> ``(h, w)``."""
     one = _as_int(value)
@@ -435,10 +445,7 @@ def paste_masks_stack(masks: object) -> Tensor:
         masks = masks[:, 0]
     if masks.dim() != 3:
         raise ValueError(f"masks must be 3-D [K, M, M] or [K, 1, M, M], got shape {tuple(masks.shape)}")
-    if masks.layout != torch.strided:
-        raise ValueError(f"masks must be a dense (strided) tensor, got layout {masks.layout}")
-    if masks.dtype not in DTYPES:
-        raise ValueError(f"masks must be floating point (float16, bfloat16, float32 or float64), got {masks.dtype}")
+    _floating("masks", masks)
     if not (0 < masks.shape[1] <= MAX_MAP_SIDE and 0 < masks.shape[2] <= MAX_MAP_SIDE):
         raise ValueError(f"masks must have sides in [1, 2^24], got shape {tuple(masks.shape)}")
     return masks
@@ -636,15 +643,6 @@ def _lidar_values(points: Tensor, boxes: Tensor) -> None:
         p = int((~finite).nonzero()[0, 0])
         where = f"points row {p}" if points.dim() == 2 else f"points[{p // points.shape[1]}] row {p % points.shape[1]}"
         raise ValueError(f"{where} {points.detach().reshape(-1, 3)[p].tolist()}: coordinates must be finite")
-
-
-def _floating(name: str, t: Tensor) -> None:
-    if t.layout != torch.strided:
-        raise ValueError(f"{name} must be a dense (strided) tensor, got layout {t.layout}")
-    if t.dtype not in DTYPES:
-        if t.is_quantized:
-            raise _quantized(name, t)
-        raise ValueError(f"{name} must be float16, bfloat16, float32 or float64, got {t.dtype}")
 
 
 def voxel_grid(value: object) -> tuple[int, int, int]:

@@ -326,7 +326,7 @@ def test_errors() -> None:
         (lambda: roiops.points_in_boxes(pts, bxs[0]), ValueError, "boxes must have shape \\[B, M, 7\\]"),
         (lambda: roiops.points_in_boxes(pts, torch.cat([bxs, bxs])), ValueError, "batch size 2 but points has 1"),
         (lambda: roiops.points_in_boxes(pts[..., :2], bxs), ValueError, "points must have shape"),
-        (lambda: roiops.points_in_boxes(pts.int(), bxs), ValueError, "points must be float16"),
+        (lambda: roiops.points_in_boxes(pts.int(), bxs), ValueError, "points must be floating point \\(float16"),
         (lambda: roiops.points_in_boxes(pts, bxs, "some"), ValueError, "mode"),
         (lambda: roiops.roiaware_pool3d(pts[0], feats, bxs[0], 0), ValueError, "out_size must be"),
         (lambda: roiops.roiaware_pool3d(pts[0], feats, bxs[0], (2, 2)), ValueError, "out_size must be"),
