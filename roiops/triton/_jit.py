@@ -576,6 +576,17 @@ def box_level(lvl_ptr, k, n_levels, C, sb0, sb1, sb2, sb3, sb4, H0, H1, H2, H3, 
 
 
 @triton.jit
+def lidar_point(pts_ptr, row, mask, T: tl.constexpr):
+    """Points `row` (int64, `mask`ed: masked rows are 0) of a [*, 3] point tensor in T:
+    (px, py, pz)."""
+    q = pts_ptr + row * 3
+    px = tl.load(q, mask=mask, other=0.0).to(T)
+    py = tl.load(q + 1, mask=mask, other=0.0).to(T)
+    pz = tl.load(q + 2, mask=mask, other=0.0).to(T)
+    return px, py, pz
+
+
+@triton.jit
 def lidar_box(boxes_ptr, trig_ptr, k, mask):
     """Box k (a scalar or a vector of rows, `mask`ed: masked rows are zero, which holds no
     point) of a [*, 7] box tensor in T and its [*, 2] (cos, sin) of -yaw, which the launcher

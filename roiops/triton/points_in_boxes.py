@@ -10,7 +10,7 @@ import triton.language as tl
 
 from .. import _kernel_checks as checks
 from ._common import LAUNCH_OPTS, box_trig, cdiv, check_device, kernel, next_pow2, opmath, tile_budget
-from ._jit import lidar_box, lidar_inside
+from ._jit import lidar_box, lidar_inside, lidar_point
 
 __all__ = ["points_in_boxes_forward"]
 
@@ -26,9 +26,8 @@ def _in_boxes_kernel(pts_ptr, boxes_ptr, trig_ptr, out_ptr, N, K, n_pblocks,
     pm = p < N
     T = boxes_ptr.dtype.element_ty
     row = b.to(tl.int64) * N + p  # point row in [B * N, 3]
-    px = tl.load(pts_ptr + row * 3, mask=pm, other=0.0).to(T)[:, None]
-    py = tl.load(pts_ptr + row * 3 + 1, mask=pm, other=0.0).to(T)[:, None]
-    pz = tl.load(pts_ptr + row * 3 + 2, mask=pm, other=0.0).to(T)[:, None]
+    px, py, pz = lidar_point(pts_ptr, row, pm, T)
+    px, py, pz = px[:, None], py[:, None], pz[:, None]
     first = tl.full([BLOCK_P], _NONE, tl.int32)
     for k0 in range(0, K, BLOCK_K):
         k = k0 + tl.arange(0, BLOCK_K)

@@ -29,7 +29,7 @@ import triton.language as tl
 
 from .. import _kernel_checks as checks
 from ._common import LAUNCH_OPTS, box_trig, cdiv, check_device, kernel, next_pow2, opmath, tile_budget
-from ._jit import div_rn, lidar_box, lidar_inside, lidar_voxel
+from ._jit import div_rn, lidar_box, lidar_inside, lidar_point, lidar_voxel
 
 __all__ = ["roiaware_pool3d_backward", "roiaware_pool3d_forward"]
 
@@ -39,11 +39,7 @@ _NEG_INF = tl.constexpr(float("-inf"))
 @triton.jit
 def _box_points(pts_ptr, p, pm, x, y, dx, dy, dz, zc, c, s):
     """Points p (mask pm) of the cloud: (pz, inside, lx, ly) for the box (lidar_inside)."""
-    T = x.dtype
-    q = p.to(tl.int64) * 3
-    px = tl.load(pts_ptr + q, mask=pm, other=0.0).to(T)
-    py = tl.load(pts_ptr + q + 1, mask=pm, other=0.0).to(T)
-    pz = tl.load(pts_ptr + q + 2, mask=pm, other=0.0).to(T)
+    px, py, pz = lidar_point(pts_ptr, p.to(tl.int64), pm, x.dtype)
     inside, lx, ly = lidar_inside(px, py, pz, x, y, dx, dy, dz, zc, c, s)
     return pz, inside & pm, lx, ly
 
@@ -153,10 +149,7 @@ def _aware_bwd_kernel(grad_ptr, saved_ptr, pts_ptr, boxes_ptr, trig_ptr, gf_ptr,
     pm = p < N
     ch = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     cm = ch < C
-    q = p.to(tl.int64) * 3
-    px = tl.load(pts_ptr + q, mask=pm, other=0.0).to(T)
-    py = tl.load(pts_ptr + q + 1, mask=pm, other=0.0).to(T)
-    pz = tl.load(pts_ptr + q + 2, mask=pm, other=0.0).to(T)
+    px, py, pz = lidar_point(pts_ptr, p.to(tl.int64), pm, T)
     V = ox * oy * oz
     acc = tl.zeros([BLOCK_P, BLOCK_C], A)
     for k in range(0, K):

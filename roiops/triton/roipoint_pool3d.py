@@ -20,7 +20,7 @@ import triton.language as tl
 
 from .. import _kernel_checks as checks
 from ._common import LAUNCH_OPTS, box_trig, cdiv, check_device, kernel, next_pow2, opmath, tile_budget
-from ._jit import lidar_box, lidar_inside
+from ._jit import lidar_box, lidar_inside, lidar_point
 
 __all__ = ["roipoint_pool3d_backward", "roipoint_pool3d_forward"]
 
@@ -41,10 +41,7 @@ def _point_fwd_kernel(pts_ptr, feat_ptr, boxes_ptr, trig_ptr, pooled_ptr, empty_
     while (p0 < N) & (found < S):
         p = p0 + i
         pm = p < N
-        q = (first_pt + p) * 3
-        px = tl.load(pts_ptr + q, mask=pm, other=0.0).to(T)
-        py = tl.load(pts_ptr + q + 1, mask=pm, other=0.0).to(T)
-        pz = tl.load(pts_ptr + q + 2, mask=pm, other=0.0).to(T)
+        px, py, pz = lidar_point(pts_ptr, first_pt + p, pm, T)
         inside = lidar_inside(px, py, pz, x, y, dx, dy, dz, zc, c, s)[0] & pm
         hits = inside.to(tl.int32)
         at = found + tl.cumsum(hits, axis=0) - 1
