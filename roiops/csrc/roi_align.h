@@ -70,27 +70,55 @@ inline void sample_row(T* __restrict__ v, T hy, T ly, const T* __restrict__ hx, 
   for (int64_t s = 0; s < n; ++s) v[s] = hy * hx[s] * a1[s] + hy * lx[s] * a2[s] + ly * hx[s] * b1[s] + ly * lx[s] * b2[s];
 }
 
-// Gathers the four neighbours of every inside sample column of the box on sample row a
-// of an NCHW plane (scalar loads), and evaluates the samples (a vector loop).
+// Sample rows of an NCHW plane at the box's inside sample columns. A sample row reads two
+// map rows, each at the columns' lo and hi taps; those are gathered with scalar loads into
+// one of two slots, then the samples are evaluated (a vector loop). Consecutive sample rows
+// share map rows (one's hi row is the next one's lo row, and both when the box is finer
+// than the map), so a map row is gathered once per run of sample rows that read it.
+// scratch: 4 * (inside sample columns).
 template <typename scalar_t, typename T>
-inline void gather_sample_row(const AlignPlan<T>& p, const scalar_t* plane, int64_t W, int64_t a, T* scratch, T* v) {
-  const int64_t nx = static_cast<int64_t>(p.xs.lo.size());
-  T* a1 = scratch;
-  T* a2 = a1 + nx;
-  T* b1 = a2 + nx;
-  T* b2 = b1 + nx;
-  const int32_t* xlo = p.xs.lo.data();
-  const int32_t* xhi = p.xs.hi.data();
-  const scalar_t* rlo = plane + p.ys.lo[a] * W;
-  const scalar_t* rhi = plane + p.ys.hi[a] * W;
-  for (int64_t s = 0; s < nx; ++s) {
-    a1[s] = static_cast<T>(rlo[xlo[s]]);
-    a2[s] = static_cast<T>(rlo[xhi[s]]);
-    b1[s] = static_cast<T>(rhi[xlo[s]]);
-    b2[s] = static_cast<T>(rhi[xhi[s]]);
+class SampleRows {
+ public:
+  SampleRows(const AlignPlan<T>& p, const scalar_t* plane, int64_t W, T* scratch)
+      : p_(p), plane_(plane), W_(W), nx_(static_cast<int64_t>(p.xs.lo.size())), taps_{scratch, scratch + 2 * nx_} {}
+
+  // v[s] <- sample row a's value at inside sample column s. Inlined, as the gathers and the
+  // vector loop then compile for the calling kernel's instruction set (ROIOPS_SIMD).
+  __attribute__((always_inline)) void eval(int64_t a, T* v) {
+    const int64_t lo = p_.ys.lo[a], hi = p_.ys.hi[a];
+    const int a_slot = slot(lo, hi);
+    const int b_slot = slot(hi, lo);
+    const T* a_taps = taps_[a_slot];
+    const T* b_taps = taps_[b_slot];
+    sample_row(v, p_.ys.h[a], p_.ys.l[a], p_.xs.h.data(), p_.xs.l.data(), a_taps, a_taps + nx_, b_taps,
+               b_taps + nx_, nx_);
   }
-  sample_row(v, p.ys.h[a], p.ys.l[a], p.xs.h.data(), p.xs.l.data(), a1, a2, b1, b2, nx);
-}
+
+ private:
+  // The slot holding map row r, gathering it into the slot that does not hold row `keep`.
+  __attribute__((always_inline)) int slot(int64_t r, int64_t keep) {
+    if (rows_[0] == r) return 0;
+    if (rows_[1] == r) return 1;
+    const int s = rows_[0] == keep ? 1 : 0;
+    rows_[s] = r;
+    const scalar_t* row = plane_ + r * W_;
+    const int32_t* xlo = p_.xs.lo.data();
+    const int32_t* xhi = p_.xs.hi.data();
+    T* lo = taps_[s];
+    T* hi = lo + nx_;
+    for (int64_t c = 0; c < nx_; ++c) {
+      lo[c] = static_cast<T>(row[xlo[c]]);
+      hi[c] = static_cast<T>(row[xhi[c]]);
+    }
+    return s;
+  }
+
+  const AlignPlan<T>& p_;
+  const scalar_t* plane_;
+  int64_t W_, nx_;
+  T* taps_[2];  // per slot: nx lo taps, then nx hi taps
+  int64_t rows_[2] = {-1, -1};
+};
 
 // NCHW, one channel plane (rows contiguous, row stride W): a bin row's samples are
 // evaluated a sample row at a time, then each bin adds its samples of that row.
@@ -102,10 +130,11 @@ ROIOPS_SIMD void avg_forward_plane(const AlignPlan<T>& p, const scalar_t* plane,
   const int64_t nx = static_cast<int64_t>(p.xs.lo.size());
   T* v = scratch + 4 * nx;
   T* sums = v + nx;
+  SampleRows<scalar_t, T> rows(p, plane, W, scratch);
   for (int64_t i = 0; i < ph; ++i) {
     std::fill(sums, sums + pw, T(0));
     for (int64_t a = p.ys.begin[i]; nx > 0 && a < p.ys.begin[i + 1]; ++a) {
-      gather_sample_row(p, plane, W, a, scratch, v);
+      rows.eval(a, v);
       for (int64_t j = 0; j < pw; ++j) {
         T s = sums[j];
         for (int64_t b = p.xs.begin[j]; b < p.xs.begin[j + 1]; ++b) s += v[b];
@@ -145,12 +174,13 @@ ROIOPS_SIMD void max_forward_plane(const AlignPlan<T>& p, const scalar_t* plane,
   // Position of best's sample row among the bin's inside rows, held as T to vectorise with
   // it (exact: build_plans refuses bins of more than 2^24 inside rows).
   T* brow = best + nx;
+  SampleRows<scalar_t, T> rows(p, plane, W, scratch);
   for (int64_t i = 0; i < ph; ++i) {
     const bool any = nx > 0 && p.ys.begin[i] < p.ys.begin[i + 1];
     for (int64_t a = p.ys.begin[i]; any && a < p.ys.begin[i + 1]; ++a) {
       const T iy = static_cast<T>(a - p.ys.begin[i]);
       const bool first = a == p.ys.begin[i];
-      gather_sample_row(p, plane, W, a, scratch, first ? best : v);
+      rows.eval(a, first ? best : v);
       if (first) {
         std::fill(brow, brow + nx, iy);
       } else {
