@@ -39,10 +39,7 @@ inline void check_border_map(const Tensor& t, bool grad) {
   const char* name = grad ? "grad" : "input";
   ROIOPS_CHECK(t.dim() == 4, "roiops: ", name, " must be 4-D ", grad ? "[N, C, K, 4]" : "[N, 4C, H, W]", ", got ",
                t.dim(), "-D");
-  const ScalarType s = t.scalar_type();
-  ROIOPS_CHECK(is_floating(s), "roiops: ", name, " must be floating point, got ", dtype_name(s));
-  ROIOPS_CHECK(s == kHalf || s == kBFloat16 || s == kFloat || s == kDouble, "roiops: ", name, " dtype ",
-               dtype_name(s), " is not implemented; expected float16, bfloat16, float32 or float64");
+  check_kernel_dtype(t, name);
 }
 
 inline void check_border_args(const Tensor& map, const Tensor& rois, bool grad, int64_t N, int64_t C, int64_t H,

@@ -32,17 +32,21 @@ inline std::string format_g(double v) {
   return buffer;
 }
 
-// The map tensor: 4-D, floating point (ValueError), of a dtype the kernels have
-// (NotImplementedError: the float8 types).
+// Floating point (ValueError), of a dtype the kernels have (NotImplementedError: the
+// float8 types).
+inline void check_kernel_dtype(const Tensor& t, const char* name) {
+  const ScalarType s = t.scalar_type();
+  ROIOPS_CHECK(is_floating(s), "roiops: ", name, " must be floating point, got ", dtype_name(s));
+  ROIOPS_CHECK(kernel_dtype(s), "roiops: ", name, " dtype ", dtype_name(s),
+               " is not implemented; expected float16, bfloat16, float32 or float64");
+}
+
+// The map tensor: 4-D, of a kernel dtype.
 inline void check_map_tensor(const Tensor& t, const char* name) {
   const bool grad = name[0] == 'g';
   ROIOPS_CHECK(t.dim() == 4, "roiops: ", name, " must be 4-D ",
                     grad ? "[K, C, pooled_height, pooled_width]" : "[N, C, H, W]", ", got ", t.dim(), "-D");
-  const ScalarType s = t.scalar_type();
-  ROIOPS_CHECK(is_floating(s), "roiops: ", name, " must be floating point, got ", dtype_name(s));
-  ROIOPS_CHECK(s == kHalf || s == kBFloat16 || s == kFloat || s == kDouble, "roiops: ",
-                              name, " dtype ", dtype_name(s),
-                              " is not implemented; expected float16, bfloat16, float32 or float64");
+  check_kernel_dtype(t, name);
 }
 
 // rois: [K, 5] (or [K, 6], rotated), floating point, float64 for a float64 map (other

@@ -188,15 +188,13 @@ inline Tensor lidar_coords(const Tensor& t) { return in_format(to_dtype(t, t.sca
 
 // ---- Argument checks: _kernel_checks.py's point-cloud checks, in its order and words.
 
-inline bool lidar_dtype(ScalarType s) { return s == kHalf || s == kBFloat16 || s == kFloat || s == kDouble; }
-
 // A tensor of `dims` dimensions whose last size is `last` (-1: any), of a kernel dtype, on
 // like's device (like: the points).
 inline void check_lidar_tensor(const char* name, const Tensor& t, const char* shape, int64_t dims, int64_t last,
                                const Tensor* like = nullptr) {
   ROIOPS_CHECK(t.dim() == dims && (last < 0 || t.size(dims - 1) == last), "roiops: ", name, " must be ", shape,
                ", got ", shape_name(t));
-  ROIOPS_CHECK(lidar_dtype(t.scalar_type()), "roiops: ", name, " must be float16, bfloat16, float32 or float64, got ",
+  ROIOPS_CHECK(kernel_dtype(t.scalar_type()), "roiops: ", name, " must be float16, bfloat16, float32 or float64, got ",
                dtype_name(t.scalar_type()));
   if (like != nullptr)
     ROIOPS_CHECK(same_device(t, *like), "roiops: ", name, " is on ", device_name(t), " but points is on ",

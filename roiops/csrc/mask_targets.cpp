@@ -26,8 +26,7 @@ namespace {
 void check_masks(const Tensor& masks) {
   ROIOPS_CHECK(masks.dim() == 3, "roiops: masks must be 3-D [G, H, W], got ", masks.dim(), "-D");
   const ScalarType s = masks.scalar_type();
-  ROIOPS_CHECK(s == ScalarType::Bool || s == ScalarType::Byte || s == kHalf || s == kBFloat16 || s == kFloat ||
-                   s == kDouble,
+  ROIOPS_CHECK(s == ScalarType::Bool || s == ScalarType::Byte || kernel_dtype(s),
                "roiops: masks must be bool, uint8, float16, bfloat16, float32 or float64, got ", dtype_name(s));
 }
 

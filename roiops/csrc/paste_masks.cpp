@@ -268,10 +268,8 @@ void torchvision_impl(const Tensor& masks, const Tensor& boxes, int64_t H, int64
 // device, the image's sides.
 void check_paste_args(const Tensor& masks, const Tensor& boxes, int64_t height, int64_t width, bool integer_boxes) {
   ROIOPS_CHECK(masks.dim() == 3, "roiops: masks must be 3-D [K, M, M], got ", masks.dim(), "-D");
+  check_kernel_dtype(masks, "masks");
   const ScalarType s = masks.scalar_type();
-  ROIOPS_CHECK(is_floating(s), "roiops: masks must be floating point, got ", dtype_name(s));
-  ROIOPS_CHECK(s == kHalf || s == kBFloat16 || s == kFloat || s == kDouble, "roiops: masks dtype ", dtype_name(s),
-               " is not implemented; expected float16, bfloat16, float32 or float64");
   ROIOPS_CHECK(boxes.dim() == 2 && boxes.size(1) == 4 && boxes.size(0) == masks.size(0),
                "roiops: boxes must be [K, 4] with K = masks.shape[0] = ", masks.size(0), ", got ",
                shape_name(boxes));

@@ -164,6 +164,9 @@ inline bool same_shape(const Tensor& a, const Tensor& b) {
     default: throw std::invalid_argument("roiops: unexpected dtype " + ::roiops::dtype_name(dtype)); \
   }
 
+// The floating dtypes the kernels are built for: ROIOPS_DISPATCH's.
+inline bool kernel_dtype(ScalarType s) { return s == kHalf || s == kBFloat16 || s == kFloat || s == kDouble; }
+
 #define ROIOPS_DISPATCH(dtype, ...)                                                        \
   switch (dtype) {                                                                         \
     ROIOPS_DISPATCH_CASE(::roiops::kFloat, float, __VA_ARGS__)                             \
