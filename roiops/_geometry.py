@@ -6,7 +6,7 @@ use these; the C++ kernels have their own in csrc/geometry.h (limits: csrc/bound
 Triton kernels in triton/_jit.py.
 
 The arithmetic primitives are written against ArrayOps, a few elementwise operations: by
-default torch's (TORCH), and roiops/onnx.py passes operations that add ONNX graph nodes,
+default torch's (TORCH), and roiops/onnx/_graph.py passes operations that add ONNX graph nodes,
 so an exported graph computes each primitive with the reference's expressions, in the
 same order, and gives the same bits.
 

@@ -260,7 +260,7 @@ def _(coord, size, start, bin_size, grid, b, s):
 
 
 def _geometry_graph(coord, size, start, bin_size, grid, b, s):
-    ops = roiops_onnx._GraphOps(coord.dtype)
+    ops = roiops_onnx._graph._GraphOps(coord.dtype)
     return [geometry.round_half_away(coord, ops), *geometry.bilinear_taps(coord, size, ops),
             geometry.sample_position(start, bin_size, grid, b, s, ops)]
 
