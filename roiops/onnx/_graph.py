@@ -46,7 +46,14 @@ def _columns(rois: ir.Value, t: ir.DataType, width: int = 5) -> list[ir.Value]:
     """The columns of ``rois[K, width]`` as ``[K]`` vectors of type ``t``."""
     if rois.dtype != t:
         rois = op.Cast(rois, to=t)
-    return [op.Squeeze(op.Slice(rois, _i64(i), _i64(i + 1), _i64(1)), _i64(1)) for i in range(width)]
+    return [_take(rois, i, axis=1) for i in range(width)]
+
+
+def _take(x: ir.Value, index: int, axis: int) -> ir.Value:
+    """``x``'s slice ``index`` along ``axis``, that axis dropped: one Gather, where Slice +
+    Squeeze take two nodes and four constants (torch.onnx's optimiser takes time quadratic
+    in a graph's nodes)."""
+    return op.Gather(x, _scalar(index), axis=axis)
 
 
 def _scalar(value: int) -> ir.Value:

@@ -11,7 +11,7 @@ import numpy as np
 from onnxscript import ir
 
 from .._geometry import align_axis, align_size, bilinear_taps, round_half_away, sample_position
-from ._graph import (op, _GraphOps, _I64_MAX, _INT32, _In, _columns, _compute_type, _const, _dim, _i64, _range, _restore, _scalar, _to_int)
+from ._graph import (op, _take, _GraphOps, _I64_MAX, _INT32, _In, _columns, _compute_type, _const, _dim, _i64, _range, _restore, _scalar, _to_int)
 
 
 # ---- roi_align ---------------------------------------------------------------------------
@@ -39,7 +39,7 @@ def _roi_align_native(
         grid_h = align_axis(y1, y2, s, pooled_height, sampling_ratio, aligned, ops)[3]
         zero = _const(0, t)
         empty = op.Or(op.LessOrEqual(grid_w, zero), op.LessOrEqual(grid_h, zero))
-        start = op.Slice(coords, _i64(0), _i64(2), _i64(1))
+        start = op.Gather(coords, _i64(0, 1), axis=1)
         coords = op.Where(op.Unsqueeze(empty, _i64(1)), op.Concat(start, start, axis=1), coords)
     out = op.RoiAlign(
         x, coords, batch, mode="avg", output_height=pooled_height, output_width=pooled_width,
@@ -139,7 +139,7 @@ def _align_samples(input: ir.Value, rois: ir.Value, spatial_scale: float, ph: in
 
         def moved(start: ir.Value, side: ir.Value, column: int) -> ir.Value:  # [K, ph, 1, pw, 1]
             reach = op.Unsqueeze(op.Mul(_const(gamma, t), side), _i64(1, 2))
-            shift = op.Squeeze(op.Slice(off, _i64(column), _i64(column + 1), _i64(1)), _i64(1))
+            shift = _take(off, column, axis=1)
             return op.Unsqueeze(op.Add(op.Unsqueeze(start, _i64(1, 2)), op.Mul(reach, shift)), _i64(2, 4))
 
         x_start, y_start = moved(x_start, roi_w, 0), moved(y_start, roi_h, 1)
@@ -534,7 +534,7 @@ def _border_align(input: _In, rois: _In, pool_size: int) -> tuple[_In, _In]:
     (CumSum) adds in that order, so every position has the kernels' bits."""
     x, t = _compute_type(input)
     boxes = rois if rois.dtype == t else op.Cast(rois, to=t)
-    x1, y1, x2, y2 = (op.Squeeze(op.Slice(boxes, _i64(i), _i64(i + 1), _i64(2)), _i64(2)) for i in range(4))
+    x1, y1, x2, y2 = (_take(boxes, i, axis=2) for i in range(4))
     n = _const(pool_size, t)
     sx, sy = op.Div(op.Sub(x2, x1), n), op.Div(op.Sub(y2, y1), n)
 
