@@ -559,11 +559,19 @@ def _nonnegative(name: str, value: object) -> int:
     return n
 
 
+def _times(x: Tensor, scale: float) -> Tensor:
+    """``x * scale``, float64 tensors times a float64 tensor: an exported graph stores a
+    Python float as a float32 constant."""
+    if x.dtype == torch.float64:
+        return x * torch.tensor(scale, dtype=torch.float64, device=x.device)
+    return x * scale
+
+
 def _expanded(boxes: Tensor, scale: float) -> Tensor:
     """torchvision's ``expand_boxes`` then its truncation to int64: each box scaled about its
     centre, in the boxes' dtype and torchvision's order of operations."""
-    half_w = (boxes[:, 2] - boxes[:, 0]) * 0.5 * scale
-    half_h = (boxes[:, 3] - boxes[:, 1]) * 0.5 * scale
+    half_w = _times((boxes[:, 2] - boxes[:, 0]) * 0.5, scale)
+    half_h = _times((boxes[:, 3] - boxes[:, 1]) * 0.5, scale)
     cx = (boxes[:, 2] + boxes[:, 0]) * 0.5
     cy = (boxes[:, 3] + boxes[:, 1]) * 0.5
     return torch.stack([cx - half_w, cy - half_h, cx + half_w, cy + half_h], dim=1).to(torch.int64)
