@@ -1,10 +1,12 @@
 """onnxruntime's CPU time for each operator exported to ONNX, on the CPU workloads of
-`roiops bench`, against roiops' C++ kernels and torchvision's eager op (where torchvision
-has the operator), in one process per workload; and the exported graph's size.
+`roiops bench`, against roiops' C++ kernels and a peer (torchvision's eager op where
+torchvision has the operator; for the mask and point-cloud operators the bench's own
+peer), in one process per workload; and the exported graph's size.
 
     PYTHONPATH=. .venv/bin/python benchmarks/onnx_cpu.py [--threads 2] [--repeats 5]
 
-Writes benchmarks/onnx_cpu.json and prints the table docs/ecosystem.md shows.
+Writes benchmarks/onnx_cpu.json (with `--ops`, replaces those operators' rows in it) and
+prints the table docs/ecosystem.md shows.
 float32 NCHW, forward only, the median of `repeats` timed calls after one warm-up, each
 engine with the same number of threads. A workload whose graph needs more memory than
 `--memory-gb` is recorded as such (the decompositions hold every sample of every bin).
@@ -13,13 +15,17 @@ engine with the same number of threads. A workload whose graph needs more memory
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import resource
 import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "onnx_cpu.json"
@@ -49,11 +55,31 @@ def run_one(op: str, name: str, threads: int, repeats: int, align_avg: str) -> d
     (w,) = [w for w in WORKLOADS if w.op == op and w.name == name]
     bench = OPS[op]
     g = torch.Generator().manual_seed(0)
-    x = torch.randn(w.n, w.channels, w.height, w.width, generator=g)
-    boxes = draw_boxes(w, g)
-
-    inputs = (x, boxes)
     call = bench.call
+    peer: tuple[str, Callable[..., Any]] | None = None
+    if bench.inputs is not None:  # the mask and point-cloud operators: the bench's own inputs and peer
+        inputs = tuple(bench.inputs.draw(w, g, torch.float32))
+        if bench.peer is not None:
+            module = importlib.import_module(bench.peer.module)
+            peer = (bench.peer.module, partial(bench.peer.call, module, w))
+    else:
+        x = torch.randn(w.n, w.channels, w.height, w.width, generator=g)
+        boxes = draw_boxes(w, g)
+        inputs = (x, boxes)
+        if TORCHVISION.get(op):
+            import torchvision.ops
+
+            tv = getattr(torchvision.ops, TORCHVISION[op])
+            args = dict(spatial_scale=w.scale)
+            if op != "roi_pool" and op != "ps_roi_pool":
+                args["sampling_ratio"] = w.sampling_ratio
+            if op == "roi_align":
+                args["aligned"] = w.aligned
+            peer = ("torchvision", lambda x, boxes: tv(x, boxes, w.size, **args))
+    if op == "mask_targets polygons":  # the op on the packed polygons, which the bench's call unpacks to lists
+        def call(w, coords, vertex_offsets, polygon_offsets, boxes, indices):  # noqa: F811
+            return torch.ops.roiops.polygon_targets(coords, vertex_offsets, polygon_offsets, boxes, indices, w.size)
+
     if op == "deform_roi_pool":  # the offsets an input of the graph (the bench makes them inside its call)
         from roiops.bench.deform_roi_pool import _offsets
 
@@ -69,16 +95,9 @@ def run_one(op: str, name: str, threads: int, repeats: int, align_avg: str) -> d
     row = {"op": op, "workload": name, "align_avg": align_avg, "threads": threads}
     with torch.no_grad():
         row["roiops_ms"] = _median_ms(lambda: call(w, *inputs), repeats)
-        if TORCHVISION.get(op):
-            import torchvision.ops
-
-            tv = getattr(torchvision.ops, TORCHVISION[op])
-            args = dict(spatial_scale=w.scale)
-            if op != "roi_pool" and op != "ps_roi_pool":
-                args["sampling_ratio"] = w.sampling_ratio
-            if op == "roi_align":
-                args["aligned"] = w.aligned
-            row["torchvision_ms"] = _median_ms(lambda: tv(x, boxes, w.size, **args), repeats)
+        if peer is not None:
+            row["peer"] = peer[0]
+            row["peer_ms"] = _median_ms(lambda: peer[1](*inputs[:2] if bench.inputs is None else inputs), repeats)
         program = roiops.onnx.export(Op().eval(), inputs, align_avg=align_avg)
     model = program.model_proto
     row["nodes"] = len(model.graph.node)
@@ -91,21 +110,24 @@ def run_one(op: str, name: str, threads: int, repeats: int, align_avg: str) -> d
     row["onnxruntime_ms"] = _median_ms(lambda: session.run(None, feed), repeats)
     with torch.no_grad():
         expected = call(w, *inputs)
-    got = torch.from_numpy(session.run(None, feed)[0])
+    got = torch.from_numpy(session.run(None, feed)[0]).double()
+    expected = expected.double()
     row["max_abs_diff"] = float((got - expected).abs().max()) if expected.numel() else 0.0
     return row
 
 
 def table(rows: list[dict]) -> str:
     lines = ["| operator | workload | exported as | nodes | graph KB | onnxruntime ms | roiops C++ ms | "
-             "torchvision ms | onnxruntime / roiops |", "|---|---|---|---|---|---|---|---|---|"]
+             "peer | peer ms | onnxruntime / roiops |", "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
+        # align_avg only matters to the ops built on roi_align's avg translation
+        r = {**r, "align_avg": r["align_avg"] if r["op"] in ("roi_align", "mask_targets") else "decomposition"}
         if "error" in r:
-            lines.append(f"| {r['op']} | {r['workload']} | {r['align_avg']} | | | {r['error']} | | | |")
+            lines.append(f"| {r['op']} | {r['workload']} | {r['align_avg']} | | | {r['error']} | | | | |")
             continue
-        tv = f"{r['torchvision_ms']:.1f}" if "torchvision_ms" in r else ""
+        peer = f"{r['peer']} | {r['peer_ms']:.1f}" if "peer_ms" in r else " | "
         lines.append(f"| {r['op']} | {r['workload']} | {r['align_avg']} | {r['nodes']} | {r['model_kb']} | "
-                     f"{r['onnxruntime_ms']:.1f} | {r['roiops_ms']:.1f} | {tv} | "
+                     f"{r['onnxruntime_ms']:.1f} | {r['roiops_ms']:.1f} | {peer} | "
                      f"{r['onnxruntime_ms'] / r['roiops_ms']:.1f}x |")
     return "\n".join(lines)
 
@@ -144,6 +166,10 @@ def main() -> None:
             row = {"op": op, "workload": name, "align_avg": align_avg, "error": why}
         rows.append(row)
         print(json.dumps(row), flush=True)
+    if args.ops and RESULTS.exists():  # the other rows stay where they are; new workloads go last
+        new = {(r["op"], r["workload"], r["align_avg"]): r for r in rows}
+        kept = [new.pop((r["op"], r["workload"], r["align_avg"]), r) for r in json.loads(RESULTS.read_text())]
+        rows = kept + list(new.values())
     RESULTS.write_text(json.dumps(rows, indent=1) + "\n")
     print(table(rows))
 

@@ -56,7 +56,9 @@ class _AvgOnly(torch.nn.Module):
 
 @pytest.fixture(scope="module")
 def all_ops():
-    return export(_AllOps(), example(), {"x": None, "boxes": {0: Dim("K")}})
+    # At the lowest opset: torch.onnx writes opset 18 and converts the graph down, which must
+    # leave every node valid.
+    return export(_AllOps(), example(), {"x": None, "boxes": {0: Dim("K")}}, opset_version=roiops_onnx.MIN_OPSET)
 
 
 @pytest.fixture(scope="module")
@@ -156,8 +158,7 @@ def test_export_refuses_what_it_cannot_do():
 
 
 def test_every_registered_forward_op_has_a_translation():
-    # The ops without an OpSpec (the mask steps, the point-cloud ops) have no translation yet.
-    forward = {op for op in registered_ops() if not op.startswith("_") and op not in _registry.plain_ops()}
+    forward = {op for op in registered_ops() if not op.startswith("_")}
     table = roiops_onnx.translation_table()
     assert {getattr(torch.ops.roiops, op).default for op in forward} == set(table)
 

@@ -16,7 +16,8 @@ import torch
 from torch.export import Dim
 
 import roiops
-from onnx_runs import OUT, SCALE, boxes_for_tests, compare, example, export, inputs, run, same
+from onnx_runs import OUT, SCALE, boxes_for_tests, export, inputs, run, same
+from roiops.onnx import MIN_OPSET
 from roiops._boxes import AXIS_ALIGNED, BEZIER, ROTATED
 from roiops.compat import torchvision as tv
 
@@ -175,8 +176,9 @@ def _session(module: type, maps, boxes):
         shapes["extra"] = ({0: k},)
     # The graph as roiops builds it: onnxscript's optimiser takes time quadratic in a graph's
     # nodes (half a minute for these bundles of twelve decomposed ops), and the graphs it
-    # optimises are checked by the whole-model tests below and by tests/test_onnx.py.
-    return export(_ThreeDtypes(module()), args, shapes, optimize=False)
+    # optimises are checked by the whole-model tests below and by tests/test_onnx.py. At the
+    # lowest opset, to which torch.onnx converts its opset-18 graph.
+    return export(_ThreeDtypes(module()), args, shapes, optimize=False, opset_version=MIN_OPSET)
 
 
 @pytest.mark.filterwarnings("ignore:# The axis name")  # the inputs with boxes share the Dim K, as intended

@@ -30,10 +30,10 @@ What each op becomes (docs/ecosystem.md has the table and the reasons):
   (roiops gives them 0); finite maps agree bit for bit.
   ``translation_table(align_avg="decompose")`` exports a decomposition instead (the
   samples of mode ``"max"``, summed in the kernels' order), exact in every case.
-- ``roi_align`` mode ``"max"``: a decomposition into standard ops (Gather, ReduceMax).
+- ``roi_align`` mode ``"max"``: a decomposition into standard ops (Gather, ArgMax).
   ONNX ``RoiAlign``'s max mode is a different formula (the maximum of the four weighted
   corners of each sample), so it is never used.
-- ``roi_pool`` (both conventions): a decomposition (Gather, ReduceMax, GatherElements).
+- ``roi_pool`` (both conventions): a decomposition (Gather, ArgMax, GatherElements).
   ``MaxRoiPool`` (Caffe convention only) is not used: onnxruntime's kernel starts its
   running maximum at -FLT_MAX (older releases at +FLT_MIN, the smallest positive float,
   so all-negative bins came out positive), turning an all ``-inf`` bin into -FLT_MAX, and
@@ -44,13 +44,27 @@ What each op becomes (docs/ecosystem.md has the table and the reasons):
   kernels' order (CumSum: a running sum), so that they agree bit for bit.
 - ``multi_scale_roi_align``: one graph; each level's boxes are gathered (``NonZero``),
   pooled by ``roi_align``'s translation and scattered back (``ScatterND``).
+- ``paste_masks``, ``paste_masks_torchvision``: each plane computed in a crop of the pixels
+  its box reaches (as large as the largest box's) with the kernels' arithmetic, their fused
+  multiply-adds built from standard ops and rounded once (an error-free sum, corrected at
+  ties), the crops scattered into the planes (``ScatterElements``). Exact.
+- ``mask_targets``: ``roi_align``'s translation (scale 1) of the masks read as float32
+  (float64 for float64 masks), thresholded in that type.
+- ``points_in_boxes``, ``roipoint_pool3d``, ``roiaware_pool3d``: decompositions that test
+  every (box, point) pair at once in the kernels' arithmetic; the orders the kernels follow
+  (a box's first points, a voxel's first ``max_points``) come from running counts (CumSum)
+  and a sort on unique keys (TopK). Exact in float32 and half types; with float64
+  coordinates a point within about 1e-15 (relative) of a face or a voxel boundary can fall
+  the other way (onnxruntime's float64 Cos and Sin are not libm's).
+- ``polygon_targets`` (mask targets from packed polygons): each edge's crossings of the
+  pixel columns as the kernel traces them, and the even-odd parity of their running count.
 
 Every translation uses standard ONNX operators only, with the box count dynamic.
 ``align_avg="decompose"`` leaves ``RoiAlign`` out altogether, for runtimes that lack it.
 Every decomposition reproduces the kernels' arithmetic (same float type, same operation
 order) and matches roiops bit for bit, NaN and infinities included, up to the sign of a
-zero maximum (ReduceMax may pick either of -0.0 and +0.0); with float64 rotated boxes, to
-about 1e-15, as onnxruntime's float64 ``Cos`` and ``Sin`` are not libm's. Each op's second
+zero maximum; with float64 rotated boxes and float64 point clouds, to about 1e-15, as
+onnxruntime's float64 ``Cos`` and ``Sin`` are not libm's. Each op's second
 output (the argmax used by its backward) is exported faithfully too. float16/bfloat16
 inputs are computed in float32 and cast back, which is what roiops' kernels do.
 """
@@ -65,7 +79,7 @@ from typing import Any, Literal
 
 import torch
 
-from . import _masks, _points3d, _pooling
+from . import _masks, _points3d, _polygons, _pooling
 
 __all__ = ["MIN_OPSET", "export", "translation_table"]
 
@@ -103,7 +117,8 @@ def translation_table(
     """
     if align_avg not in ("RoiAlign", "decompose"):
         raise ValueError(f"align_avg must be 'RoiAlign' or 'decompose', got {align_avg!r}")
-    translations = {**_pooling.translations(align_avg), **_masks.TRANSLATIONS, **_points3d.TRANSLATIONS}
+    translations = {**_pooling.translations(align_avg), **_masks.translations(align_avg),
+                    **_polygons.TRANSLATIONS, **_points3d.TRANSLATIONS}
     return {getattr(torch.ops.roiops, name).default: translation for name, translation in translations.items()}
 
 

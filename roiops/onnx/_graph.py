@@ -19,6 +19,8 @@ op: Any = opset18
 _In = Any
 _INT64 = ir.DataType.INT64
 _INT32 = ir.DataType.INT32
+_FLOAT = ir.DataType.FLOAT
+_DOUBLE = ir.DataType.DOUBLE
 _I64_MAX = np.iinfo(np.int64).max
 
 def _const(value: Any, dtype: ir.DataType) -> ir.Value:
@@ -29,23 +31,25 @@ def _i64(*values: int) -> ir.Value:
     return op.Constant(value=ir.tensor(np.array(values, dtype=np.int64)))
 
 
+def _as(x: ir.Value, t: ir.DataType) -> ir.Value:
+    """``x`` as type ``t``: cast only if it has another type."""
+    return x if x.dtype == t else op.Cast(x, to=t)
+
+
 def _compute_type(input: ir.Value) -> tuple[ir.Value, ir.DataType]:
-    """The kernels' opmath type: float64 for float64 input, float32 otherwise."""
-    if input.dtype == ir.DataType.DOUBLE:
-        return input, ir.DataType.DOUBLE
-    if input.dtype == ir.DataType.FLOAT:
-        return input, ir.DataType.FLOAT
-    return op.Cast(input, to=ir.DataType.FLOAT), ir.DataType.FLOAT
+    """The input in the kernels' opmath type, and that type: float64 for float64 input,
+    float32 otherwise."""
+    t = _DOUBLE if input.dtype == _DOUBLE else _FLOAT
+    return _as(input, t), t
 
 
 def _restore(out: ir.Value, input: ir.Value) -> ir.Value:
-    return out if input.dtype in (ir.DataType.FLOAT, ir.DataType.DOUBLE) else op.Cast(out, to=input.dtype)
+    return out if input.dtype in (_FLOAT, _DOUBLE) else op.Cast(out, to=input.dtype)
 
 
 def _columns(rois: ir.Value, t: ir.DataType, width: int = 5) -> list[ir.Value]:
     """The columns of ``rois[K, width]`` as ``[K]`` vectors of type ``t``."""
-    if rois.dtype != t:
-        rois = op.Cast(rois, to=t)
+    rois = _as(rois, t)
     return [_take(rois, i, axis=1) for i in range(width)]
 
 
@@ -71,8 +75,59 @@ def _dim(x: ir.Value, axis: int) -> ir.Value:
     return op.Squeeze(op.Shape(x, start=axis, end=axis + 1), _i64(0))
 
 
+def _extreme(x: ir.Value, axis: int, largest: bool = True) -> ir.Value:
+    """The maximum (or minimum) of ``x`` along ``axis``, that axis dropped: the value at the
+    first extreme (ArgMax or ArgMin). Not ReduceMax/ReduceMin: their opset-18 form, which
+    torch.onnx writes, converts to an invalid node below opset 18."""
+    at = op.ArgMax(x, axis=axis, keepdims=1) if largest else op.ArgMin(x, axis=axis, keepdims=1)
+    return op.Squeeze(op.GatherElements(x, at, axis=axis), _i64(axis))
+
+
+def _largest_or_one(x: ir.Value) -> ir.Value:
+    """The largest element of the int64 tensor ``x`` and 1, as a scalar (1 when ``x`` is empty)."""
+    flat = op.Concat(op.Reshape(x, _i64(-1)), _i64(1), axis=0)
+    return op.Gather(flat, op.ArgMax(flat, axis=0, keepdims=0))
+
+
 def _to_int(v: ir.Value) -> ir.Value:
     return op.Cast(v, to=_INT64)
+
+
+class _Constants:
+    """The constants of one translation call, each one node however often it is used: the
+    translations use the same few axes, sizes and numbers dozens of times, and torch.onnx's
+    optimiser takes time quadratic in a graph's nodes. Made per call (a value belongs to
+    the graph being traced); ``t`` is the type of ``c(value)`` given none (the compute type)."""
+
+    def __init__(self, t: ir.DataType = _INT64) -> None:
+        self.t = t
+        self._made: dict[tuple[ir.DataType, tuple[int, ...], bytes], ir.Value] = {}
+
+    def __call__(self, value: Any, dtype: ir.DataType | None = None) -> ir.Value:
+        """A constant of ``dtype`` (``t`` if None) of ``value``'s shape: 0-d for a number, 1-d
+        for a tuple."""
+        dtype = self.t if dtype is None else dtype
+        array = np.array(value, dtype=dtype.numpy())
+        key = (dtype, array.shape, array.tobytes())  # the bits: -0.0 is not 0.0, NaN is NaN
+        if key not in self._made:
+            self._made[key] = op.Constant(value=ir.tensor(array))
+        return self._made[key]
+
+    def i64(self, *values: int) -> ir.Value:
+        """A 1-d int64 constant (shapes, axes)."""
+        return self(values, _INT64)
+
+    def scalar(self, value: int) -> ir.Value:
+        """A 0-d int64 constant."""
+        return self(value, _INT64)
+
+    def range(self, n: ir.Value) -> ir.Value:
+        """``[0, 1, ..., n - 1]`` for a 0-d int64 ``n``, as ``_range``."""
+        return op.Range(self.scalar(0), n, self.scalar(1))
+
+    def size(self, x: ir.Value, axis: int) -> ir.Value:
+        """``x.shape[axis]`` as a 0-d int64, as ``_dim``."""
+        return op.Squeeze(op.Shape(x, start=axis, end=axis + 1), self.i64(0))
 
 
 class _GraphOps:

@@ -11,7 +11,8 @@ import numpy as np
 from onnxscript import ir
 
 from .._geometry import align_axis, align_size, bilinear_taps, round_half_away, sample_position
-from ._graph import (op, _take, _GraphOps, _I64_MAX, _INT32, _In, _columns, _compute_type, _const, _dim, _i64, _range, _restore, _scalar, _to_int)
+from ._graph import (op, _extreme, _largest_or_one, _take, _GraphOps, _I64_MAX, _INT32, _In, _as, _columns,
+                     _compute_type, _const, _dim, _i64, _range, _restore, _scalar, _to_int)
 
 
 # ---- roi_align ---------------------------------------------------------------------------
@@ -113,9 +114,8 @@ def _grids(grid_h: ir.Value | int, grid_w: ir.Value | int, sampling_ratio: int, 
         grid = op.Expand(_i64(sampling_ratio), op.Shape(like))
         return grid, grid, _scalar(sampling_ratio), _scalar(sampling_ratio)
     grid_h, grid_w = _to_int(grid_h), _to_int(grid_w)
-    # ReduceMax of no boxes is the int64 minimum: keep at least one sample slot.
-    big_h = op.Max(op.ReduceMax(grid_h, keepdims=0), _scalar(1))
-    big_w = op.Max(op.ReduceMax(grid_w, keepdims=0), _scalar(1))
+    # At least one sample slot, also with no boxes.
+    big_h, big_w = _largest_or_one(grid_h), _largest_or_one(grid_w)
     return grid_h, grid_w, big_h, big_w
 
 
@@ -198,9 +198,10 @@ def _nan_aware_max(val: ir.Value, axis: int, t: ir.DataType) -> tuple[ir.Value, 
     nan = op.IsNaN(val)
     clean = op.Where(nan, _const(np.inf, t), val)
     nan_i = op.Cast(nan, to=_INT32)
-    has_nan = op.Greater(op.ReduceMax(nan_i, _i64(axis), keepdims=0), _const(0, _INT32))
-    best = op.Where(has_nan, _const(np.nan, t), op.ReduceMax(clean, _i64(axis), keepdims=0))
-    first = op.Where(has_nan, op.ArgMax(nan_i, axis=axis, keepdims=0), op.ArgMax(clean, axis=axis, keepdims=0))
+    has_nan = op.Greater(op.ReduceSum(nan_i, _i64(axis), keepdims=0), _const(0, _INT32))
+    at = op.ArgMax(clean, axis=axis, keepdims=1)
+    best = op.Where(has_nan, _const(np.nan, t), op.Squeeze(op.GatherElements(clean, at, axis=axis), _i64(axis)))
+    first = op.Where(has_nan, op.ArgMax(nan_i, axis=axis, keepdims=0), op.Squeeze(at, _i64(axis)))
     return best, first, has_nan
 
 
@@ -367,7 +368,7 @@ def _ps_roi_pool(input: _In, rois: _In, spatial_scale: float, pooled_height: int
     # Each bin's cells as a window of the largest bin's size, [K, P, G]; the slots past
     # the bin's own cells read a cell inside the map and are masked out of the sum.
     def window(lo: ir.Value, hi: ir.Value, size: ir.Value) -> tuple[ir.Value, ir.Value, ir.Value]:
-        big = op.Max(op.ReduceMax(op.Sub(hi, lo), keepdims=0), _scalar(1))
+        big = _largest_or_one(op.Sub(hi, lo))
         g = op.Unsqueeze(_range(big), _i64(0, 1))
         idx = op.Add(op.Unsqueeze(lo, _i64(2)), g)
         inside = op.Less(idx, op.Unsqueeze(hi, _i64(2)))
@@ -486,7 +487,7 @@ def _prroi_axis(p1: ir.Value, p2: ir.Value, s: ir.Value, pooled: int, size: ir.V
     first = op.Max(_to_int(op.Floor(start)), _i64(0))
     last = op.Min(_to_int(op.Ceil(op.Add(start, op.Unsqueeze(bin_size, _i64(1))))), op.Sub(size, _i64(1)))
     count = op.Sub(op.Add(last, _i64(1)), first)
-    big = op.Max(op.ReduceMax(count, keepdims=0), _scalar(1))
+    big = _largest_or_one(count)
     g = op.Unsqueeze(_range(big), _i64(0, 1))
     cell = op.Add(op.Unsqueeze(first, _i64(2)), g)                                         # [K, P, G]
     member = op.Less(g, op.Unsqueeze(count, _i64(2)))
@@ -513,7 +514,8 @@ def _prroi_pool(input: _In, rois: _In, spatial_scale: float, pooled_height: int,
     # Slots that are not cells of the bin add nothing (their value may be NaN or inf).
     terms = op.Where(op.Unsqueeze(rows_in, _i64(3, 4, 5)), op.Mul(op.Unsqueeze(wy, _i64(3, 4, 5)), val), zero)
     big_h = op.Shape(wy, start=2, end=3)
-    row = op.Squeeze(op.Gather(op.CumSum(terms, _scalar(2)), op.Sub(big_h, _i64(1)), axis=2), _i64(2))  # [K, ph, pw, Gw, C]
+    row = op.Squeeze(op.Gather(op.CumSum(terms, _scalar(2)), op.Sub(big_h, _i64(1)), axis=2),
+                     _i64(2))                                                           # [K, ph, pw, Gw, C]
     cols_live = op.Unsqueeze(cols_in, _i64(1, 4))                                       # [K, 1, pw, Gw, 1]
     terms = op.Where(cols_live, op.Mul(op.Unsqueeze(wx, _i64(1, 4)), row), zero)
     big_w = op.Shape(wx, start=2, end=3)
@@ -533,7 +535,7 @@ def _border_align(input: _In, rois: _In, pool_size: int) -> tuple[_In, _In]:
     samples walk from the border's start by repeated addition of one step: a running sum
     (CumSum) adds in that order, so every position has the kernels' bits."""
     x, t = _compute_type(input)
-    boxes = rois if rois.dtype == t else op.Cast(rois, to=t)
+    boxes = _as(rois, t)
     x1, y1, x2, y2 = (_take(boxes, i, axis=2) for i in range(4))
     n = _const(pool_size, t)
     sx, sy = op.Div(op.Sub(x2, x1), n), op.Div(op.Sub(y2, y1), n)
@@ -643,7 +645,7 @@ def _roi_pool(
     # Each bin is gathered as a padded window of the largest bin's size; padding repeats
     # the bin's last row/column (a maximum is unchanged by repeats).
     def window(lo: ir.Value, hi: ir.Value, size: ir.Value) -> tuple[ir.Value, ir.Value]:
-        big = op.Max(op.ReduceMax(op.Sub(hi, lo), keepdims=0), _scalar(1))
+        big = _largest_or_one(op.Sub(hi, lo))
         g = op.Unsqueeze(_range(big), _i64(0, 1))                                               # [1, 1, G]
         idx = op.Min(op.Add(op.Unsqueeze(lo, _i64(2)), g), op.Sub(op.Unsqueeze(hi, _i64(2)), _i64(1)))
         return op.Min(op.Max(idx, _i64(0)), op.Sub(size, _i64(1))), big                        # [K, P, G]
@@ -678,7 +680,7 @@ def _roi_pool(
     # First maximum in row-major order = the smallest h * W + w among the hits.
     col_w = op.Reshape(cols, op.Concat(num_k, _i64(1, 1, pooled_width), gw, axis=0))
     key = op.Add(op.Mul(row2, width), col_w)
-    argmax = op.ReduceMin(op.Where(hit, key, _i64(_I64_MAX)), _i64(4), keepdims=0)      # [K, ph, C, pw]
+    argmax = _extreme(op.Where(hit, key, _i64(_I64_MAX)), 4, largest=False)      # [K, ph, C, pw]
 
     empty_bin = op.Unsqueeze(op.Or(op.Unsqueeze(op.LessOrEqual(h1, h0), _i64(2)),
                                    op.Unsqueeze(op.LessOrEqual(w1, w0), _i64(1))), _i64(1))  # [K, 1, ph, pw]
