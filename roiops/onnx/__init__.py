@@ -117,8 +117,9 @@ def translation_table(
     """
     if align_avg not in ("RoiAlign", "decompose"):
         raise ValueError(f"align_avg must be 'RoiAlign' or 'decompose', got {align_avg!r}")
-    translations = {**_pooling.translations(align_avg), **_masks.translations(align_avg),
-                    **_polygons.TRANSLATIONS, **_points3d.TRANSLATIONS}
+    pooling = _pooling.translations(align_avg)
+    translations = {**pooling, **_masks.translations(pooling["roi_align"]), **_polygons.TRANSLATIONS,
+                    **_points3d.TRANSLATIONS}
     return {getattr(torch.ops.roiops, name).default: translation for name, translation in translations.items()}
 
 

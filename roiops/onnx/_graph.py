@@ -23,6 +23,7 @@ _FLOAT = ir.DataType.FLOAT
 _DOUBLE = ir.DataType.DOUBLE
 _I64_MAX = np.iinfo(np.int64).max
 
+
 def _const(value: Any, dtype: ir.DataType) -> ir.Value:
     return op.Constant(value=ir.tensor(np.array(value, dtype=dtype.numpy())))
 
@@ -87,6 +88,13 @@ def _largest_or_one(x: ir.Value) -> ir.Value:
     """The largest element of the int64 tensor ``x`` and 1, as a scalar (1 when ``x`` is empty)."""
     flat = op.Concat(op.Reshape(x, _i64(-1)), _i64(1), axis=0)
     return op.Gather(flat, op.ArgMax(flat, axis=0, keepdims=0))
+
+
+def _cos_sin(angle: ir.Value, t: ir.DataType) -> tuple[ir.Value, ir.Value]:
+    """The cosine and sine of ``angle`` computed in float64 and rounded once to ``t``, as the
+    kernels compute them."""
+    wide = _as(angle, _DOUBLE)
+    return _as(op.Cos(wide), t), _as(op.Sin(wide), t)
 
 
 def _to_int(v: ir.Value) -> ir.Value:

@@ -11,9 +11,8 @@ from typing import Any
 
 from onnxscript import ir
 
-from ._graph import (op, _DOUBLE, _FLOAT, _INT64, _Constants, _In, _columns, _compute_type, _const, _i64, _restore,
-                     _to_int)
-from ._pooling import _roi_align_decomposed, _roi_align_native
+from ._graph import (op, _DOUBLE, _FLOAT, _INT64, _Constants, _In, _columns, _compute_type, _const, _i64,
+                     _largest_or_one, _restore, _to_int)
 
 # Veltkamp's constant for float64: 2^27 + 1 splits a double into two halves of 26 bits.
 _SPLIT = 134217729.0
@@ -91,9 +90,7 @@ class _Crop:
     the kernels write it with the value a pixel there has (0, or True for a threshold <= 0)."""
 
     def __init__(self, lo: ir.Value, hi: ir.Value, size: int, n: _Constants) -> None:
-        # TopK, not ReduceMax, which the ONNX version converter cannot take below opset 18;
-        # a leading 1 keeps one pixel for no boxes.
-        widest = op.TopK(op.Concat(n.i64(1), op.Sub(hi, lo), axis=0), n.i64(1), axis=0)[0]
+        widest = op.Unsqueeze(_largest_or_one(op.Sub(hi, lo)), n.i64(0))  # one pixel for no boxes
         self.size = op.Min(widest, n.i64(size))                                         # [1]
         start = op.Min(lo, op.Sub(n.i64(size), self.size))
         self.at = op.Add(op.Unsqueeze(start, n.i64(1)),
@@ -346,8 +343,7 @@ def _mask_targets(roi_align: Callable[..., Any]) -> Callable[..., Any]:
     return mask_targets
 
 
-def translations(align_avg: str) -> dict[str, Callable[..., Any]]:
-    """Each op's translation by op name; ``align_avg`` as ``roiops.onnx.translation_table``'s."""
-    roi_align = _roi_align_native if align_avg == "RoiAlign" else _roi_align_decomposed
+def translations(roi_align: Callable[..., Any]) -> dict[str, Callable[..., Any]]:
+    """Each op's translation by op name, mask targets built on ``roi_align``'s translation."""
     return {"mask_targets": _mask_targets(roi_align), "paste_masks": _paste_masks,
             "paste_masks_torchvision": _paste_masks_torchvision}

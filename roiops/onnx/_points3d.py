@@ -12,7 +12,8 @@ from typing import Any
 import numpy as np
 from onnxscript import ir
 
-from ._graph import op, _DOUBLE, _FLOAT, _INT32, _INT64, _Constants, _In, _as, _compute_type
+from ._graph import op, _DOUBLE, _FLOAT, _INT32, _INT64, _Constants, _In, _as, _compute_type, _cos_sin
+
 
 class _Frame:
     """Points ``[B, N, 3]`` against boxes ``[B, M, 7]`` (docs/semantics.md, "Inside") as
@@ -34,8 +35,7 @@ class _Frame:
         # cos(-yaw) and sin(-yaw) in float64, rounded once to t. onnxruntime's float64 Cos
         # and Sin are not libm's (up to 5.7e-16 off); rounded to float32 they were equal
         # for every one of 12 million angles measured.
-        angle = op.Neg(_as(yaw, _DOUBLE))
-        cos, sin = _as(op.Cos(angle), t), _as(op.Sin(angle), t)
+        cos, sin = _cos_sin(op.Neg(_as(yaw, _DOUBLE)), t)
         sx, sy = op.Sub(px, x), op.Sub(py, y)
         # Each product and sum its own node, rounded as the kernels' (no fused multiply-add).
         self.lx = op.Add(op.Mul(sx, cos), op.Mul(sy, op.Neg(sin)))

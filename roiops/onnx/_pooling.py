@@ -11,7 +11,7 @@ import numpy as np
 from onnxscript import ir
 
 from .._geometry import align_axis, align_size, bilinear_taps, round_half_away, sample_position
-from ._graph import (op, _extreme, _largest_or_one, _take, _GraphOps, _I64_MAX, _INT32, _In, _as, _columns,
+from ._graph import (op, _cos_sin, _extreme, _largest_or_one, _take, _GraphOps, _I64_MAX, _INT32, _In, _as, _columns,
                      _compute_type, _const, _dim, _i64, _range, _restore, _scalar, _to_int)
 
 
@@ -262,9 +262,7 @@ def _rotated_samples(input: ir.Value, rois: ir.Value, spatial_scale: float, ph: 
         cx, cy = op.Mul(cx, s), op.Mul(cy, s)
     roi_w, bin_w, grid_w, _ = align_size(op.Mul(w, s), pw, sampling_ratio, aligned, ops)
     roi_h, bin_h, grid_h, _ = align_size(op.Mul(h, s), ph, sampling_ratio, aligned, ops)
-    # cos and sin in float64, rounded once (as the kernels compute them)
-    angle = theta if t == ir.DataType.DOUBLE else op.Cast(theta, to=ir.DataType.DOUBLE)
-    cos, sin = op.Cast(op.Cos(angle), to=t), op.Cast(op.Sin(angle), to=t)
+    cos, sin = _cos_sin(theta, t)
     grid_h, grid_w, big_h, big_w = _grids(grid_h, grid_w, sampling_ratio, b)
     box = _i64(1, 2, 3, 4)
     half = _const(2, t)
