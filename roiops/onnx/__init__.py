@@ -42,6 +42,10 @@ What each op becomes (docs/ecosystem.md has the table and the reasons):
   ``deform_roi_pool``, ``bezier_align``, ``border_align``, ``prroi_pool``: decompositions
   that compute each bin's samples (or cells) as the kernels do and sum them in the
   kernels' order (CumSum: a running sum), so that they agree bit for bit.
+- The RoI pooling decompositions above (not ``border_align``) run over blocks of boxes of
+  similar size, an ONNX ``Loop`` whose blocks' results are collected in a sequence
+  (``block_values``), so that their memory does not grow with the box count; every box is
+  computed as without blocks. ``block_values=None`` computes every box at once.
 - ``multi_scale_roi_align``: one graph; each level's boxes are gathered (``NonZero``),
   pooled by ``roi_align``'s translation and scattered back (``ScatterND``).
 - ``paste_masks``, ``paste_masks_torchvision``: each plane computed in a crop of the pixels
@@ -80,8 +84,9 @@ from typing import Any, Literal
 import torch
 
 from . import _masks, _points3d, _polygons, _pooling
+from ._blocks import BLOCK_VALUES
 
-__all__ = ["MIN_OPSET", "export", "translation_table"]
+__all__ = ["BLOCK_VALUES", "MIN_OPSET", "export", "translation_table"]
 
 MIN_OPSET = 16
 """The lowest ONNX opset roiops exports to: ``RoiAlign``'s ``coordinate_transformation_mode``
@@ -89,7 +94,7 @@ MIN_OPSET = 16
 
 
 def translation_table(
-    *, align_avg: Literal["RoiAlign", "decompose"] = "RoiAlign"
+    *, align_avg: Literal["RoiAlign", "decompose"] = "RoiAlign", block_values: int | None = BLOCK_VALUES
 ) -> dict[Callable[..., Any], Callable[..., Any]]:
     """Translations of ``torch.ops.roiops.*`` for ``torch.onnx.export(custom_translation_table=...)``.
 
@@ -101,13 +106,21 @@ def translation_table(
             ``RoiAlign`` operator; ``"decompose"`` as standard ops computing the same
             samples: a larger graph and more memory, exact on non-finite maps too, for
             runtimes whose ``RoiAlign`` differs.
+        block_values: the RoI pooling decompositions run over blocks of boxes of similar
+            size (an ONNX ``Loop``), each block's largest intermediate holding at most this
+            many values (or one box): the graph's memory then grows with the output and a
+            block, not with the box count. Larger blocks take fewer iterations and more
+            memory. None: no blocks, every box at once (memory grows with the box count),
+            for runtimes without ``Loop`` or sequence types (``SequenceInsert``,
+            ``ConcatFromSequence``).
 
     Returns:
         A dict from each registered op overload (``torch.ops.roiops.<op>.default``) to its
         translation.
 
     Raises:
-        ValueError: ``align_avg`` is neither ``"RoiAlign"`` nor ``"decompose"``.
+        ValueError: ``align_avg`` is neither ``"RoiAlign"`` nor ``"decompose"``, or
+            ``block_values`` is neither None nor a positive int.
 
     Examples:
         >>> import roiops.onnx
@@ -117,7 +130,10 @@ def translation_table(
     """
     if align_avg not in ("RoiAlign", "decompose"):
         raise ValueError(f"align_avg must be 'RoiAlign' or 'decompose', got {align_avg!r}")
-    pooling = _pooling.translations(align_avg)
+    if block_values is not None and (isinstance(block_values, bool) or not isinstance(block_values, int)
+                                     or block_values < 1):
+        raise ValueError(f"block_values must be None or a positive int, got {block_values!r}")
+    pooling = _pooling.translations(align_avg, block_values)
     translations = {**pooling, **_masks.translations(pooling["roi_align"]), **_polygons.TRANSLATIONS,
                     **_points3d.TRANSLATIONS}
     return {getattr(torch.ops.roiops, name).default: translation for name, translation in translations.items()}
@@ -131,6 +147,7 @@ def export(
     opset_version: int | None = None,
     custom_translation_table: Mapping[Callable[..., Any], Callable[..., Any]] | None = None,
     align_avg: Literal["RoiAlign", "decompose"] = "RoiAlign",
+    block_values: int | None = BLOCK_VALUES,
     **kwargs: Any,
 ) -> torch.onnx.ONNXProgram:
     """``torch.onnx.export(..., dynamo=True)`` with the roiops translations added.
@@ -149,6 +166,8 @@ def export(
             for the same op).
         align_avg: how ``roi_align`` mode ``"avg"`` is exported: ``"RoiAlign"`` or
             ``"decompose"`` (see [`translation_table`][roiops.onnx.translation_table]).
+        block_values: the size of the decompositions' blocks of boxes (see
+            [`translation_table`][roiops.onnx.translation_table]).
         **kwargs: any other keyword of ``torch.onnx.export`` (``dynamic_shapes``,
             ``input_names``, ``optimize``...).
 
@@ -156,7 +175,8 @@ def export(
         The ``torch.onnx.ONNXProgram``; ``program.save(path)`` writes it.
 
     Raises:
-        ValueError: ``opset_version`` below ``MIN_OPSET``, or ``dynamo=False``.
+        ValueError: ``opset_version`` below ``MIN_OPSET``, ``dynamo=False``, or a bad
+            ``align_avg`` or ``block_values``.
 
     Examples:
         >>> import roiops.onnx
@@ -170,7 +190,8 @@ def export(
                          f"coordinate_transformation_mode), got opset_version={opset_version}")
     if kwargs.pop("dynamo", True) is not True:
         raise ValueError("roiops ops export only with the dynamo exporter (dynamo=True)")
-    table: dict[Callable[..., Any], Any] = translation_table(align_avg=align_avg)  # torch types the values variously
+    # torch types the values variously
+    table: dict[Callable[..., Any], Any] = translation_table(align_avg=align_avg, block_values=block_values)
     table.update(custom_translation_table or {})
     program = torch.onnx.export(model, args, f, dynamo=True, opset_version=opset_version,
                                 custom_translation_table=table, **kwargs)

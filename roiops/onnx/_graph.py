@@ -4,10 +4,12 @@ The translations run under the exporter's tracer: every ``op.*`` call adds a nod
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
-from onnxscript import ir
+from onnxscript import evaluator, ir
 from onnxscript import opset18
 
 # onnxscript's opset stubs type values as its script-mode tensor classes; under the
@@ -41,7 +43,38 @@ def _compute_type(input: ir.Value) -> tuple[ir.Value, ir.DataType]:
     """The input in the kernels' opmath type, and that type: float64 for float64 input,
     float32 otherwise."""
     t = _DOUBLE if input.dtype == _DOUBLE else _FLOAT
-    return _as(input, t), t
+    return _map_once(lambda: _as(input, t), input, "compute", t), t
+
+
+# Loops over blocks of boxes being traced, innermost last: the graph outside the loop, the
+# maps there (by id, with the values) and what was built from them, by key.
+_hoisting: list[tuple[Any, dict[int, ir.Value], dict[tuple[Any, ...], ir.Value]]] = []
+
+
+@contextlib.contextmanager
+def _maps_outside(map: ir.Value) -> Iterator[None]:
+    """While a loop over blocks of boxes of ``map`` is traced, what ``_map_once`` builds from
+    the map is built once, in the graph being traced now (outside the loop)."""
+    _hoisting.append((evaluator.default(), {id(map): map}, {}))
+    try:
+        yield
+    finally:
+        _hoisting.pop()
+
+
+def _map_once(build: Callable[[], ir.Value], x: ir.Value, *key: Any) -> ir.Value:
+    """``build()``, a function of the map ``x`` alone (a cast, a layout) named by ``key``:
+    inside a loop over blocks of boxes of ``x``, built once outside the loop rather than at
+    every block."""
+    for outside, maps, made in reversed(_hoisting):
+        if id(x) in maps:
+            k = (id(x), *key)
+            if k not in made:
+                with evaluator.default_as(outside):
+                    made[k] = build()
+                maps[id(made[k])] = made[k]
+            return made[k]
+    return build()
 
 
 def _restore(out: ir.Value, input: ir.Value) -> ir.Value:
@@ -74,14 +107,6 @@ def _range(n: ir.Value) -> ir.Value:
 def _dim(x: ir.Value, axis: int) -> ir.Value:
     """``x.shape[axis]`` as an int64 scalar."""
     return op.Squeeze(op.Shape(x, start=axis, end=axis + 1), _i64(0))
-
-
-def _extreme(x: ir.Value, axis: int, largest: bool = True) -> ir.Value:
-    """The maximum (or minimum) of ``x`` along ``axis``, that axis dropped: the value at the
-    first extreme (ArgMax or ArgMin). Not ReduceMax/ReduceMin: their opset-18 form, which
-    torch.onnx writes, converts to an invalid node below opset 18."""
-    at = op.ArgMax(x, axis=axis, keepdims=1) if largest else op.ArgMin(x, axis=axis, keepdims=1)
-    return op.Squeeze(op.GatherElements(x, at, axis=axis), _i64(axis))
 
 
 def _largest_or_one(x: ir.Value) -> ir.Value:

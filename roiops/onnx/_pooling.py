@@ -4,15 +4,16 @@ do and sum them in the kernels' order (CumSum: a running sum)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 from onnxscript import ir
 
 from .._geometry import align_axis, align_size, bilinear_taps, round_half_away, sample_position
-from ._graph import (op, _cos_sin, _extreme, _largest_or_one, _take, _GraphOps, _I64_MAX, _INT32, _In, _as, _columns,
-                     _compute_type, _const, _dim, _i64, _range, _restore, _scalar, _to_int)
+from ._blocks import Blocking, blocked
+from ._graph import (op, _cos_sin, _largest_or_one, _take, _GraphOps, _FLOAT, _INT32, _In, _as, _columns,
+                     _compute_type, _const, _dim, _i64, _map_once, _range, _restore, _scalar, _to_int)
 
 
 # ---- roi_align ---------------------------------------------------------------------------
@@ -53,23 +54,29 @@ def _roi_align_native(
 
 def _flat_planes(x: ir.Value, batch: ir.Value, ph: int, pw: int, position_sensitive: bool
                  ) -> tuple[ir.Value, ir.Value]:
-    """The map as rows of channels, ``[planes * H * W, C]``, so that one Gather reads every
-    channel of a cell, and the offset of each box's (and, position-sensitive, each bin's)
-    plane, ``[K, ph, 1, pw, 1]``: cell (y, x) is row ``offset + y * W + x``. Position-sensitive,
-    a plane is one bin's channels of one image (``(n * ph + i) * pw + j``)."""
+    """The offset of each box's (and, position-sensitive, each bin's) plane in the map's
+    rows (``_map_rows``), ``[K, ph, 1, pw, 1]``: cell (y, x) is row ``offset + y * W + x``.
+    Position-sensitive, a plane is one bin's channels of one image (``(n * ph + i) * pw + j``)."""
     height, width = _dim(x, 2), _dim(x, 3)
     area = op.Mul(height, width)
-    offset = op.Unsqueeze(op.Mul(batch, area), _i64(1, 2, 3, 4))
+    xf = _map_once(lambda: _map_rows(x, ph, pw, position_sensitive), x, "rows", ph, pw, position_sensitive)
     if not position_sensitive:
-        return offset, op.Reshape(op.Transpose(x, perm=[0, 2, 3, 1]), op.Concat(_i64(-1), op.Shape(x, start=1, end=2),
-                                                                                axis=0))
-    c_out = op.Div(op.Shape(x, start=1, end=2), _i64(ph * pw))
-    x6 = op.Reshape(x, op.Concat(op.Shape(x, start=0, end=1), c_out, _i64(ph, pw), op.Shape(x, start=2), axis=0))
-    xf = op.Reshape(op.Transpose(x6, perm=[0, 2, 3, 4, 5, 1]), op.Concat(_i64(-1), c_out, axis=0))
+        return op.Unsqueeze(op.Mul(batch, area), _i64(1, 2, 3, 4)), xf
     i = op.Unsqueeze(op.Mul(_range(_scalar(ph)), _scalar(pw)), _i64(0, 2, 3, 4))            # [1, ph, 1, 1, 1]
     j = op.Unsqueeze(_range(_scalar(pw)), _i64(0, 1, 2, 4))                                 # [1, 1, 1, pw, 1]
     plane = op.Add(op.Add(op.Mul(op.Unsqueeze(batch, _i64(1, 2, 3, 4)), _scalar(ph * pw)), i), j)
     return op.Mul(plane, area), xf
+
+
+def _map_rows(x: ir.Value, ph: int, pw: int, position_sensitive: bool) -> ir.Value:
+    """The map as rows of channels, ``[planes * H * W, C]``, so that one Gather reads every
+    channel of a cell; position-sensitive, each bin's channel group is a plane of its own."""
+    if not position_sensitive:
+        return op.Reshape(op.Transpose(x, perm=[0, 2, 3, 1]), op.Concat(_i64(-1), op.Shape(x, start=1, end=2),
+                                                                         axis=0))
+    c_out = op.Div(op.Shape(x, start=1, end=2), _i64(ph * pw))
+    x6 = op.Reshape(x, op.Concat(op.Shape(x, start=0, end=1), c_out, _i64(ph, pw), op.Shape(x, start=2), axis=0))
+    return op.Reshape(op.Transpose(x6, perm=[0, 2, 3, 4, 5, 1]), op.Concat(_i64(-1), c_out, axis=0))
 
 
 def _along(v: ir.Value, at: int) -> ir.Value:
@@ -412,6 +419,25 @@ def _bezier_point(q: list[ir.Value], u: ir.Value, t: ir.DataType) -> ir.Value:
     return total if t == d else op.Cast(total, to=t)
 
 
+def _bezier_curves(rois: ir.Value, spatial_scale: float, t: ir.DataType
+                   ) -> tuple[list[tuple[ir.Value, ir.Value]], list[tuple[ir.Value, ir.Value]]]:
+    """The top and bottom curves' control points ``(x, y)``, ``[K, 1]`` each, scaled, both
+    left to right (the bottom curve is stored right to left)."""
+    s = _const(spatial_scale, t)
+    pts = [op.Unsqueeze(op.Mul(c, s), _i64(1)) for c in _columns(rois, t, 17)[1:]]
+    return [(pts[2 * n], pts[2 * n + 1]) for n in range(4)], [(pts[14 - 2 * n], pts[15 - 2 * n]) for n in range(4)]
+
+
+def _bezier_spans(top: list[tuple[ir.Value, ir.Value]], bottom: list[tuple[ir.Value, ir.Value]]
+                  ) -> tuple[ir.Value, ir.Value]:
+    """The box's height and width, ``[K]``: the larger of the curves' end-to-end spans."""
+    def span(axis: int) -> ir.Value:
+        return op.Squeeze(op.Max(op.Abs(op.Sub(top[0][axis], top[3][axis])),
+                                 op.Abs(op.Sub(bottom[0][axis], bottom[3][axis]))), _i64(1))
+
+    return span(1), span(0)
+
+
 def _bezier_align(
     input: _In, rois: _In, spatial_scale: float, pooled_height: int, pooled_width: int, sampling_ratio: int,
     aligned: bool,
@@ -419,20 +445,13 @@ def _bezier_align(
     """Each bin centred between the two curves (``roiops._geometry.bezier_bins``), the mean of
     its own grid of bilinear samples, as deformable pooling's bins."""
     x, t = _compute_type(input)
-    cols = _columns(rois, t, 17)
-    b = cols[0]
-    s = _const(spatial_scale, t)
-    pts = [op.Unsqueeze(op.Mul(c, s), _i64(1)) for c in cols[1:]]           # [K, 1] each
-    top = [(pts[2 * n], pts[2 * n + 1]) for n in range(4)]                    # P0..P3, left to right
-    bottom = [(pts[14 - 2 * n], pts[15 - 2 * n]) for n in range(4)]           # stored right to left
+    b = _take(_as(rois, t), 0, axis=1)
+    top, bottom = _bezier_curves(rois, spatial_scale, t)
     ops = _GraphOps(t)
 
-    def span(axis: int) -> ir.Value:
-        return op.Squeeze(op.Max(op.Abs(op.Sub(top[0][axis], top[3][axis])),
-                                 op.Abs(op.Sub(bottom[0][axis], bottom[3][axis]))), _i64(1))
-
-    _, bin_w, grid_w, _ = align_size(span(0), pooled_width, sampling_ratio, aligned, ops)
-    _, bin_h, grid_h, _ = align_size(span(1), pooled_height, sampling_ratio, aligned, ops)
+    span_h, span_w = _bezier_spans(top, bottom)
+    _, bin_w, grid_w, _ = align_size(span_w, pooled_width, sampling_ratio, aligned, ops)
+    _, bin_h, grid_h, _ = align_size(span_h, pooled_height, sampling_ratio, aligned, ops)
     u = op.Unsqueeze(op.Div(op.Cast(_range(_scalar(pooled_width)), to=t), _const(pooled_width, t)), _i64(0))
     v = op.Unsqueeze(op.Div(op.Cast(_range(_scalar(pooled_height)), to=t), _const(pooled_height, t)), _i64(0, 2))
     d = ir.DataType.DOUBLE
@@ -640,58 +659,72 @@ def _roi_pool(
         w0, w1 = _pool_bins(xr, op.Div(op.Cast(roi_w, to=t), _const(pooled_width, t)), pooled_width, width, t,
                             xr, None)
 
-    # Each bin is gathered as a padded window of the largest bin's size; padding repeats
-    # the bin's last row/column (a maximum is unchanged by repeats).
+    # Each bin's cells as a window of the block's largest bin, [K, P, G]; padding repeats
+    # the bin's last row or column, a cell that comes before it in row-major order (the
+    # first maximum is never a padding slot, and a maximum is unchanged by repeats).
     def window(lo: ir.Value, hi: ir.Value, size: ir.Value) -> tuple[ir.Value, ir.Value]:
         big = _largest_or_one(op.Sub(hi, lo))
         g = op.Unsqueeze(_range(big), _i64(0, 1))                                               # [1, 1, G]
         idx = op.Min(op.Add(op.Unsqueeze(lo, _i64(2)), g), op.Sub(op.Unsqueeze(hi, _i64(2)), _i64(1)))
         return op.Min(op.Max(idx, _i64(0)), op.Sub(size, _i64(1))), big                        # [K, P, G]
 
-    rows, _ = window(h0, h1, height)
+    rows, big_h = window(h0, h1, height)
     cols, big_w = window(w0, w1, width)
-
-    # Stage 1, rows: x as [N * H, C, W]; gather each bin's rows and reduce them.
-    xt = op.Reshape(op.Transpose(x, perm=[0, 2, 1, 3]),
-                    op.Concat(_i64(-1), op.Shape(x, start=1, end=2), op.Shape(x, start=3, end=4), axis=0))
-    ridx = op.Add(op.Unsqueeze(op.Mul(_to_int(b), height), _i64(1, 2)), rows)                 # [K, ph, Gh]
-    m1, a1, _ = _nan_aware_max(op.Gather(xt, ridx, axis=0), 2, t)                            # [K, ph, C, W]
-    row1 = op.Add(op.Unsqueeze(h0, _i64(2, 3)), a1)  # row of each column's first maximum
-
-    # Stage 2, columns of each bin, per box: GatherElements along W.
-    k_ph_c = op.Shape(m1, start=0, end=3)
+    # Cell (y, x) of the bin: y * W + x, [K, ph, Gh, pw, Gw].
+    cell = op.Add(op.Unsqueeze(op.Mul(rows, width), _i64(3, 4)), op.Unsqueeze(cols, _i64(1, 2)))
+    base, xf = _flat_planes(x, _to_int(b), pooled_height, pooled_width, False)
+    val = op.Transpose(op.Gather(xf, op.Add(base, cell), axis=0), perm=[0, 5, 1, 3, 2, 4])  # [K, C, ph, pw, Gh, Gw]
     # Explicit sizes, no -1: Reshape cannot infer a dimension when K = 0.
-    gw = op.Unsqueeze(big_w, _i64(0))
-    num_k = op.Shape(cols, start=0, end=1)
-    cidx = op.Reshape(cols, op.Concat(num_k, _i64(1, 1), op.Mul(_i64(pooled_width), gw), axis=0))
-    cidx = op.Expand(cidx, op.Concat(k_ph_c, op.Shape(cidx, start=3, end=4), axis=0))        # [K, ph, C, pw*Gw]
-    split = op.Concat(k_ph_c, _i64(pooled_width), gw, axis=0)
-
-    def gather_cols(v: ir.Value) -> ir.Value:  # [K, ph, C, W] -> [K, ph, C, pw, Gw]
-        return op.Reshape(op.GatherElements(v, cidx, axis=3), split)
-
-    m2, row2 = gather_cols(m1), gather_cols(row1)
-    best, _, has_nan = _nan_aware_max(m2, 4, t)
-    # The bin's maximum is hit by the columns equal to it; in a NaN bin, by its NaN columns.
-    nan_bin = op.Unsqueeze(has_nan, _i64(4))  # (onnxruntime has no Where for bool values)
-    hit = op.Or(op.And(nan_bin, op.IsNaN(m2)), op.And(op.Not(nan_bin), op.Equal(m2, op.Unsqueeze(best, _i64(4)))))
-    # First maximum in row-major order = the smallest h * W + w among the hits.
-    col_w = op.Reshape(cols, op.Concat(num_k, _i64(1, 1, pooled_width), gw, axis=0))
-    key = op.Add(op.Mul(row2, width), col_w)
-    argmax = _extreme(op.Where(hit, key, _i64(_I64_MAX)), 4, largest=False)      # [K, ph, C, pw]
-
+    grid = op.Unsqueeze(op.Mul(big_h, big_w), _i64(0))
+    best, first, _ = _nan_aware_max(op.Reshape(val, op.Concat(op.Shape(val, start=0, end=4), grid, axis=0)), -1, t)
+    # The first maximum is a cell of the bin (not padding): slot (gy, gx) is (h0 + gy, w0 + gx).
+    y = op.Add(op.Unsqueeze(h0, _i64(1, 3)), op.Div(first, big_w))
+    argmax = op.Add(op.Mul(y, width), op.Add(op.Unsqueeze(w0, _i64(1, 2)), op.Mod(first, big_w)))
     empty_bin = op.Unsqueeze(op.Or(op.Unsqueeze(op.LessOrEqual(h1, h0), _i64(2)),
                                    op.Unsqueeze(op.LessOrEqual(w1, w0), _i64(1))), _i64(1))  # [K, 1, ph, pw]
-    out = op.Where(empty_bin, _const(0, t), op.Transpose(best, perm=[0, 2, 1, 3]))
-    argmax = op.Where(empty_bin, _i64(-1), op.Transpose(argmax, perm=[0, 2, 1, 3]))
+    out = op.Where(empty_bin, _const(0, t), best)
+    argmax = op.Where(empty_bin, _i64(-1), argmax)
     return _restore(out, input), op.Cast(argmax, to=_INT32)
 
 
-def translations(align_avg: str) -> dict[str, Callable[..., Any]]:
-    """Each op's translation by op name; ``align_avg`` as ``roiops.onnx.translation_table``'s."""
-    roi_align = _roi_align_native if align_avg == "RoiAlign" else _roi_align_decomposed
-    return {"roi_align": roi_align, "roi_align_max": _roi_align_max, "roi_pool": _roi_pool,
-            "ps_roi_align": _ps_roi_align, "ps_roi_pool": _ps_roi_pool, "deform_roi_pool": _deform_roi_pool,
-            "roi_align_rotated": _roi_align_rotated, "riroi_align_rotated": _riroi_align_rotated,
-            "border_align": _border_align, "bezier_align": _bezier_align, "prroi_pool": _prroi_pool,
-            "multi_scale_roi_align": _multi_scale(roi_align)}
+# ---- blocks of boxes --------------------------------------------------------------------------
+# Each box's height and width in map cells, from which the decompositions are run over
+# blocks of boxes of similar size (_blocks.py).
+
+
+def _axis_aligned_sides(arguments: Mapping[str, Any]) -> tuple[ir.Value, ir.Value]:
+    _, x1, y1, x2, y2 = _columns(arguments["rois"], _FLOAT)
+    s = _const(arguments["spatial_scale"], _FLOAT)
+    return op.Mul(op.Sub(y2, y1), s), op.Mul(op.Sub(x2, x1), s)
+
+
+def _rotated_sides(arguments: Mapping[str, Any]) -> tuple[ir.Value, ir.Value]:
+    w, h = _columns(arguments["rois"], _FLOAT, 6)[3:5]
+    s = _const(arguments["spatial_scale"], _FLOAT)
+    return op.Mul(h, s), op.Mul(w, s)
+
+
+def _bezier_sides(arguments: Mapping[str, Any]) -> tuple[ir.Value, ir.Value]:
+    return _bezier_spans(*_bezier_curves(arguments["rois"], arguments["spatial_scale"], _FLOAT))
+
+
+_ARGMAX = (None, _INT32)
+
+
+def translations(align_avg: str, block_values: int | None) -> dict[str, Callable[..., Any]]:
+    """Each op's translation by op name; ``align_avg`` and ``block_values`` as
+    ``roiops.onnx.translation_table``'s."""
+    def run(translate: Callable[..., Any], sides: Callable[[Mapping[str, Any]], tuple[ir.Value, ir.Value]],
+            **how: Any) -> Callable[..., Any]:
+        return translate if block_values is None else blocked(translate, Blocking(sides, **how), block_values)
+
+    roi_align = _roi_align_native if align_avg == "RoiAlign" else run(_roi_align_decomposed, _axis_aligned_sides)
+    return {"roi_align": roi_align, "roi_align_max": run(_roi_align_max, _axis_aligned_sides, outputs=_ARGMAX),
+            "roi_pool": run(_roi_pool, _axis_aligned_sides, outputs=_ARGMAX),
+            "ps_roi_align": run(_ps_roi_align, _axis_aligned_sides, position_sensitive=True),
+            "ps_roi_pool": run(_ps_roi_pool, _axis_aligned_sides, position_sensitive=True),
+            "deform_roi_pool": run(_deform_roi_pool, _axis_aligned_sides, per_box=("rois", "offset")),
+            "roi_align_rotated": run(_roi_align_rotated, _rotated_sides),
+            "riroi_align_rotated": run(_riroi_align_rotated, _rotated_sides),
+            "border_align": _border_align, "bezier_align": run(_bezier_align, _bezier_sides),
+            "prroi_pool": run(_prroi_pool, _axis_aligned_sides), "multi_scale_roi_align": _multi_scale(roi_align)}
