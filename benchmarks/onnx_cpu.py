@@ -8,8 +8,9 @@ peer), in one process per workload; and the exported graph's size.
 Writes benchmarks/onnx_cpu.json (with `--ops`, replaces those operators' rows in it) and
 prints the table docs/ecosystem.md shows.
 float32 NCHW, forward only, the median of `repeats` timed calls after one warm-up, each
-engine with the same number of threads. A workload whose graph needs more memory than
-`--memory-gb` is recorded as such (the decompositions hold every sample of every bin).
+engine with the same number of threads; the peak memory of the process (export, the
+eager ops and onnxruntime). A workload whose graph needs more memory than `--memory-gb`
+is recorded as such.
 """
 
 from __future__ import annotations
@@ -100,7 +101,7 @@ def run_one(op: str, name: str, threads: int, repeats: int, align_avg: str) -> d
             row["peer_ms"] = _median_ms(lambda: peer[1](*inputs[:2] if bench.inputs is None else inputs), repeats)
         program = roiops.onnx.export(Op().eval(), inputs, align_avg=align_avg)
     model = program.model_proto
-    row["nodes"] = len(model.graph.node)
+    row["nodes"] = _nodes(model.graph)
     row["model_kb"] = round(len(model.SerializeToString()) / 1024, 1)
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
@@ -113,22 +114,28 @@ def run_one(op: str, name: str, threads: int, repeats: int, align_avg: str) -> d
     got = torch.from_numpy(session.run(None, feed)[0]).double()
     expected = expected.double()
     row["max_abs_diff"] = float((got - expected).abs().max()) if expected.numel() else 0.0
+    row["peak_gb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2)  # the whole process's
     return row
+
+
+def _nodes(graph: Any) -> int:
+    """The graph's nodes, those of its loops' bodies included."""
+    return sum(1 + sum(_nodes(a.g) for a in node.attribute if a.HasField("g")) for node in graph.node)
 
 
 def table(rows: list[dict]) -> str:
     lines = ["| operator | workload | exported as | nodes | graph KB | onnxruntime ms | roiops C++ ms | "
-             "peer | peer ms | onnxruntime / roiops |", "|---|---|---|---|---|---|---|---|---|---|"]
+             "peer | peer ms | onnxruntime / roiops | peak GB |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         # align_avg only matters to the ops built on roi_align's avg translation
         r = {**r, "align_avg": r["align_avg"] if r["op"] in ("roi_align", "mask_targets") else "decomposition"}
         if "error" in r:
-            lines.append(f"| {r['op']} | {r['workload']} | {r['align_avg']} | | | {r['error']} | | | | |")
+            lines.append(f"| {r['op']} | {r['workload']} | {r['align_avg']} | | | {r['error']} | | | | | |")
             continue
         peer = f"{r['peer']} | {r['peer_ms']:.1f}" if "peer_ms" in r else " | "
         lines.append(f"| {r['op']} | {r['workload']} | {r['align_avg']} | {r['nodes']} | {r['model_kb']} | "
                      f"{r['onnxruntime_ms']:.1f} | {r['roiops_ms']:.1f} | {peer} | "
-                     f"{r['onnxruntime_ms'] / r['roiops_ms']:.1f}x |")
+                     f"{r['onnxruntime_ms'] / r['roiops_ms']:.1f}x | {r.get('peak_gb', '')} |")
     return "\n".join(lines)
 
 
