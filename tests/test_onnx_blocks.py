@@ -18,6 +18,7 @@ from onnx_runs import OUT, SCALE, boxes_for_tests, export, inputs, run
 from roiops._boxes import AXIS_ALIGNED, BEZIER, ROTATED
 
 roiops_onnx = pytest.importorskip("roiops.onnx")
+onnx = pytest.importorskip("onnx")
 
 # Rows of OUT's 12 bins of 3 channels: chunks of BLOCK // 16 // 36 = 6 boxes, blocks of one
 # box (the largest classes) to 6 (the smallest).
@@ -63,8 +64,10 @@ def test_small_blocks_equal_the_kernels_bit_for_bit():
     args = (x, scores, boxes[:3], offset[:3], rotated[:3], beziers[:3])
     shapes = {"x": None, "scores": None, "boxes": {0: k}, "offset": {0: k}, "rotated": {0: k}, "beziers": {0: k}}
     model, session = export(_Every(), args, shapes, optimize=False, align_avg="decompose", block_values=BLOCK)
-    # One loop over chunks per operator call (roi_pool's second output comes from the same loop).
+    # One loop per operator call (roi_pool's argmax comes from the same loop), each body
+    # typed as ONNX's checker and shape inference require.
     assert sum(n.op_type == "Loop" for n in model.graph.node) == 12
+    onnx.checker.check_model(model, full_check=True)
     for name in ("nan", "inf"):
         x, scores = _maps(inputs()[name])
         for seed in (0, 1):

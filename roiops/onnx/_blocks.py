@@ -87,6 +87,8 @@ def _loop(translate: Callable[..., Any], blocking: Blocking, values: int, argume
     trips = op.ReduceSum(blocks, c.i64(0), keepdims=0)
     plan = (op.CumSum(boxes, c.scalar(0), exclusive=1), boxes, size, op.CumSum(blocks, c.scalar(0), exclusive=1),
             op.CumSum(blocks, c.scalar(0)))
+    for value in (order, *plan):  # the body declares the types of what it reads
+        value.dtype = _INT64
 
     dtypes = [input.dtype if t is None else t for t in blocking.outputs]
     tag = f"roiops_blocks{next(_loops)}_"
@@ -104,6 +106,9 @@ def _loop(translate: Callable[..., Any], blocking: Blocking, values: int, argume
         results = results if isinstance(results, tuple) else (results,)
         following = [op.SequenceInsert(seq, out) for seq, out in zip(done, results, strict=True)]
         go_on = op.Identity(cond)
+    go_on.type, go_on.shape = cond.type, cond.shape
+    for value, seq in zip(following, done):
+        value.type = seq.type
     for n, node in enumerate(recorder.nodes):
         node.name = f"{tag}node{n}"
         for m, value in enumerate(node.outputs):
@@ -118,10 +123,9 @@ def _loop(translate: Callable[..., Any], blocking: Blocking, values: int, argume
     loop = ir.Node("", "Loop", inputs=[trips, c(True, ir.DataType.BOOL), *initial, *outer],
                    attributes=[ir.AttrGraph("body", body)], num_outputs=len(dtypes) + len(passed))
     outside.nodes.append(loop)
-    for value in loop.outputs:
+    for value, like in zip(loop.outputs, [*done, *passed], strict=True):
         value.name = f"{tag}out{value.index()}"
-    for value, t in zip(loop.outputs, dtypes):
-        value.type = ir.SequenceType(ir.TensorType(t))
+        value.type, value.shape = like.type, like.shape
     inverse = op.ScatterElements(c.range(k), order, c.range(k), axis=0)     # box -> its row in class order
     outs = tuple(op.Gather(op.ConcatFromSequence(seq, axis=0), inverse, axis=0) for seq in loop.outputs[:len(dtypes)])
     return outs[0] if len(outs) == 1 else outs
@@ -140,6 +144,7 @@ def _pass_in(nodes: list[ir.Node], own: list[ir.Value], tag: str) -> tuple[list[
             if value is None or id(value) in inside:
                 continue
             if id(value) not in passed:
+                assert value.type is not None, f"the type of {value.name}, which a loop body reads, is unknown"
                 passed[id(value)] = value, ir.Value(name=f"{tag}in{len(passed)}", type=value.type, shape=value.shape)
             node.replace_input_with(i, passed[id(value)][1])
     return [outer for outer, _ in passed.values()], [inner for _, inner in passed.values()]

@@ -43,7 +43,7 @@ def _compute_type(input: ir.Value) -> tuple[ir.Value, ir.DataType]:
     """The input in the kernels' opmath type, and that type: float64 for float64 input,
     float32 otherwise."""
     t = _DOUBLE if input.dtype == _DOUBLE else _FLOAT
-    return _map_once(lambda: _as(input, t), input, "compute", t), t
+    return _map_once(lambda: _as(input, t), input, t, "compute"), t
 
 
 # Loops over blocks of boxes being traced, innermost last: the graph outside the loop, the
@@ -62,16 +62,17 @@ def _maps_outside(map: ir.Value) -> Iterator[None]:
         _hoisting.pop()
 
 
-def _map_once(build: Callable[[], ir.Value], x: ir.Value, *key: Any) -> ir.Value:
-    """``build()``, a function of the map ``x`` alone (a cast, a layout) named by ``key``:
-    inside a loop over blocks of boxes of ``x``, built once outside the loop rather than at
-    every block."""
+def _map_once(build: Callable[[], ir.Value], x: ir.Value, dtype: ir.DataType | None, *key: Any) -> ir.Value:
+    """``build()``, a function of the map ``x`` alone (a cast, a layout) of type ``dtype``
+    named by ``key``: inside a loop over blocks of boxes of ``x``, built once outside the
+    loop rather than at every block. Its type is set: the loop's body declares it."""
     for outside, maps, made in reversed(_hoisting):
         if id(x) in maps:
             k = (id(x), *key)
             if k not in made:
                 with evaluator.default_as(outside):
                     made[k] = build()
+                made[k].dtype = made[k].dtype or dtype
                 maps[id(made[k])] = made[k]
             return made[k]
     return build()

@@ -59,7 +59,7 @@ def _flat_planes(x: ir.Value, batch: ir.Value, ph: int, pw: int, position_sensit
     Position-sensitive, a plane is one bin's channels of one image (``(n * ph + i) * pw + j``)."""
     height, width = _dim(x, 2), _dim(x, 3)
     area = op.Mul(height, width)
-    xf = _map_once(lambda: _map_rows(x, ph, pw, position_sensitive), x, "rows", ph, pw, position_sensitive)
+    xf = _map_once(lambda: _map_rows(x, ph, pw, position_sensitive), x, x.dtype, "rows", ph, pw, position_sensitive)
     if not position_sensitive:
         return op.Unsqueeze(op.Mul(batch, area), _i64(1, 2, 3, 4)), xf
     i = op.Unsqueeze(op.Mul(_range(_scalar(ph)), _scalar(pw)), _i64(0, 2, 3, 4))            # [1, ph, 1, 1, 1]
@@ -598,8 +598,9 @@ def _multi_scale(roi_align: Callable[..., Any]) -> Callable[..., Any]:
         out = op.Expand(_const(0, first.dtype), shape)
         for level, (x, scale) in enumerate(zip(inputs, spatial_scales)):
             chosen = op.NonZero(op.Equal(levels, op.CastLike(_scalar(level), levels)))       # [1, M]
-            pooled = roi_align(x, op.Gather(rois, op.Squeeze(chosen, _i64(0)), axis=0), scale, pooled_height,
-                               pooled_width, sampling_ratio, aligned)
+            boxes = op.Gather(rois, op.Squeeze(chosen, _i64(0)), axis=0)
+            boxes.dtype = rois.dtype  # the tracer leaves it unset; a loop over blocks declares it
+            pooled = roi_align(x, boxes, scale, pooled_height, pooled_width, sampling_ratio, aligned)
             out = op.ScatterND(out, op.Transpose(chosen, perm=[1, 0]), pooled)
         return out
 
