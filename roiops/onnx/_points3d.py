@@ -123,8 +123,9 @@ def _roiaware_pool3d(points: _In, features: _In, boxes: _In, out_x: int, out_y: 
     """The kept (box, point) pairs listed in (box, voxel, point) order, then per voxel the
     first maximum or the sum in point order.
 
-    Per box, a sort (TopK) of the unique keys ``voxel * N + point`` (outside points: voxel
-    V) lines up each voxel's points in point order; a point's rank in its voxel is its
+    The pairs with the point inside the box are sorted (TopK) by the unique keys
+    ``(box * V + voxel) * N + point``, which lines up each voxel's points in point order;
+    only those pairs: a box holds few of the points. A pair's rank in its voxel is its
     position less the voxel's start (an exclusive running count of the voxels' counts),
     and the pairs of rank below ``max_points`` are kept. Max: a segmented scan of
     ``ceil(log2(max_points))`` doubling steps (:func:`_first_max`). Avg: ScatterElements adds
@@ -134,22 +135,20 @@ def _roiaware_pool3d(points: _In, features: _In, boxes: _In, out_x: int, out_y: 
     grid = (out_x, out_y, out_z)
     v = out_x * out_y * out_z
     frame = _Frame(op.Unsqueeze(points, c.i64(0)), op.Unsqueeze(boxes, c.i64(0)), c)
-    voxel = op.Squeeze(op.Where(frame.inside, frame.voxel(grid, c), c.scalar(v)), c.i64(0))  # [K, N]
+    voxel = op.Squeeze(frame.voxel(grid, c), c.i64(0))                                  # [K, N]
     n, k = c.size(points, 0), op.Shape(boxes, start=0, end=1)
-    point = op.Unsqueeze(c.range(n), c.i64(0))
-    _, order = op.TopK(op.Add(op.Mul(voxel, n), point), op.Shape(points, start=0, end=1), axis=1, largest=0,
-                       sorted=1)                                                         # [K, N]
-    voxel = op.GatherElements(voxel, order, axis=1)
-    count = op.ScatterElements(op.Expand(c.scalar(0), op.Concat(k, c.i64(v + 1), axis=0)), voxel,
-                               op.Expand(c.scalar(1), op.Shape(voxel)), axis=1, reduction="add")  # [K, V + 1]
-    rank = op.Sub(point, op.GatherElements(op.CumSum(count, c.scalar(1), exclusive=1), voxel, axis=1))
-    cap = c.scalar(max_points)
-    kept = op.Reshape(op.And(op.Less(voxel, c.scalar(v)), op.Less(rank, cap)), c.i64(-1))
-    # The kept pairs: their voxel among all boxes' (box * V + voxel) and their point.
     box_voxel = op.Add(op.Unsqueeze(op.Mul(c.range(op.Squeeze(k, c.i64(0))), c.scalar(v)), c.i64(1)), voxel)
-    group = op.Compress(op.Reshape(box_voxel, c.i64(-1)), kept)
-    member = op.Compress(op.Reshape(order, c.i64(-1)), kept)                            # [P]
-    taken = op.Reshape(op.Min(op.Slice(count, c.i64(0), c.i64(v), c.i64(1)), cap), c.i64(-1))  # [K * V]
+    pair = op.Squeeze(op.NonZero(op.Reshape(op.Squeeze(frame.inside, c.i64(0)), c.i64(-1))), c.i64(0))  # [I]
+    group, point = op.Gather(op.Reshape(box_voxel, c.i64(-1)), pair), op.Mod(pair, op.Max(n, c.scalar(1)))  # N >= 1
+    _, order = op.TopK(op.Add(op.Mul(group, n), point), op.Shape(pair), largest=0, sorted=1)
+    group, point = op.Gather(group, order), op.Gather(point, order)
+    count = op.ScatterElements(op.Expand(c.scalar(0), op.Mul(k, c.i64(v))), group,
+                               op.Expand(c.scalar(1), op.Shape(group)), reduction="add")      # [K * V]
+    rank = op.Sub(c.range(c.size(group, 0)), op.Gather(op.CumSum(count, c.scalar(0), exclusive=1), group))
+    cap = c.scalar(max_points)
+    kept = op.Less(rank, cap)
+    group, member = op.Compress(group, kept), op.Compress(point, kept)                 # [P]
+    taken = op.Min(count, cap)                                                          # [K * V]
     first = op.CumSum(taken, c.scalar(0), exclusive=1)  # each voxel's first pair in the list
     full = op.Greater(taken, c.scalar(0))
     # Each voxel's last pair in the list; an empty voxel's is pair P, a padding entry.
