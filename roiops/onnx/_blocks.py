@@ -119,7 +119,7 @@ def _loop(translate: Callable[..., Any], blocking: Blocking, values: int, argume
     # Each sequence starts with no rows, so that no boxes concatenate to [0, C, ph, pw].
     empty = op.Concat(c.i64(0), channels, c.i64(ph, pw), axis=0)
     initial = [op.SequenceConstruct(op.Expand(c(0, t), empty)) for t in dtypes]
-    # A given condition: an absent one would be trailing, and dropped, if nothing were carried.
+    # Every one of the trips runs: the condition is true and the body passes it on.
     loop = ir.Node("", "Loop", inputs=[trips, c(True, ir.DataType.BOOL), *initial, *outer],
                    attributes=[ir.AttrGraph("body", body)], num_outputs=len(dtypes) + len(passed))
     outside.nodes.append(loop)
