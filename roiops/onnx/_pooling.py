@@ -357,6 +357,35 @@ def _ps_roi_align(
                                                  sampling_ratio, True, position_sensitive=True)), input)
 
 
+def _bin_cells(x: ir.Value, b: ir.Value, h0: ir.Value, h1: ir.Value, w0: ir.Value, w1: ir.Value, ph: int, pw: int,
+               position_sensitive: bool) -> tuple[ir.Value, ir.Value, ir.Value, ir.Value]:
+    """The cells of each bin (rows ``[h0, h1)``, columns ``[w0, w1)``, ``[K, ph]`` and ``[K, pw]``)
+    as ``[K, C, ph, pw, Gh * Gw]`` in row-major order, each bin a window of the largest bin's
+    size: a padding slot repeats the bin's last row or column (a cell before it in row-major
+    order, read inside the map). Also which slots are the bin's own cells
+    (``[K, 1, ph, pw, Gh * Gw]``), and ``Gw`` and ``Gh * Gw`` (scalars)."""
+    def window(lo: ir.Value, hi: ir.Value, size: ir.Value) -> tuple[ir.Value, ir.Value, ir.Value]:
+        big = _largest_or_one(op.Sub(hi, lo))
+        at = op.Add(op.Unsqueeze(lo, _i64(2)), op.Unsqueeze(_range(big), _i64(0, 1)))        # [K, P, G]
+        last = op.Sub(op.Unsqueeze(hi, _i64(2)), _i64(1))
+        return op.Min(op.Max(op.Min(at, last), _i64(0)), op.Sub(size, _i64(1))), op.LessOrEqual(at, last), big
+
+    width = _dim(x, 3)
+    rows, rows_in, big_h = window(h0, h1, _dim(x, 2))
+    cols, cols_in, big_w = window(w0, w1, width)
+    cell = op.Add(op.Unsqueeze(op.Mul(rows, width), _i64(3, 4)), op.Unsqueeze(cols, _i64(1, 2)))  # [K, ph, Gh, pw, Gw]
+    base, xf = _flat_planes(x, _to_int(b), ph, pw, position_sensitive)
+    val = op.Transpose(op.Gather(xf, op.Add(base, cell), axis=0), perm=[0, 5, 1, 3, 2, 4])  # [K, C, ph, pw, Gh, Gw]
+    inside = op.Transpose(op.And(op.Unsqueeze(rows_in, _i64(3, 4)), op.Unsqueeze(cols_in, _i64(1, 2))),
+                          perm=[0, 1, 3, 2, 4])                                             # [K, ph, pw, Gh, Gw]
+    grid = op.Mul(big_h, big_w)
+    # Explicit sizes, no -1: Reshape cannot infer a dimension when K = 0.
+    flat = op.Unsqueeze(grid, _i64(0))
+    val = op.Reshape(val, op.Concat(op.Shape(val, start=0, end=4), flat, axis=0))
+    inside = op.Unsqueeze(op.Reshape(inside, op.Concat(op.Shape(inside, start=0, end=3), flat, axis=0)), _i64(1))
+    return val, inside, big_w, grid
+
+
 def _ps_roi_pool(input: _In, rois: _In, spatial_scale: float, pooled_height: int, pooled_width: int) -> _In:
     x, t = _compute_type(input)
     b, x1, y1, x2, y2 = _columns(rois, t)
@@ -370,27 +399,10 @@ def _ps_roi_pool(input: _In, rois: _In, spatial_scale: float, pooled_height: int
                         None)
     w0, w1 = _pool_bins(xr, op.Div(op.Cast(roi_w, to=t), _const(pooled_width, t)), pooled_width, width, t, xr, None)
 
-    # Each bin's cells as a window of the largest bin's size, [K, P, G]; the slots past
-    # the bin's own cells read a cell inside the map and are masked out of the sum.
-    def window(lo: ir.Value, hi: ir.Value, size: ir.Value) -> tuple[ir.Value, ir.Value, ir.Value]:
-        big = _largest_or_one(op.Sub(hi, lo))
-        g = op.Unsqueeze(_range(big), _i64(0, 1))
-        idx = op.Add(op.Unsqueeze(lo, _i64(2)), g)
-        inside = op.Less(idx, op.Unsqueeze(hi, _i64(2)))
-        return op.Min(op.Max(idx, _i64(0)), op.Sub(size, _i64(1))), inside, big
-
-    rows, rows_in, big_h = window(h0, h1, height)
-    cols, cols_in, big_w = window(w0, w1, width)
-    base, xf = _flat_planes(x, _to_int(b), pooled_height, pooled_width, True)
-    cell = op.Add(base, op.Add(op.Unsqueeze(op.Mul(rows, width), _i64(3, 4)), op.Unsqueeze(cols, _i64(1, 2))))
-    val = op.Gather(xf, cell, axis=0)                                                # [K, ph, Gh, pw, Gw, C]
-    inside = op.Unsqueeze(op.And(op.Unsqueeze(rows_in, _i64(3, 4)), op.Unsqueeze(cols_in, _i64(1, 2))), _i64(5))
-    val = op.Transpose(op.Where(inside, val, _const(0, t)), perm=[0, 5, 1, 3, 2, 4])  # [K, C, ph, pw, Gh, Gw]
-    # Explicit sizes, no -1: Reshape cannot infer a dimension when K = 0.
-    val = op.Reshape(val, op.Concat(op.Shape(val, start=0, end=4), op.Unsqueeze(op.Mul(big_h, big_w), _i64(0)),
-                                    axis=0))
+    val, inside, _, grid = _bin_cells(x, b, h0, h1, w0, w1, pooled_height, pooled_width, True)
+    val = op.Where(inside, val, _const(0, t))  # padding slots add nothing
     # The kernels add a bin's cells row by row, in order: a running sum does the same.
-    total = op.Gather(op.CumSum(val, _scalar(-1)), op.Sub(op.Mul(big_h, big_w), _scalar(1)), axis=-1)
+    total = op.Gather(op.CumSum(val, _scalar(-1)), op.Sub(grid, _scalar(1)), axis=-1)
     count = op.Mul(op.Unsqueeze(op.Sub(h1, h0), _i64(2)), op.Unsqueeze(op.Sub(w1, w0), _i64(1)))  # [K, ph, pw]
     count = op.Unsqueeze(count, _i64(1))
     out = op.Div(total, op.Cast(op.Max(count, _i64(1)), to=t))
@@ -660,25 +672,10 @@ def _roi_pool(
         w0, w1 = _pool_bins(xr, op.Div(op.Cast(roi_w, to=t), _const(pooled_width, t)), pooled_width, width, t,
                             xr, None)
 
-    # Each bin's cells as a window of the block's largest bin, [K, P, G]; padding repeats
-    # the bin's last row or column, a cell that comes before it in row-major order (the
-    # first maximum is never a padding slot, and a maximum is unchanged by repeats).
-    def window(lo: ir.Value, hi: ir.Value, size: ir.Value) -> tuple[ir.Value, ir.Value]:
-        big = _largest_or_one(op.Sub(hi, lo))
-        g = op.Unsqueeze(_range(big), _i64(0, 1))                                               # [1, 1, G]
-        idx = op.Min(op.Add(op.Unsqueeze(lo, _i64(2)), g), op.Sub(op.Unsqueeze(hi, _i64(2)), _i64(1)))
-        return op.Min(op.Max(idx, _i64(0)), op.Sub(size, _i64(1))), big                        # [K, P, G]
-
-    rows, big_h = window(h0, h1, height)
-    cols, big_w = window(w0, w1, width)
-    # Cell (y, x) of the bin: y * W + x, [K, ph, Gh, pw, Gw].
-    cell = op.Add(op.Unsqueeze(op.Mul(rows, width), _i64(3, 4)), op.Unsqueeze(cols, _i64(1, 2)))
-    base, xf = _flat_planes(x, _to_int(b), pooled_height, pooled_width, False)
-    val = op.Transpose(op.Gather(xf, op.Add(base, cell), axis=0), perm=[0, 5, 1, 3, 2, 4])  # [K, C, ph, pw, Gh, Gw]
-    # Explicit sizes, no -1: Reshape cannot infer a dimension when K = 0.
-    grid = op.Unsqueeze(op.Mul(big_h, big_w), _i64(0))
-    best, first, _ = _nan_aware_max(op.Reshape(val, op.Concat(op.Shape(val, start=0, end=4), grid, axis=0)), -1, t)
-    # The first maximum is a cell of the bin (not padding): slot (gy, gx) is (h0 + gy, w0 + gx).
+    val, _, big_w, _ = _bin_cells(x, b, h0, h1, w0, w1, pooled_height, pooled_width, False)
+    # A maximum is unchanged by the padding's repeats, and the first maximum is never a
+    # padding slot but a cell of the bin: slot (gy, gx) is (h0 + gy, w0 + gx).
+    best, first, _ = _nan_aware_max(val, -1, t)
     y = op.Add(op.Unsqueeze(h0, _i64(1, 3)), op.Div(first, big_w))
     argmax = op.Add(op.Mul(y, width), op.Add(op.Unsqueeze(w0, _i64(1, 2)), op.Mod(first, big_w)))
     empty_bin = op.Unsqueeze(op.Or(op.Unsqueeze(op.LessOrEqual(h1, h0), _i64(2)),
